@@ -1,0 +1,1137 @@
+"""Pulumi mocks that *perform* each create for real, over SSH, against real hosts.
+
+There is no Pulumi CLI on the test machines, so the program is run under Pulumi's mock runtime.
+`RealMocks` turns that runtime into a small executor: every `command:remote:Command`,
+`docker:index/remoteImage:RemoteImage` and `docker:index/container:Container` the program
+registers is carried out with the real OpenSSH client and the remote host's docker CLI, the way
+pulumi-command and pulumi-docker would do it. `teardown()` undoes the creates in reverse order,
+the way `pulumi destroy` would.
+
+`run_program()` runs a whole program directory (its `__main__.py`) under these mocks, the way the
+Python language host runs it, and returns the resolved stack outputs.
+
+Secrets (private keys, passwords, stdin) never go on a command line, into a log or into an
+exception message: keys are written to 0600 files, stdin is streamed, env values go through a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import runpy
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings as pulumi_settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import massage, run_in_stack
+
+log = logging.getLogger(__name__)
+
+# How the mock runtime marks a secret value (pulumi's rpc "special signature" for secrets).
+SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
+SECRET_SIG_VALUE = "1b47061264138c4ac30d75fd1eb44270"
+
+TYPE_DOCKER_PROVIDER = "pulumi:providers:docker"
+TYPE_COMMAND = "command:remote:Command"
+TYPE_REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
+TYPE_CONTAINER = "docker:index/container:Container"
+TYPE_STACK_REFERENCE = "pulumi:pulumi:StackReference"
+
+# Pulumi's customTimeouts are not visible to mocks; this bounds every remote command instead.
+DEFAULT_COMMAND_TIMEOUT_S = float(os.environ.get("REALMOCKS_COMMAND_TIMEOUT", 20 * 60))
+# pulumi-docker's default `wait_timeout` (seconds) when `wait` is true.
+DEFAULT_CONTAINER_WAIT_TIMEOUT_S = 60.0
+# How long a fresh container must stay up before mustRun counts it as running: catches the
+# entrypoints that die right away, which the real provider would only notice on refresh.
+DEFAULT_MUST_RUN_SETTLE_S = 2.0
+# Docker CLI calls (inspect, run, rm) are short; anything longer is a hung connection.
+DOCKER_CALL_TIMEOUT_S = 120.0
+# ssh exits 255 on its own errors; these texts tell them apart from a remote command's exit 255.
+SSH_OWN_ERROR_MARKERS = (
+    "Host key verification failed",
+    "REMOTE HOST IDENTIFICATION HAS CHANGED",
+    "Connection refused",
+    "Connection timed out",
+    "Permission denied (",
+    "Could not resolve hostname",
+    "No route to host",
+    "Connection closed by",
+    "kex_exchange_identification",
+    "UNPROTECTED PRIVATE KEY FILE",
+)
+TAIL_LINES = 30
+
+
+# ---------------------------------------------------------------------------------------------
+# Values as the mock runtime delivers them
+# ---------------------------------------------------------------------------------------------
+
+
+def is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(SECRET_SIG_KEY) == SECRET_SIG_VALUE
+
+
+def unwrap_secrets(value: Any) -> Any:
+    """The plain value, with every secret wrapper (at any depth) removed."""
+    if is_secret(value):
+        return unwrap_secrets(value.get("value"))
+    if isinstance(value, dict):
+        return {key: unwrap_secrets(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [unwrap_secrets(item) for item in value]
+    return value
+
+
+def is_set(value: Any) -> bool:
+    """Whether an input carries a value that would change what the provider does."""
+    return value is not None and value is not False and value != [] and value != {} and value != ""
+
+
+def as_int(value: Any, default: int) -> int:
+    # Nested numbers arrive as floats.
+    return default if value is None else int(value)
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "...(truncated)"
+
+
+# ---------------------------------------------------------------------------------------------
+# SSH, as pulumi-command would connect
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """One hop of a pulumi-command connection (secret fields kept only in memory)."""
+
+    host: str
+    port: int = 22
+    user: str = "root"
+    private_key: str | None = field(default=None, repr=False)
+    host_key: str | None = None
+    agent_socket_path: str | None = None
+    per_dial_timeout: int = 15
+    dial_error_limit: int = 10
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    @property
+    def known_hosts_pattern(self) -> str:
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+
+@dataclass(frozen=True)
+class SshConnection:
+    target: SshTarget
+    proxy: SshTarget | None = None
+
+    @property
+    def agent_socket_path(self) -> str | None:
+        return self.target.agent_socket_path or (
+            self.proxy.agent_socket_path if self.proxy else None
+        )
+
+
+def target_from_inputs(raw: Mapping[str, Any], what: str) -> SshTarget:
+    if not raw.get("host"):
+        raise ValueError(f"{what}: connection has no host")
+    if raw.get("password") and not raw.get("privateKey"):
+        # OpenSSH in BatchMode cannot type a password; the lab and the program use keys.
+        raise NotImplementedError(f"{what}: password authentication is not supported by realmocks")
+    if raw.get("privateKeyPassword"):
+        raise NotImplementedError(f"{what}: encrypted private keys are not supported by realmocks")
+    return SshTarget(
+        host=str(raw["host"]),
+        port=as_int(raw.get("port"), 22),
+        user=str(raw.get("user") or "root"),
+        private_key=raw.get("privateKey") or None,
+        host_key=raw.get("hostKey") or None,
+        agent_socket_path=raw.get("agentSocketPath") or None,
+        per_dial_timeout=as_int(raw.get("perDialTimeout"), 15),
+        dial_error_limit=as_int(raw.get("dialErrorLimit"), 10),
+    )
+
+
+def connection_from_inputs(raw_connection: Any, what: str) -> SshConnection:
+    raw = unwrap_secrets(raw_connection)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what}: connection input is missing or not an object")
+    proxy_raw = raw.get("proxy")
+    proxy = target_from_inputs(proxy_raw, f"{what} (proxy)") if proxy_raw else None
+    return SshConnection(target=target_from_inputs(raw, what), proxy=proxy)
+
+
+class SshFiles:
+    """Temp key and known_hosts files for one ssh invocation; removed on close."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="realmocks-ssh-"))
+        os.chmod(self.dir, 0o700)
+        self._count = 0
+
+    def write(self, stem: str, content: str) -> Path:
+        self._count += 1
+        path = self.dir / f"{stem}-{self._count}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(content if content.endswith("\n") else content + "\n")
+        return path
+
+    def close(self) -> None:
+        for child in self.dir.iterdir():
+            child.unlink()
+        self.dir.rmdir()
+
+
+def hop_options(target: SshTarget, files: SshFiles, warnings: list[str]) -> list[str]:
+    """OpenSSH options that make one hop behave like pulumi-command's Go SSH client."""
+    options = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-T"]
+    if target.private_key:
+        key_file = files.write("key", target.private_key)
+        options += ["-i", str(key_file), "-o", "IdentitiesOnly=yes"]
+    if target.host_key:
+        known_hosts = files.write(
+            "known_hosts", f"{target.known_hosts_pattern} {target.host_key.strip()}"
+        )
+        options += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    else:
+        # pulumi-command does not check the host key when none is given; say so, loudly.
+        warnings.append(f"{target.address}: no hostKey given, the host key is NOT checked")
+        options += ["-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no"]
+    options += ["-o", "GlobalKnownHostsFile=/dev/null"]
+    if target.per_dial_timeout > 0:
+        options += ["-o", f"ConnectTimeout={target.per_dial_timeout}"]
+    # dialErrorLimit -1 means unlimited in pulumi-command; bound it anyway so a test cannot hang.
+    attempts = target.dial_error_limit if target.dial_error_limit > 0 else 100
+    options += ["-o", f"ConnectionAttempts={attempts}", "-p", str(target.port)]
+    return options
+
+
+def ssh_argv(connection: SshConnection, files: SshFiles, warnings: list[str]) -> list[str]:
+    """`ssh ... -- user@host`; the remote command string is appended by the caller."""
+    argv = ["ssh", *hop_options(connection.target, files, warnings)]
+    if connection.proxy is not None:
+        proxy = connection.proxy
+        proxy_argv = [
+            "ssh",
+            *hop_options(proxy, files, warnings),
+            "-W",
+            "%h:%p",
+            "--",
+            f"{proxy.user}@{proxy.host}",
+        ]
+        argv += ["-o", "ProxyCommand=" + shlex.join(proxy_argv)]
+    return [*argv, "--", f"{connection.target.user}@{connection.target.host}"]
+
+
+@dataclass
+class RemoteResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def is_ssh_failure(self) -> bool:
+        return self.exit_code == 255 and any(m in self.stderr for m in SSH_OWN_ERROR_MARKERS)
+
+
+def run_process(
+    argv: Sequence[str],
+    stdin: str | None,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+) -> RemoteResult:
+    """Runs argv with stdin streamed (never on the command line); bounded by timeout_s."""
+    try:
+        completed = subprocess.run(
+            list(argv),
+            input=stdin.encode() if stdin is not None else None,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            env=dict(env) if env is not None else None,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode(errors="replace")
+        err = (exc.stderr or b"").decode(errors="replace")
+        raise TimeoutError(
+            f"timed out after {timeout_s:.0f}s\n"
+            f"stdout (tail):\n{tail(out)}\nstderr (tail):\n{tail(err)}"
+        ) from None
+    return RemoteResult(
+        completed.returncode,
+        completed.stdout.decode(errors="replace"),
+        completed.stderr.decode(errors="replace"),
+    )
+
+
+def run_over_ssh(
+    connection: SshConnection,
+    command: str,
+    stdin: str | None,
+    timeout_s: float,
+    warnings: list[str],
+) -> RemoteResult:
+    """Runs `command` as the remote user's shell would (pulumi-command's session.Run)."""
+    files = SshFiles()
+    try:
+        env = dict(os.environ)
+        if connection.agent_socket_path:
+            env["SSH_AUTH_SOCK"] = connection.agent_socket_path
+        argv = [*ssh_argv(connection, files, warnings), command]
+        try:
+            return run_process(argv, stdin, timeout_s, env)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"ssh {connection.target.address}: running {short(command)!r}: {exc}"
+            ) from None
+    finally:
+        files.close()
+
+
+def command_failure(
+    connection: SshConnection, command: str, result: RemoteResult, what: str
+) -> Exception:
+    """An error worded like pulumi-command's, with the output tails that show the real cause."""
+    if result.is_ssh_failure:
+        hint = ""
+        if "Host key verification failed" in result.stderr:
+            hint = " (the server's host key does not match the hostKey given)"
+        via = f" via proxy {connection.proxy.address}" if connection.proxy else ""
+        return ConnectionError(
+            f"{what}: ssh: cannot connect to {connection.target.address}{via}{hint}: "
+            f"{tail(result.stderr, 10)}"
+        )
+    return RuntimeError(
+        f"{what}: Process exited with status {result.exit_code}: running {short(command)!r}:\n"
+        f"stdout (tail):\n{tail(result.stdout)}\nstderr (tail):\n{tail(result.stderr)}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Docker on a remote host, through the ssh options a docker.Provider carries
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DockerHost:
+    """What a `docker.Provider` records: `ssh://user@addr:port` plus extra ssh options."""
+
+    user: str
+    address: str
+    port: int
+    ssh_opts: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"ssh://{self.user}@{self.address}:{self.port}"
+
+
+def docker_host_from_provider_inputs(inputs: Mapping[str, Any], what: str) -> DockerHost:
+    plain = unwrap_secrets(dict(inputs))
+    host = plain.get("host") or ""
+    if not host.startswith("ssh://"):
+        raise NotImplementedError(
+            f"{what}: docker provider host {host!r} is not ssh://USER@ADDR:PORT; realmocks "
+            "only reaches docker over SSH"
+        )
+    rest = host.removeprefix("ssh://").rstrip("/")
+    user, _, hostport = rest.rpartition("@")
+    address, _, port = hostport.rpartition(":") if hostport.count(":") == 1 else (hostport, "", "")
+    ssh_opts = plain.get("sshOpts") or []
+    if isinstance(ssh_opts, str):
+        ssh_opts = json.loads(ssh_opts)  # provider inputs arrive JSON-encoded
+    return DockerHost(
+        user=user or "root",
+        address=address,
+        port=int(port) if port else 22,
+        ssh_opts=tuple(str(opt) for opt in ssh_opts),
+    )
+
+
+def docker_ssh_argv(host: DockerHost) -> list[str]:
+    """The ssh the docker CLI's connhelper spawns: `ssh OPTS [-o ConnectTimeout=30] -T -l U -p P
+    -- HOST`."""
+    argv = ["ssh", *host.ssh_opts]
+    if not any("ConnectTimeout" in opt for opt in host.ssh_opts):
+        argv += ["-o", "ConnectTimeout=30"]
+    return [*argv, "-T", "-l", host.user, "-p", str(host.port), "--", host.address]
+
+
+def run_docker(
+    host: DockerHost,
+    docker_args: Sequence[str],
+    stdin: str | None = None,
+    timeout_s: float = DOCKER_CALL_TIMEOUT_S,
+    prelude: str = "",
+) -> RemoteResult:
+    """Runs `docker ARGS` with the remote host's docker CLI (the remote shell parses the line)."""
+    remote_line = prelude + shlex.join(["docker", *docker_args])
+    try:
+        return run_process([*docker_ssh_argv(host), remote_line], stdin, timeout_s)
+    except TimeoutError as exc:
+        raise TimeoutError(
+            f"{host.label}: docker {short(shlex.join(docker_args))}: {exc}"
+        ) from None
+
+
+def docker_or_raise(host: DockerHost, docker_args: Sequence[str], action: str) -> str:
+    result = run_docker(host, docker_args)
+    if result.exit_code != 0:
+        raise RuntimeError(f"{host.label}: {action}: {tail(result.stderr or result.stdout, 15)}")
+    return result.stdout
+
+
+def inspect_image(host: DockerHost, name: str) -> dict[str, Any] | None:
+    result = run_docker(host, ["image", "inspect", name])
+    if result.exit_code != 0:
+        if result.is_ssh_failure:
+            raise ConnectionError(f"{host.label}: {tail(result.stderr, 10)}")
+        return None
+    return json.loads(result.stdout)[0]
+
+
+def inspect_container(host: DockerHost, name: str) -> dict[str, Any] | None:
+    result = run_docker(host, ["container", "inspect", name])
+    if result.exit_code != 0:
+        if result.is_ssh_failure:
+            raise ConnectionError(f"{host.label}: {tail(result.stderr, 10)}")
+        return None
+    return json.loads(result.stdout)[0]
+
+
+def container_logs(host: DockerHost, name: str) -> str:
+    result = run_docker(host, ["logs", "--tail", str(TAIL_LINES), name])
+    return tail(result.stdout + result.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# docker.Container inputs → `docker run`
+# ---------------------------------------------------------------------------------------------
+
+# Container inputs that only matter to the provider's own bookkeeping or to later updates.
+CONTAINER_BOOKKEEPING_INPUTS = {
+    "containerReadRefreshTimeoutMilliseconds",
+    "destroyGraceSeconds",
+    "removeVolumes",
+    "mustRun",
+    "wait",
+    "waitTimeout",
+    "start",
+}
+
+
+def mount_flag(mount: Mapping[str, Any]) -> str:
+    parts = [f"type={mount['type']}", f"target={mount['target']}"]
+    if mount.get("source"):
+        parts.append(f"source={mount['source']}")
+    if mount.get("readOnly"):
+        parts.append("readonly")
+    bind = mount.get("bindOptions") or {}
+    if bind.get("propagation"):
+        parts.append(f"bind-propagation={bind['propagation']}")
+    tmpfs = mount.get("tmpfsOptions") or {}
+    if tmpfs.get("sizeBytes") is not None:
+        parts.append(f"tmpfs-size={int(tmpfs['sizeBytes'])}")
+    if tmpfs.get("mode") is not None:
+        parts.append(f"tmpfs-mode={int(tmpfs['mode']):o}")
+    volume = mount.get("volumeOptions") or {}
+    if is_set(volume):
+        raise NotImplementedError("container mounts[].volumeOptions is not translated by realmocks")
+    if any("," in part for part in parts):
+        raise NotImplementedError(f"container mount field contains a comma: {parts}")
+    return ",".join(parts)
+
+
+def volume_flag(volume: Mapping[str, Any]) -> list[str]:
+    if volume.get("fromContainer"):
+        return ["--volumes-from", str(volume["fromContainer"])]
+    source = volume.get("hostPath") or volume.get("volumeName")
+    spec = f"{source}:{volume['containerPath']}" if source else str(volume["containerPath"])
+    options = [
+        opt
+        for opt in ("ro" if volume.get("readOnly") else "", volume.get("selinuxRelabel") or "")
+        if opt
+    ]
+    return ["-v", spec + (":" + ",".join(options) if options else "")]
+
+
+def device_flag(device: Mapping[str, Any]) -> str:
+    spec = str(device["hostPath"])
+    spec += ":" + str(device.get("containerPath") or device["hostPath"])
+    if device.get("permissions"):
+        spec += ":" + str(device["permissions"])
+    return spec
+
+
+def healthcheck_flags(health: Mapping[str, Any]) -> list[str]:
+    tests = [str(item) for item in health.get("tests") or []]
+    flags: list[str] = []
+    if tests:
+        kind, rest = tests[0], tests[1:]
+        if kind == "NONE":
+            return ["--no-healthcheck"]
+        if kind == "CMD-SHELL":
+            flags += ["--health-cmd", " ".join(rest)]
+        elif kind == "CMD":
+            # The CLI only takes a shell string; quoting the argv keeps the same program and args.
+            flags += ["--health-cmd", shlex.join(rest)]
+        else:
+            flags += ["--health-cmd", shlex.join(tests)]
+    for key, flag in (
+        ("interval", "--health-interval"),
+        ("timeout", "--health-timeout"),
+        ("startPeriod", "--health-start-period"),
+        ("startInterval", "--health-start-interval"),
+    ):
+        if health.get(key) and health[key] != "0s":
+            flags += [flag, str(health[key])]
+    if health.get("retries") is not None:
+        flags += ["--health-retries", str(int(health["retries"]))]
+    return flags
+
+
+def restart_flag(inputs: Mapping[str, Any]) -> list[str]:
+    policy = inputs.get("restart")
+    if not policy:
+        return []
+    if policy == "on-failure" and inputs.get("maxRetryCount"):
+        return ["--restart", f"on-failure:{int(inputs['maxRetryCount'])}"]
+    return ["--restart", str(policy)]
+
+
+def container_run_args(inputs: Mapping[str, Any]) -> tuple[list[str], str]:
+    """`docker run` options and image/args for the inputs, and the env-file text (K=V lines).
+
+    Raises for any input that is set but has no translation, so nothing is dropped silently.
+    """
+    translated: set[str] = set(CONTAINER_BOOKKEEPING_INPUTS)
+    flags: list[str] = []
+
+    def take(key: str) -> Any:
+        translated.add(key)
+        return inputs.get(key)
+
+    def simple(key: str, flag: str) -> None:
+        value = take(key)
+        if is_set(value):
+            flags.extend([flag, str(value)])
+
+    def boolean(key: str, flag: str) -> None:
+        if take(key):
+            flags.append(flag)
+
+    name = take("name")
+    if name:
+        flags += ["--name", str(name)]
+    simple("hostname", "--hostname")
+    simple("domainname", "--domainname")
+    simple("user", "--user")
+    simple("workingDir", "--workdir")
+    simple("networkMode", "--network")
+    simple("ipcMode", "--ipc")
+    simple("pidMode", "--pid")
+    simple("utsMode", "--uts")
+    simple("usernsMode", "--userns")
+    simple("cgroupnsMode", "--cgroupns")
+    simple("runtime", "--runtime")
+    simple("stopSignal", "--stop-signal")
+    simple("platform", "--platform")
+    simple("gpus", "--gpus")
+    simple("logDriver", "--log-driver")
+    simple("cpuSet", "--cpuset-cpus")
+    simple("cpus", "--cpus")
+    boolean("privileged", "--privileged")
+    boolean("init", "--init")
+    boolean("readOnly", "--read-only")
+    boolean("publishAllPorts", "--publish-all")
+    translated.add("maxRetryCount")
+    flags += restart_flag(inputs)
+    if take("stopTimeout") is not None:
+        flags += ["--stop-timeout", str(int(inputs["stopTimeout"]))]
+    if is_set(take("shmSize")):
+        flags += ["--shm-size", f"{int(inputs['shmSize'])}m"]  # MB, as pulumi-docker
+    if is_set(take("memory")):
+        flags += ["--memory", f"{int(inputs['memory'])}m"]
+    if is_set(take("memorySwap")):
+        swap = int(inputs["memorySwap"])
+        flags += ["--memory-swap", "-1" if swap < 0 else f"{swap}m"]
+    if is_set(take("cpuShares")):
+        flags += ["--cpu-shares", str(int(inputs["cpuShares"]))]
+    for ulimit in take("ulimits") or []:
+        flags += ["--ulimit", f"{ulimit['name']}={int(ulimit['soft'])}:{int(ulimit['hard'])}"]
+    for label in take("labels") or []:
+        flags += ["--label", f"{label['label']}={label['value']}"]
+    for key, value in (take("logOpts") or {}).items():
+        flags += ["--log-opt", f"{key}={value}"]
+    for mount in take("mounts") or []:
+        flags += ["--mount", mount_flag(mount)]
+    for volume in take("volumes") or []:
+        flags += volume_flag(volume)
+    for device in take("devices") or []:
+        flags += ["--device", device_flag(device)]
+    for path, options in (take("tmpfs") or {}).items():
+        flags += ["--tmpfs", f"{path}:{options}" if options else path]
+    for key, value in (take("sysctls") or {}).items():
+        flags += ["--sysctl", f"{key}={value}"]
+    for option in take("securityOpts") or []:
+        flags += ["--security-opt", str(option)]
+    for group in take("groupAdds") or []:
+        flags += ["--group-add", str(group)]
+    for server in take("dns") or []:
+        flags += ["--dns", str(server)]
+    for extra in take("hosts") or []:
+        flags += ["--add-host", f"{extra['host']}:{extra['ip']}"]
+    for port in take("ports") or []:
+        spec = f"{int(port['external'])}:" if port.get("external") else ""
+        if port.get("ip") and port.get("external"):
+            spec = f"{port['ip']}:{spec}"
+        flags += ["--publish", f"{spec}{int(port['internal'])}/{port.get('protocol') or 'tcp'}"]
+    capabilities = take("capabilities") or {}
+    for cap in capabilities.get("adds") or []:
+        flags += ["--cap-add", str(cap)]
+    for cap in capabilities.get("drops") or []:
+        flags += ["--cap-drop", str(cap)]
+    if is_set(take("healthcheck")):
+        flags += healthcheck_flags(inputs["healthcheck"])
+
+    entrypoints = [str(item) for item in take("entrypoints") or []]
+    command = [str(item) for item in take("command") or []]
+    if entrypoints:
+        flags += ["--entrypoint", entrypoints[0]]
+    image = take("image")
+    if not image:
+        raise ValueError("container has no image")
+    # Like the provider, never pull implicitly: a missing image is an error, not a download.
+    run_tail = ["--pull", "never", str(image), *entrypoints[1:], *command]
+
+    env_lines = []
+    for entry in take("envs") or []:
+        if "\n" in str(entry):
+            raise NotImplementedError(
+                "container env values with newlines cannot go through an env file"
+            )
+        env_lines.append(str(entry))
+
+    untranslated = sorted(
+        key for key, value in inputs.items() if key not in translated and is_set(value)
+    )
+    if untranslated:
+        raise NotImplementedError(
+            "container inputs not translated by realmocks (set, so they would be dropped): "
+            f"{untranslated}"
+        )
+    return [*flags, *run_tail], "".join(line + "\n" for line in env_lines)
+
+
+# The env file lives only for the duration of `docker run`, in a private temp file on the host.
+ENV_FILE_PRELUDE = (
+    'umask 077; envf=$(mktemp) || exit 1; trap \'rm -f "$envf"\' EXIT; cat > "$envf" || exit 1; '
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The journal: what was performed, for teardown
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JournalEntry:
+    type: str
+    name: str
+    key: str
+    inputs: dict[str, Any] = field(repr=False)
+    outputs: dict[str, Any] = field(repr=False)
+    docker_host: DockerHost | None = None
+    resource_id: str = ""
+
+
+class TeardownError(Exception):
+    """Every teardown step that failed, in the order they ran."""
+
+    def __init__(self, failures: list[str]) -> None:
+        super().__init__("teardown failed:\n- " + "\n- ".join(failures))
+        self.failures = failures
+
+
+# ---------------------------------------------------------------------------------------------
+# The mocks
+# ---------------------------------------------------------------------------------------------
+
+
+class RealMocks(pulumi.runtime.Mocks):
+    """Performs creates for real; thread-safe (the SDK calls mocks from a thread pool)."""
+
+    def __init__(
+        self,
+        command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
+        must_run_settle_s: float = DEFAULT_MUST_RUN_SETTLE_S,
+    ) -> None:
+        self.command_timeout_s = command_timeout_s
+        self.must_run_settle_s = must_run_settle_s
+        self.journal: list[JournalEntry] = []
+        self.warnings: list[str] = []
+        self.stack_references: dict[str, dict[str, Any]] = {}
+        self._docker_hosts: dict[str, DockerHost] = {}
+        self._lock = threading.Lock()
+
+    # -- pulumi.runtime.Mocks ------------------------------------------------------------------
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]] | None]:
+        raise NotImplementedError(f"realmocks does not perform invokes: {args.token}")
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        what = f"{args.typ} {args.name!r}"
+        if args.typ == TYPE_DOCKER_PROVIDER:
+            return self._create_docker_provider(args, what)
+        if args.typ == TYPE_COMMAND:
+            return self._create_command(args, what)
+        if args.typ == TYPE_REMOTE_IMAGE:
+            return self._create_remote_image(args, what)
+        if args.typ == TYPE_CONTAINER:
+            return self._create_container(args, what)
+        if args.typ == TYPE_STACK_REFERENCE:
+            return args.name, {**args.inputs, "outputs": self.stack_references.get(args.name, {})}
+        if not args.custom:
+            return None, dict(args.inputs)  # components have no create of their own
+        raise NotImplementedError(
+            f"realmocks cannot perform resource type {args.typ} ({args.name!r})"
+        )
+
+    # -- resource types ------------------------------------------------------------------------
+
+    def _create_docker_provider(
+        self, args: pulumi.runtime.MockResourceArgs, what: str
+    ) -> tuple[str, dict]:
+        docker_host = docker_host_from_provider_inputs(args.inputs, what)
+        provider_id = f"{args.name}-{uuid.uuid4().hex[:12]}"
+        with self._lock:
+            self._docker_hosts[provider_id] = docker_host
+        return provider_id, dict(args.inputs)
+
+    def _create_command(self, args: pulumi.runtime.MockResourceArgs, what: str) -> tuple[str, dict]:
+        inputs = args.inputs
+        if is_set(unwrap_secrets(inputs.get("environment"))):
+            raise ValueError(
+                f"{what}: `environment` is set, but stock sshd drops it (no AcceptEnv); "
+                "put values in the command or pass secrets on stdin"
+            )
+        connection = connection_from_inputs(inputs.get("connection"), what)
+        create = unwrap_secrets(inputs.get("create"))
+        outputs = dict(inputs)
+        if create:
+            stdin = unwrap_secrets(inputs.get("stdin"))
+            result = self._run_command(connection, str(create), stdin, what)
+            outputs.update(
+                stdout=result.stdout.removesuffix("\n"), stderr=result.stderr.removesuffix("\n")
+            )
+        else:
+            outputs.update(stdout="", stderr="")
+        command_id = f"{args.name}-{uuid.uuid4().hex[:12]}"
+        self._record(
+            JournalEntry(args.typ, args.name, f"{args.typ}::{args.name}", dict(inputs), outputs)
+        )
+        return command_id, outputs
+
+    def _run_command(
+        self, connection: SshConnection, command: str, stdin: str | None, what: str
+    ) -> RemoteResult:
+        warnings: list[str] = []
+        try:
+            result = run_over_ssh(connection, command, stdin, self.command_timeout_s, warnings)
+        finally:
+            self._warn(what, warnings)
+        if result.exit_code != 0:
+            raise command_failure(connection, command, result, what)
+        return result
+
+    def _create_remote_image(
+        self, args: pulumi.runtime.MockResourceArgs, what: str
+    ) -> tuple[str, dict]:
+        inputs = args.inputs
+        if is_set(inputs.get("build")):
+            raise NotImplementedError(f"{what}: RemoteImage `build` is not performed by realmocks")
+        docker_host = self._docker_host_for(args, what)
+        name = str(inputs["name"])
+        image = inspect_image(docker_host, name)
+        if image is None:
+            pull = [
+                "pull",
+                *(["--platform", str(inputs["platform"])] if inputs.get("platform") else []),
+                name,
+            ]
+            docker_or_raise(docker_host, pull, f"{what}: pulling {name}")
+            image = inspect_image(docker_host, name)
+            if image is None:
+                raise RuntimeError(
+                    f"{what}: {name} still missing on {docker_host.label} after pull"
+                )
+        repo_digests = image.get("RepoDigests") or []
+        outputs = {
+            **inputs,
+            "name": name,
+            "imageId": image["Id"],
+            "repoDigest": repo_digests[0] if repo_digests else "",
+        }
+        self._record(
+            JournalEntry(
+                args.typ, args.name, f"{args.typ}::{args.name}", dict(inputs), outputs, docker_host
+            )
+        )
+        return f"{image['Id']}{name}", outputs
+
+    def _create_container(
+        self, args: pulumi.runtime.MockResourceArgs, what: str
+    ) -> tuple[str, dict]:
+        inputs = unwrap_secrets(dict(args.inputs))
+        docker_host = self._docker_host_for(args, what)
+        run_args, env_text = container_run_args(inputs)
+        name = str(inputs.get("name") or "")
+        verb = "run" if inputs.get("start", True) else "create"
+        detach = ["-d"] if verb == "run" else []
+        docker_args = [verb, *detach, "--env-file", "/dev/null", *run_args]
+        prelude = ""
+        if env_text:
+            docker_args[docker_args.index("/dev/null")] = "ENVFILE"
+            prelude = ENV_FILE_PRELUDE
+        remote = run_docker_with_env_file(docker_host, docker_args, env_text, prelude)
+        if remote.exit_code != 0:
+            self._journal_failed_container(args, inputs, docker_host, name, remote)
+            raise RuntimeError(
+                f"{what}: Unable to create container on {docker_host.label}: "
+                f"{tail(remote.stderr or remote.stdout, 15)}"
+            )
+        container_id = remote.stdout.strip().splitlines()[-1]
+        outputs = {**args.inputs, "name": name, "image": args.inputs["image"]}
+        self._record(
+            JournalEntry(
+                args.typ,
+                args.name,
+                f"{args.typ}::{args.name}",
+                dict(args.inputs),
+                outputs,
+                docker_host,
+                resource_id=container_id,
+            )
+        )
+        if verb == "run" and inputs.get("mustRun", True):
+            self._check_running(docker_host, container_id, what)
+        if inputs.get("wait"):
+            wait_timeout = float(inputs.get("waitTimeout") or DEFAULT_CONTAINER_WAIT_TIMEOUT_S)
+            wait_until_healthy(docker_host, container_id, wait_timeout, what)
+        return container_id, outputs
+
+    def _journal_failed_container(
+        self,
+        args: pulumi.runtime.MockResourceArgs,
+        inputs: Mapping[str, Any],
+        docker_host: DockerHost,
+        name: str,
+        remote: RemoteResult,
+    ) -> None:
+        """A container that was created but failed to start stays behind, as with the real
+        provider (which leaves it tainted in the state for destroy); journal it so teardown
+        removes it. A name conflict leaves someone else's container, which must not be touched."""
+        if not name or "is already in use" in remote.stderr:
+            return
+        if inspect_container(docker_host, name) is not None:
+            self._record(
+                JournalEntry(
+                    args.typ,
+                    args.name,
+                    f"{args.typ}::{args.name}",
+                    dict(args.inputs),
+                    {**args.inputs, "name": name, "image": inputs.get("image")},
+                    docker_host,
+                )
+            )
+
+    def _check_running(self, docker_host: DockerHost, container_id: str, what: str) -> None:
+        deadline = time.monotonic() + self.must_run_settle_s
+        while True:
+            state = container_state(docker_host, container_id)
+            if state["Status"] in ("exited", "dead", "restarting") or state.get("Restarting"):
+                raise RuntimeError(
+                    f"{what}: container exited unexpectedly (failed to be in running state: "
+                    f"status {state['Status']}, exit code {state.get('ExitCode')}); "
+                    "last log lines:\n"
+                    f"{container_logs(docker_host, container_id)}"
+                )
+            if time.monotonic() >= deadline and state["Status"] == "running":
+                return
+            if time.monotonic() >= deadline + 15:
+                raise RuntimeError(
+                    f"{what}: container still {state['Status']!r}, never reached running"
+                )
+            time.sleep(0.5)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _docker_host_for(self, args: pulumi.runtime.MockResourceArgs, what: str) -> DockerHost:
+        provider_ref = args.provider or ""
+        provider_id = provider_ref.rsplit("::", 1)[-1] if "::" in provider_ref else ""
+        with self._lock:
+            docker_host = self._docker_hosts.get(provider_id)
+        if docker_host is None:
+            raise ValueError(
+                f"{what}: no explicit docker provider (got {provider_ref!r}); every docker "
+                "resource must name its host's docker.Provider"
+            )
+        return docker_host
+
+    def _record(self, entry: JournalEntry) -> None:
+        with self._lock:
+            self.journal.append(entry)
+
+    def _warn(self, what: str, warnings: list[str]) -> None:
+        for warning in dict.fromkeys(warnings):
+            message = f"{what}: {warning}"
+            log.warning(message)
+            with self._lock:
+                self.warnings.append(message)
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Undo every journaled create, newest first; raises TeardownError listing every failure."""
+        with self._lock:
+            entries = list(self.journal)
+        teardown(entries, self.command_timeout_s)
+        with self._lock:
+            self.journal = [entry for entry in self.journal if entry not in entries]
+
+
+def run_docker_with_env_file(
+    docker_host: DockerHost, docker_args: list[str], env_text: str, prelude: str
+) -> RemoteResult:
+    """`docker run`, the env values streamed into a remote temp file (never on a command line)."""
+    if not prelude:
+        return run_docker(docker_host, docker_args)
+    # The placeholder becomes "$envf", which must stay unquoted-expandable in the remote shell.
+    line = shlex.join(["docker", *docker_args]).replace("ENVFILE", '"$envf"', 1)
+    try:
+        return run_process(
+            [*docker_ssh_argv(docker_host), prelude + line], env_text, DOCKER_CALL_TIMEOUT_S
+        )
+    except TimeoutError as exc:
+        raise TimeoutError(f"{docker_host.label}: docker run: {exc}") from None
+
+
+def container_state(docker_host: DockerHost, container_id: str) -> dict[str, Any]:
+    container = inspect_container(docker_host, container_id)
+    if container is None:
+        return {"Status": "dead", "ExitCode": None}
+    return dict(container["State"])
+
+
+def wait_until_healthy(
+    docker_host: DockerHost, container_id: str, timeout_s: float, what: str
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = container_state(docker_host, container_id)
+        health = (state.get("Health") or {}).get("Status")
+        if health is None:
+            raise RuntimeError(f"{what}: `wait` is set but the container has no healthcheck")
+        if health == "healthy":
+            return
+        if state["Status"] != "running" or time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"{what}: container did not become healthy within {timeout_s:.0f}s "
+                f"(status {state['Status']}, health {health}); last log lines:\n"
+                f"{container_logs(docker_host, container_id)}"
+            )
+        time.sleep(1.0)
+
+
+def remove_container(docker_host: DockerHost, entry: JournalEntry) -> None:
+    # By id when known: a container of the same name may since belong to a later deployment.
+    target = entry.resource_id or str(entry.outputs.get("name") or "")
+    grace = entry.inputs.get("destroyGraceSeconds")
+    if grace:
+        run_docker(docker_host, ["stop", "-t", str(int(grace)), target])
+    remove_volumes = ["-v"] if entry.inputs.get("removeVolumes", True) else []
+    result = run_docker(docker_host, ["rm", "-f", *remove_volumes, target])
+    if result.exit_code != 0 and "No such container" not in result.stderr:
+        raise RuntimeError(f"{docker_host.label}: docker rm {target}: {tail(result.stderr, 10)}")
+
+
+def remove_image(docker_host: DockerHost, entry: JournalEntry) -> None:
+    """What pulumi-docker does on destroy: `keepLocally` false (the default) removes the image."""
+    if entry.inputs.get("keepLocally"):
+        return
+    force = ["-f"] if entry.inputs.get("forceRemove") else []
+    result = run_docker(docker_host, ["rmi", *force, str(entry.outputs["name"])])
+    if result.exit_code != 0 and "No such image" not in result.stderr:
+        raise RuntimeError(f"{docker_host.label}: docker rmi: {tail(result.stderr, 10)}")
+
+
+def teardown_entry(entry: JournalEntry, command_timeout_s: float) -> None:
+    if entry.type == TYPE_COMMAND:
+        delete = unwrap_secrets(entry.inputs.get("delete"))
+        if delete:
+            connection = connection_from_inputs(entry.inputs.get("connection"), entry.name)
+            stdin = unwrap_secrets(entry.inputs.get("stdin"))
+            result = run_over_ssh(connection, str(delete), stdin, command_timeout_s, [])
+            if result.exit_code != 0:
+                raise command_failure(connection, str(delete), result, "delete")
+    elif entry.type == TYPE_CONTAINER and entry.docker_host is not None:
+        remove_container(entry.docker_host, entry)
+    elif entry.type == TYPE_REMOTE_IMAGE and entry.docker_host is not None:
+        remove_image(entry.docker_host, entry)
+
+
+def teardown(
+    journal: Sequence[JournalEntry], command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
+) -> None:
+    """Undoes journaled creates, newest first; keeps going past failures, then raises them all."""
+    failures: list[str] = []
+    for entry in reversed(journal):
+        try:
+            teardown_entry(entry, command_timeout_s)
+        except Exception as exc:  # collected, reported together below
+            failures.append(f"{entry.type} {entry.name!r}: {exc}")
+    if failures:
+        raise TeardownError(failures)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a whole program under the mocks
+# ---------------------------------------------------------------------------------------------
+
+
+class StackOutputs(dict[str, Any]):
+    """Resolved stack outputs (plain values); `secret_names` tells which outputs were secret."""
+
+    def __init__(self, values: Mapping[str, Any], secret_names: set[str]) -> None:
+        super().__init__(values)
+        self.secret_names = frozenset(secret_names)
+
+
+def configure_mock_runtime(mocks: pulumi.runtime.Mocks, project: str, stack: str) -> None:
+    """What `set_mocks` does, minus creating a root Stack (run_in_stack creates its own, as the
+    language host does), on freshly reset settings so a second run starts clean."""
+    pulumi_settings.reset_options(project=project, stack=stack, preview=False)
+    monitor = pulumi_mocks.MockMonitor(mocks)
+    settings = pulumi_mocks.MockSettings(
+        monitor=monitor,
+        monitor_features=set(monitor.GetDeploymentInfo(None).supportedFeatures),
+        engine=pulumi_mocks.MockEngine(logging.getLogger("pulumi.program")),
+        project=project,
+        stack=stack,
+        dry_run=False,
+        organization="organization",
+        callbacks=None,
+    )
+    pulumi_settings.configure(settings)
+
+
+def config_entries(
+    project: str, config: Mapping[str, Any], secret_keys: Sequence[str]
+) -> tuple[dict[str, str], list[str]]:
+    """Config as the CLI hands it over: `project:key` names, values as strings (objects as JSON)."""
+
+    def full(key: str) -> str:
+        return key if ":" in key else f"{project}:{key}"
+
+    values = {
+        full(key): value if isinstance(value, str) else json.dumps(value)
+        for key, value in config.items()
+    }
+    return values, [full(key) for key in secret_keys]
+
+
+async def resolve_outputs(raw: Mapping[str, Any]) -> StackOutputs:
+    values: dict[str, Any] = {}
+    secret_names: set[str] = set()
+    for name, value in raw.items():
+        output = pulumi.Output.from_input(massage(value, []))
+        values[name] = await output.future()
+        if await output.is_secret():
+            secret_names.add(name)
+    return StackOutputs(values, secret_names)
+
+
+@contextlib.contextmanager
+def program_imports(program_dir: Path) -> Iterator[None]:
+    """The program's directory on sys.path and as cwd (as the language host runs it); the program's
+    own modules are forgotten afterwards so the next run imports them afresh."""
+    before = set(sys.modules)
+    old_cwd = Path.cwd()
+    sys.path.insert(0, str(program_dir))
+    os.chdir(program_dir)
+    try:
+        yield
+    finally:
+        os.chdir(old_cwd)
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(program_dir))
+        for module_name in set(sys.modules) - before:
+            module_file = getattr(sys.modules[module_name], "__file__", None) or ""
+            if module_file.startswith(str(program_dir) + os.sep):
+                del sys.modules[module_name]
+
+
+def run_program(
+    program_dir: Path,
+    project: str,
+    stack: str,
+    config: Mapping[str, Any],
+    secret_keys: Sequence[str],
+    mocks: RealMocks,
+    max_parallel: int = 16,
+) -> StackOutputs:
+    """Runs `program_dir/__main__.py` under `mocks` (an `up` from an empty state) and returns its
+    resolved stack outputs. Errors from creates or from the program propagate unchanged. Can be
+    called repeatedly in one process; each run gets fresh runtime state and a fresh event loop."""
+    program_dir = Path(program_dir).resolve()
+    configure_mock_runtime(mocks, project, stack)
+    values, secret_config = config_entries(project, config, secret_keys)
+    set_all_config(values, secret_config)
+
+    captured: dict[str, Any] = {}
+
+    def program() -> None:
+        captured["stack"] = pulumi_settings.get_root_resource()
+        runpy.run_path(str(program_dir / "__main__.py"), run_name="__main__")
+
+    loop = asyncio.new_event_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max_parallel, thread_name_prefix="realmocks"
+    )
+    loop.set_default_executor(executor)
+    asyncio.set_event_loop(loop)
+    try:
+        with program_imports(program_dir):
+            loop.run_until_complete(run_in_stack(program))
+            return loop.run_until_complete(resolve_outputs(captured["stack"].outputs))
+    finally:
+        # Creates still in flight after a failure finish here, so the journal is complete.
+        executor.shutdown(wait=True)
+        loop.close()
+        asyncio.set_event_loop(None)
+        pulumi_settings.reset_options(project=project, stack=stack, preview=False)
