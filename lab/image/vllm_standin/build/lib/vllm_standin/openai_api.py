@@ -1,0 +1,304 @@
+"""OpenAI-compatible request handling, as pure functions of (request body, served model).
+
+Text is deterministic: the first token names the ranks' node IPs (so a lab test can see which
+nodes served), the rest are words chosen by hashing the model, the prompt and those IPs.
+Token counts are whitespace-separated words; good enough for `usage` and context-length checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_TOKENS = 16
+WORDS = (
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliett",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
+    "xray",
+    "yankee",
+    "zulu",
+)
+
+
+class ApiError(Exception):
+    """An error response in vLLM's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, error_type: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = {
+            "error": {"message": message, "type": error_type, "param": param, "code": status}
+        }
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    model: str
+    served_names: tuple[str, ...]
+    max_model_len: int
+    rank_ips: tuple[str, ...]
+    created: int
+
+
+def models_response(served: ServedModel) -> dict[str, Any]:
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": served.created,
+            "owned_by": "vllm",
+            "root": served.model,
+            "parent": None,
+            "max_model_len": served.max_model_len,
+            "permission": [],
+        }
+        for name in served.served_names
+    ]
+    return {"object": "list", "data": data}
+
+
+def resolve_model_name(body: dict[str, Any], served: ServedModel) -> str:
+    """vLLM accepts a missing `model` (first served name) and 404s an unknown one."""
+    requested = body.get("model")
+    if not requested:
+        return served.served_names[0]
+    if requested not in served.served_names:
+        raise ApiError(404, f"The model `{requested}` does not exist.", "NotFoundError", "model")
+    return str(requested)
+
+
+def count_tokens(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def completion_prompts(body: dict[str, Any]) -> list[tuple[str, int]]:
+    """(prompt text, prompt tokens) per choice; accepts str, [str], [int] and [[int]]."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [(prompt, count_tokens(prompt))]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, str) for item in prompt):
+            return [(item, count_tokens(item)) for item in prompt]
+        if all(isinstance(item, int) for item in prompt):
+            return [(" ".join(map(str, prompt)), len(prompt))]
+        if all(isinstance(item, list) for item in prompt):
+            return [(" ".join(map(str, item)), max(1, len(item))) for item in prompt]
+    raise ApiError(
+        400,
+        "`prompt` must be a string or a list of strings or token ids.",
+        "BadRequestError",
+        "prompt",
+    )
+
+
+def chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "`messages` must be a non-empty list.", "BadRequestError", "messages")
+    parts = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise ApiError(400, "each message must be an object", "BadRequestError", "messages")
+        content = message.get("content") or ""
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            content = " ".join(
+                str(part.get("text", "")) for part in content if isinstance(part, dict)
+            )
+        parts.append(f"{message.get('role', 'user')}: {content}")
+    text = "\n".join(parts)
+    return text, count_tokens(text)
+
+
+def requested_max_tokens(body: dict[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = body.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ApiError(400, f"`{key}` must be a positive integer.", "BadRequestError", key)
+        return value
+    return DEFAULT_MAX_TOKENS
+
+
+def check_context_length(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    if prompt_tokens + max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            "BadRequestError",
+        )
+
+
+def generate_tokens(served: ServedModel, prompt: str, max_tokens: int) -> list[str]:
+    tokens = ["ranks=" + ",".join(served.rank_ips)]
+    seed = "\0".join((served.model, prompt, *served.rank_ips)).encode()
+    counter = 0
+    while len(tokens) < max_tokens:
+        digest = hashlib.sha256(seed + counter.to_bytes(8, "big")).digest()
+        tokens.extend(WORDS[byte % len(WORDS)] for byte in digest)
+        counter += 1
+    return tokens[:max_tokens]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass(frozen=True)
+class PlannedResponse:
+    """A validated request: either a JSON body or a stream of SSE events."""
+
+    body: dict[str, Any] | None = None
+    events: Iterator[str] | None = None
+
+
+def plan_completion(body: dict[str, Any], served: ServedModel) -> PlannedResponse:
+    model_name = resolve_model_name(body, served)
+    max_tokens = requested_max_tokens(body, "max_tokens")
+    prompts = completion_prompts(body)
+    for _, prompt_tokens in prompts:
+        check_context_length(prompt_tokens, max_tokens, served.max_model_len)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    texts = [generate_tokens(served, prompt, max_tokens) for prompt, _ in prompts]
+    total_prompt_tokens = sum(tokens for _, tokens in prompts)
+    total_usage = usage(total_prompt_tokens, max_tokens * len(prompts))
+    header = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model_name,
+    }
+    if body.get("stream"):
+        return PlannedResponse(events=stream_completion(header, texts, total_usage, body))
+    choices = [
+        {
+            "index": index,
+            "text": " ".join(tokens),
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
+        for index, tokens in enumerate(texts)
+    ]
+    return PlannedResponse(body={**header, "choices": choices, "usage": total_usage})
+
+
+def plan_chat_completion(body: dict[str, Any], served: ServedModel) -> PlannedResponse:
+    model_name = resolve_model_name(body, served)
+    max_tokens = requested_max_tokens(body, "max_completion_tokens", "max_tokens")
+    prompt, prompt_tokens = chat_prompt(body)
+    check_context_length(prompt_tokens, max_tokens, served.max_model_len)
+    tokens = generate_tokens(served, prompt, max_tokens)
+    header = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_name,
+    }
+    total_usage = usage(prompt_tokens, max_tokens)
+    if body.get("stream"):
+        return PlannedResponse(events=stream_chat(header, tokens, total_usage, body))
+    message = {
+        "role": "assistant",
+        "content": " ".join(tokens),
+        "reasoning_content": None,
+        "tool_calls": [],
+    }
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+    }
+    return PlannedResponse(body={**header, "choices": [choice], "usage": total_usage})
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+def wants_usage_chunk(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def stream_completion(
+    header: dict[str, Any],
+    texts: list[list[str]],
+    total_usage: dict[str, int],
+    body: dict[str, Any],
+) -> Iterator[str]:
+    for index, tokens in enumerate(texts):
+        for position, token in enumerate(tokens):
+            last = position == len(tokens) - 1
+            choice = {
+                "index": index,
+                "text": token if position == 0 else " " + token,
+                "logprobs": None,
+                "finish_reason": "length" if last else None,
+            }
+            yield sse({**header, "choices": [choice]})
+    if wants_usage_chunk(body):
+        yield sse({**header, "choices": [], "usage": total_usage})
+    yield sse("[DONE]")
+
+
+def stream_chat(
+    header: dict[str, Any], tokens: list[str], total_usage: dict[str, int], body: dict[str, Any]
+) -> Iterator[str]:
+    chunk_header = {**header, "object": "chat.completion.chunk"}
+    role_choice = {
+        "index": 0,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+    yield sse({**chunk_header, "choices": [role_choice]})
+    for position, token in enumerate(tokens):
+        last = position == len(tokens) - 1
+        choice = {
+            "index": 0,
+            "delta": {"content": token if position == 0 else " " + token},
+            "logprobs": None,
+            "finish_reason": "length" if last else None,
+        }
+        yield sse({**chunk_header, "choices": [choice]})
+    if wants_usage_chunk(body):
+        yield sse({**chunk_header, "choices": [], "usage": total_usage})
+    yield sse("[DONE]")

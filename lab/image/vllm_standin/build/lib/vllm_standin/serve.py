@@ -1,0 +1,166 @@
+"""`vllm serve`: start the engine, then serve until SIGTERM or until a rank dies."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import types
+
+from vllm_standin import BANNER, VERSION
+from vllm_standin.config import ServeConfig
+from vllm_standin.engine import Engine, EngineDeadError, StartupError, build_engine
+from vllm_standin.http_api import ServerState, StandinServer
+from vllm_standin.model_files import measure_snapshot, read_max_position_embeddings
+from vllm_standin.openai_api import ServedModel
+
+logger = logging.getLogger("vllm_standin.api_server")
+DEFAULT_MAX_MODEL_LEN = 4096
+RAY_SHUTDOWN_GRACE_S = 3.0
+
+
+class TerminationRequested(BaseException):
+    """SIGTERM/SIGINT: unwinds whatever the main thread is doing (Ray waits included)."""
+
+
+def request_termination(signum: int, frame: types.FrameType | None) -> None:
+    raise TerminationRequested(signal.Signals(signum).name)
+
+
+def install_signal_handlers() -> None:
+    # Re-installed after ray.init(), which may install its own SIGTERM handler.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, request_termination)
+
+
+def configure_logging() -> None:
+    vllm_style = logging.Formatter(
+        "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"
+    )
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(vllm_style)
+    standin = logging.getLogger("vllm_standin")
+    standin.addHandler(handler)
+    standin.setLevel(logging.INFO)
+    standin.propagate = False
+    uvicorn_handler = logging.StreamHandler(sys.stdout)
+    uvicorn_handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    for name in ("uvicorn", "uvicorn.access"):
+        uvicorn_logger = logging.getLogger(name)
+        uvicorn_logger.handlers = [uvicorn_handler]
+        uvicorn_logger.setLevel(logging.INFO)
+        uvicorn_logger.propagate = False
+
+
+def resolve_max_model_len(config: ServeConfig, snapshot_path: str | None) -> int:
+    """vLLM derives the limit from config.json and refuses a larger --max-model-len."""
+    derived = read_max_position_embeddings(snapshot_path) if snapshot_path else None
+    if config.max_model_len is None:
+        return derived or DEFAULT_MAX_MODEL_LEN
+    allow_longer = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") in ("1", "true", "True")
+    if derived is not None and config.max_model_len > derived and not allow_longer:
+        raise StartupError(
+            f"ValueError: User-specified max_model_len ({config.max_model_len}) is greater than "
+            f"the derived max_model_len (max_position_embeddings={derived} in model's "
+            "config.json). To allow overriding this maximum, set the env var "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
+        )
+    return config.max_model_len
+
+
+def start_engine(config: ServeConfig) -> tuple[Engine, int]:
+    # The API server process reads the model config itself, so it needs the snapshot too.
+    driver_snapshot = measure_snapshot(config.model, config.revision)
+    if not driver_snapshot.usable:
+        raise StartupError(
+            f"OSError: cannot load the model on the API server node: "
+            f"{driver_snapshot.describe_problem()} (HF_HOME={os.environ.get('HF_HOME')}, "
+            f"HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')})"
+        )
+    max_model_len = resolve_max_model_len(config, driver_snapshot.path)
+    logger.info("Using max model len %d", max_model_len)
+    engine = build_engine(config, driver_snapshot)
+    engine.start()
+    return engine, max_model_len
+
+
+def bind_server(config: ServeConfig) -> StandinServer:
+    """Claim the port before the slow engine start-up, as vLLM does; a busy port fails fast."""
+    try:
+        return StandinServer((config.host or "", config.port))
+    except OSError as error:
+        raise StartupError(
+            f"OSError: cannot bind {config.host or '0.0.0.0'}:{config.port}: {error}"
+        ) from None
+
+
+def serve_until_stopped(config: ServeConfig, engine: Engine, server: StandinServer) -> int:
+    server.server_activate()
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    logger.info("Starting vLLM API server 0 on http://%s:%d", config.host or "0.0.0.0", config.port)
+    uvicorn = logging.getLogger("uvicorn")
+    uvicorn.info("Started server process [%d]", os.getpid())
+    uvicorn.info("Waiting for application startup.")
+    uvicorn.info("Application startup complete.")
+    state = server.state
+    while not state.engine_dead.wait(config.health_interval_s):
+        try:
+            engine.check_alive(config.health_timeout_s)
+        except EngineDeadError as error:
+            state.mark_dead(str(error))
+    logger.error("%s", state.dead_reason)
+    logger.error("Engine is dead; the API server exits so that its container stops.")
+    return 1
+
+
+def shutdown_quietly(engine: Engine | None, server: StandinServer | None) -> None:
+    """Bounded cleanup: a hung Ray disconnect must not keep a stopping container alive."""
+    if server is not None:
+        server.server_close()
+    if engine is not None:
+        closer = threading.Thread(target=engine.shutdown, daemon=True)
+        closer.start()
+        closer.join(RAY_SHUTDOWN_GRACE_S)
+
+
+def run_serve(config: ServeConfig) -> int:
+    configure_logging()
+    install_signal_handlers()
+    logger.info("%s", BANNER)
+    logger.info("vLLM API server version %s", VERSION)
+    logger.info("non-default args: %s", config.non_default_args)
+    engine: Engine | None = None
+    server: StandinServer | None = None
+    exit_code = 1
+    try:
+        server = bind_server(config)
+        engine, max_model_len = start_engine(config)
+        install_signal_handlers()
+        rank_ips = tuple(report.node_ip for report in engine.ranks)
+        served = ServedModel(
+            config.model, config.served_model_names, max_model_len, rank_ips, int(time.time())
+        )
+        alive_engine = engine
+        server.state = ServerState(
+            served,
+            config.api_key,
+            config.access_log,
+            lambda: alive_engine.check_alive(config.health_timeout_s),
+        )
+        exit_code = serve_until_stopped(config, engine, server)
+    except StartupError as error:
+        logger.error("%s", error)
+        logger.error("Engine core initialization failed. See root cause above.")
+        exit_code = 1
+    except TerminationRequested as signal_name:
+        logger.info("Received %s, shutting down.", signal_name)
+        exit_code = 0
+    finally:
+        shutdown_quietly(engine, server)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # os._exit: Ray's atexit hooks can block for seconds; a stopping container must not wait.
+    os._exit(exit_code)

@@ -1,0 +1,97 @@
+"""Everything `vllm serve` was told, from flags and environment, resolved once."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
+DEFAULT_WORKER_START_TIMEOUT_S = 120.0
+DEFAULT_HEALTH_INTERVAL_S = 5.0
+DEFAULT_HEALTH_TIMEOUT_S = 10.0
+
+
+def env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number of seconds, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str
+    revision: str | None
+    served_model_names: tuple[str, ...]
+    host: str | None
+    port: int
+    api_key: str | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    executor_backend: str
+    max_model_len: int | None
+    access_log: bool
+    non_default_args: dict[str, object]
+    placement_timeout_s: float
+    worker_start_timeout_s: float
+    health_interval_s: float
+    health_timeout_s: float
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeConfig:
+        model = args.model_tag or args.model_flag
+        world_size = args.tensor_parallel_size * args.pipeline_parallel_size
+        return cls(
+            model=model,
+            revision=args.revision,
+            served_model_names=tuple(args.served_model_name or [model]),
+            host=args.host,
+            port=args.port,
+            # vLLM: `args.api_key or envs.VLLM_API_KEY`.
+            api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
+            tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            executor_backend=choose_executor_backend(args.distributed_executor_backend, world_size),
+            max_model_len=args.max_model_len,
+            access_log=args.uvicorn_log_level in ("info", "debug", "trace"),
+            non_default_args=non_default_args(args),
+            placement_timeout_s=env_seconds(
+                "VLLM_STANDIN_PLACEMENT_TIMEOUT", DEFAULT_PLACEMENT_TIMEOUT_S
+            ),
+            worker_start_timeout_s=env_seconds(
+                "VLLM_STANDIN_WORKER_START_TIMEOUT", DEFAULT_WORKER_START_TIMEOUT_S
+            ),
+            health_interval_s=env_seconds(
+                "VLLM_STANDIN_HEALTH_INTERVAL", DEFAULT_HEALTH_INTERVAL_S
+            ),
+            health_timeout_s=env_seconds("VLLM_STANDIN_HEALTH_TIMEOUT", DEFAULT_HEALTH_TIMEOUT_S),
+        )
+
+
+def choose_executor_backend(requested: str | None, world_size: int) -> str:
+    """vLLM's default: one process for world size 1; on a GPU-less host more ranks mean Ray."""
+    if requested:
+        return requested
+    return "uni" if world_size == 1 else "ray"
+
+
+def non_default_args(args: argparse.Namespace) -> dict[str, object]:
+    """What vLLM logs as `non-default args` at start-up (secrets masked)."""
+    from vllm_standin.cli import build_parsers
+
+    _, serve_parser = build_parsers()
+    defaults = vars(serve_parser.parse_args(["placeholder-model"]))
+    changed: dict[str, object] = {}
+    for name, value in vars(args).items():
+        if name in ("command",) or defaults.get(name, None) == value:
+            continue
+        changed[name] = "<redacted>" if name == "api_key" and value else value
+    return changed

@@ -1,0 +1,102 @@
+"""The per-rank worker: what one vLLM GPU worker would see on its node.
+
+It runs as a Ray actor pinned to one placement-group bundle (Ray backend) or in the API server's
+own process (uni/mp backend). Its environment is its node's (the raylet's), not the driver's:
+vLLM copies only VLLM_* and HF token variables to workers, so NCCL/GLOO settings must be set on
+every node, which is exactly what the lab should catch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from vllm_standin.model_files import SnapshotReport, measure_snapshot
+
+REPORTED_ENV = (
+    "VLLM_HOST_IP",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "CUDA_VISIBLE_DEVICES",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    rank: int
+    node_ip: str
+    host_ip: str  # vLLM's get_ip(): VLLM_HOST_IP, else the node IP
+    node_id: str
+    hostname: str
+    pid: int
+    snapshot: SnapshotReport
+    env: dict[str, str | None]
+    gloo_problem: str | None
+
+
+def interface_exists(name: str) -> bool:
+    return os.path.exists(os.path.join("/sys/class/net", name))
+
+
+def gloo_interface_problem(value: str | None, hostname: str) -> str | None:
+    """What Gloo would fail with for this GLOO_SOCKET_IFNAME on this node, or None."""
+    if not value:
+        return (
+            "Gloo connectFullMesh failed: GLOO_SOCKET_IFNAME is not set in the worker's "
+            f"environment on {hostname}, so Gloo binds the address its hostname resolves to "
+            "(often loopback). Set GLOO_SOCKET_IFNAME on every node's Ray container."
+        )
+    for interface in value.split(","):
+        if not interface_exists(interface.strip()):
+            return (
+                "[enforce fail at gloo/transport/tcp/device.cc] ifa != nullptr. "
+                f"Unable to find address for: {interface.strip()} "
+                f"(GLOO_SOCKET_IFNAME={value!r}; no such interface on {hostname})"
+            )
+    return None
+
+
+def detect_node_ip() -> str:
+    import ray.util
+
+    return str(ray.util.get_node_ip_address())
+
+
+def current_node_id() -> str:
+    import ray
+
+    if not ray.is_initialized():
+        return "local"
+    return str(ray.get_runtime_context().get_node_id())
+
+
+class RankWorker:
+    """Holds one rank alive for the lifetime of the server, as a vLLM worker would."""
+
+    def __init__(self, rank: int, model: str, revision: str | None) -> None:
+        self.rank = rank
+        self.model = model
+        self.revision = revision
+
+    def describe(self) -> RankReport:
+        hostname = socket.gethostname()
+        node_ip = detect_node_ip()
+        env = {name: os.environ.get(name) for name in REPORTED_ENV}
+        return RankReport(
+            rank=self.rank,
+            node_ip=node_ip,
+            host_ip=os.environ.get("VLLM_HOST_IP") or node_ip,
+            node_id=current_node_id(),
+            hostname=hostname,
+            pid=os.getpid(),
+            snapshot=measure_snapshot(self.model, self.revision),
+            env=env,
+            gloo_problem=gloo_interface_problem(env["GLOO_SOCKET_IFNAME"], hostname),
+        )
+
+    def ping(self) -> int:
+        return self.rank

@@ -1,0 +1,203 @@
+"""The stand-in's command line and OpenAI API, on the single-process (uni) backend: no Ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .helpers import TINY_MODEL, StandinFactory, StandinProcess, clean_env, free_port, http
+
+API_KEY = "lab-secret-key"
+SERVED_NAME = "tiny"
+
+
+def run_cli(standin_bin: Path, hf_home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(standin_bin / "vllm"), *args],
+        env=clean_env(standin_bin, hf_home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_version_names_the_test_double(standin_bin: Path, driver_hf_home: Path) -> None:
+    result = run_cli(standin_bin, driver_hf_home, "--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "0.0.0+spark-vllm-lab-standin"
+
+
+def test_serve_help_lists_the_program_flags(standin_bin: Path, driver_hf_home: Path) -> None:
+    result = run_cli(standin_bin, driver_hf_home, "serve", "--help")
+    assert result.returncode == 0
+    for flag in ("--tensor-parallel-size", "--distributed-executor-backend", "--api-key"):
+        assert flag in result.stdout
+
+
+def test_unknown_flag_is_rejected_like_argparse(standin_bin: Path, driver_hf_home: Path) -> None:
+    result = run_cli(standin_bin, driver_hf_home, "serve", TINY_MODEL, "--not-a-vllm-flag", "1")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --not-a-vllm-flag" in result.stderr
+
+
+def test_bad_choice_is_rejected(standin_bin: Path, driver_hf_home: Path) -> None:
+    result = run_cli(
+        standin_bin, driver_hf_home, "serve", TINY_MODEL, "--distributed-executor-backend", "x"
+    )
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def uni_server(
+    standin_bin: Path, driver_hf_home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StandinProcess]:
+    """One server for the API tests: key from VLLM_API_KEY, as the program's launcher does."""
+    port = free_port()
+    env = clean_env(standin_bin, driver_hf_home) | {"VLLM_API_KEY": API_KEY}
+    command = [
+        str(standin_bin / "vllm"),
+        "serve",
+        TINY_MODEL,
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "1024",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--revision",
+        "main",
+        "--kv-cache-dtype",
+        "fp8",
+        "--enable-prefix-caching",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--reasoning-parser",
+        "qwen3",
+    ]
+    log = tmp_path_factory.mktemp("uni") / "standin.log"
+    server = StandinProcess(command, env, log, port).start()
+    try:
+        server.wait_ready(timeout_s=60)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_health_needs_no_key(uni_server: StandinProcess) -> None:
+    assert http("GET", uni_server.base_url + "/health") == (200, b"")
+
+
+def test_v1_routes_need_the_key(uni_server: StandinProcess) -> None:
+    status, body = http("GET", uni_server.base_url + "/v1/models")
+    assert status == 401
+    assert json.loads(body) == {"error": "Unauthorized"}
+    status, _ = http("GET", uni_server.base_url + "/v1/models", api_key="wrong")
+    assert status == 401
+    assert http("GET", uni_server.base_url + "/v1/models", api_key=API_KEY)[0] == 200
+
+
+def test_models_lists_the_served_name(uni_server: StandinProcess) -> None:
+    _, body = http("GET", uni_server.base_url + "/v1/models", api_key=API_KEY)
+    models = json.loads(body)
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == [SERVED_NAME]
+    assert models["data"][0]["root"] == TINY_MODEL
+    assert models["data"][0]["max_model_len"] == 1024
+
+
+def test_completion_returns_tokens_and_usage(uni_server: StandinProcess) -> None:
+    request = {"model": SERVED_NAME, "prompt": "Say hello to the lab", "max_tokens": 5}
+    status, body = http("POST", uni_server.base_url + "/v1/completions", request, API_KEY)
+    assert status == 200, body
+    completion = json.loads(body)
+    assert completion["model"] == SERVED_NAME
+    assert completion["object"] == "text_completion"
+    text = completion["choices"][0]["text"]
+    assert len(text.split()) == 5
+    assert completion["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+    again = json.loads(http("POST", uni_server.base_url + "/v1/completions", request, API_KEY)[1])
+    assert again["choices"][0]["text"] == text  # deterministic
+
+
+def test_chat_completion_returns_an_assistant_message(uni_server: StandinProcess) -> None:
+    request = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}]}
+    status, body = http("POST", uni_server.base_url + "/v1/chat/completions", request, API_KEY)
+    assert status == 200, body
+    chat = json.loads(body)
+    assert chat["choices"][0]["message"]["role"] == "assistant"
+    assert len(chat["choices"][0]["message"]["content"].split()) == 16  # default max_tokens
+    assert chat["usage"]["completion_tokens"] == 16
+
+
+def test_unknown_model_is_404_like_vllm(uni_server: StandinProcess) -> None:
+    request = {"model": "nope", "prompt": "x"}
+    status, body = http("POST", uni_server.base_url + "/v1/completions", request, API_KEY)
+    assert status == 404
+    assert json.loads(body)["error"] == {
+        "message": "The model `nope` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
+
+
+def test_context_length_is_enforced(uni_server: StandinProcess) -> None:
+    request = {"model": SERVED_NAME, "prompt": "x", "max_tokens": 5000}
+    status, body = http("POST", uni_server.base_url + "/v1/completions", request, API_KEY)
+    assert status == 400
+    assert "maximum context length is 1024" in json.loads(body)["error"]["message"]
+
+
+def test_streaming_is_server_sent_events(uni_server: StandinProcess) -> None:
+    request = {"model": SERVED_NAME, "prompt": "x", "max_tokens": 3, "stream": True}
+    status, body = http("POST", uni_server.base_url + "/v1/completions", request, API_KEY)
+    assert status == 200
+    events = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert len(events) == 4
+
+
+def test_version_route(uni_server: StandinProcess) -> None:
+    status, body = http("GET", uni_server.base_url + "/version")
+    assert status == 200
+    assert json.loads(body) == {"version": "0.0.0+spark-vllm-lab-standin"}
+
+
+def test_sigterm_stops_the_server_promptly(standin: StandinFactory) -> None:
+    server = standin(TINY_MODEL)
+    server.wait_ready(timeout_s=60)
+    assert server.process is not None
+    server.process.terminate()
+    assert server.wait_exit(10) == 0
+    assert "vllm-standin (spark-vllm lab test double, not vLLM)" in server.log
+    assert "Application startup complete." in server.log
+
+
+def test_uni_backend_needs_world_size_one(standin: StandinFactory) -> None:
+    server = standin(
+        TINY_MODEL, "--tensor-parallel-size", "2", "--distributed-executor-backend", "uni"
+    )
+    assert server.wait_exit(60) == 1
+    assert "lab hosts have none" in server.log
+
+
+def test_model_missing_on_the_api_server_fails_clearly(standin: StandinFactory) -> None:
+    server = standin("spark-vllm-lab/absent-model")
+    assert server.wait_exit(60) == 1
+    assert "no local snapshot of spark-vllm-lab/absent-model@main" in server.log
+
+
+def test_max_model_len_above_the_model_limit_fails(standin: StandinFactory) -> None:
+    server = standin(TINY_MODEL, "--max-model-len", "64k")
+    assert server.wait_exit(60) == 1
+    assert "User-specified max_model_len (64000)" in server.log
