@@ -1,0 +1,480 @@
+"""Lab: bring a lab up, check it, run commands in it, tear it down."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from lab import client, hfmodel, image, net
+from lab.hosts import (
+    Node,
+    bring_up,
+    docker_ping,
+    host_public_key,
+    hosts_dir,
+    in_host,
+    kill_host,
+    nodes_of,
+    prepare_files,
+    read_init_pid,
+    stop_containers_and_dockerd,
+    tcp_open_from,
+    wait_ready,
+)
+from lab.proc import LabError, run, wait_until
+from lab.spec import (
+    HF_MODEL,
+    HF_REVISION,
+    IMAGE_NAME,
+    BastionInfo,
+    HostInfo,
+    LabInfo,
+    LabSpec,
+)
+
+REQUIRED_TOOLS = (
+    "ip",
+    "nsenter",
+    "unshare",
+    "tini",
+    "sshd",
+    "ssh",
+    "ssh-keygen",
+    "dockerd",
+    "containerd",
+    "runc",
+    "docker",
+    "tar",
+    "ldd",
+    "dpkg-query",
+    "timeout",
+)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def missing_prerequisites(spec: LabSpec | None = None) -> list[str]:
+    """What keeps a lab from starting here (empty: nothing)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (euid 0)")
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    tools = list(REQUIRED_TOOLS) + (["tc"] if spec and spec.fabric_rate else [])
+    missing += [f"tool {t}" for t in tools if shutil.which(t, path=path) is None]
+    if not Path("/usr/bin/python3").exists():
+        missing.append("/usr/bin/python3")
+    return missing
+
+
+class Lab:
+    def __init__(self, spec: LabSpec | None = None) -> None:
+        self.spec = spec or LabSpec()
+        self.state_dir = self.spec.state_dir
+        self.timings: dict[str, float] = {}
+
+    # -- paths ----------------------------------------------------------------------------------
+
+    @property
+    def lab_json(self) -> Path:
+        return self.state_dir / "lab.json"
+
+    def info(self) -> LabInfo:
+        """The running lab's description (raises if it is not up)."""
+        if not self.lab_json.exists():
+            raise LabError(f"no lab is up in {self.state_dir} ({self.lab_json} missing)")
+        return LabInfo.from_json(self.lab_json.read_text())
+
+    def node(self, name: str) -> Node:
+        for node in nodes_of(self.spec):
+            if node.name == name:
+                return node
+        raise LabError(f"no host {name!r} in this lab")
+
+    # -- up -------------------------------------------------------------------------------------
+
+    def up(self) -> LabInfo:
+        """Bring the lab up; if it is already up and healthy, return its info unchanged."""
+        self._check_prerequisites()
+        if self.lab_json.exists():
+            existing = self.info()
+            if existing.extra.get("spec") != self._spec_record():
+                raise LabError(
+                    f"a lab with another spec is up in {self.state_dir}; "
+                    "run `python -m lab down` first"
+                )
+            problems = self.problems()
+            if not problems:
+                return existing
+            # Something died since: rebuild from a clean slate rather than patch it up.
+            self.down()
+        elif self._leftovers():
+            self.down()  # a partial or failed earlier `up`
+        return self._build()
+
+    def _check_prerequisites(self) -> None:
+        missing = missing_prerequisites(self.spec)
+        if missing:
+            raise LabError(
+                "lab prerequisites missing: "
+                + ", ".join(missing)
+                + " (install with lab/install-deps.sh, run as root)"
+            )
+
+    def _spec_record(self) -> dict[str, object]:
+        record = asdict(self.spec)
+        return json.loads(json.dumps(record, default=str))  # type: ignore[no-any-return]
+
+    def _build(self) -> LabInfo:
+        started = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+        key = client.ensure_client_key(self.state_dir)
+        pubkey = key.with_suffix(".pub").read_text()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            # The image build (first time ~1 min, cached ~0 s) overlaps with the hosts starting.
+            tarball = (
+                pool.submit(image.rootfs_tarball, self.spec.cache_dir)
+                if self.spec.with_image
+                else None
+            )
+            net.build_network(self.spec)
+            nodes = nodes_of(self.spec)
+            pids = {}
+            for node in nodes:
+                prepare_files(self.spec, node, pubkey)
+                pids[node.name] = bring_up(self.spec, node)
+            for node in nodes:
+                wait_ready(node, pids[node.name])
+            self.timings["hosts"] = time.monotonic() - started
+            info = self._describe(nodes)
+            self._write_client_files(info)
+            if self.spec.with_model:
+                hfmodel.seed_cache(self.node(info.head.name).hostdir / "root/.cache/huggingface")
+            if tarball is not None:
+                path, digest = tarball.result(timeout=1200)
+                self.timings["image_build"] = time.monotonic() - started
+                self._import_image(self.node(self.spec.host_names[0]), pids, path, digest)
+        self.timings["total"] = time.monotonic() - started
+        info.extra["timings"] = dict(self.timings)
+        self.lab_json.write_text(info.to_json())  # written last: its presence means "up"
+        return info
+
+    def _describe(self, nodes: list[Node]) -> LabInfo:
+        spec = self.spec
+        hosts = [
+            HostInfo(
+                name=name,
+                mgmt_ip=spec.host_mgmt_ip(i),
+                fabric_ip=spec.host_fabric_ip(i),
+                fabric_ifname=spec.fabric_ifname(i),
+                ssh_port=22,
+                user="root",
+                host_key=host_public_key(self.node(name)),
+                netns=spec.netns(name),
+                is_head=(i == 0),
+            )
+            for i, name in enumerate(spec.host_names)
+        ]
+        bastion = None
+        if spec.topology == "bastion":
+            bastion = BastionInfo(
+                address=spec.outside_far_ip,
+                mgmt_ip=spec.bastion_mgmt_ip,
+                ssh_port=22,
+                user="root",
+                host_key=host_public_key(self.node("bastion")),
+                netns=spec.netns("bastion"),
+            )
+        return LabInfo(
+            topology=spec.topology,
+            prefix=spec.prefix,
+            state_dir=str(self.state_dir),
+            client_key=str(self.state_dir / "id_ed25519"),
+            known_hosts=str(self.state_dir / "known_hosts"),
+            ssh_config=str(self.state_dir / "ssh_config"),
+            image=IMAGE_NAME if spec.with_image else "",
+            hf_model=HF_MODEL,
+            hf_revision=HF_REVISION,
+            hosts=hosts,
+            bastion=bastion,
+            mgmt_subnet=spec.mgmt_subnet,
+            fabric_subnet=spec.fabric_subnet,
+            outside_subnet=spec.outside_subnet,
+            extra={
+                "outside_far_ip": spec.outside_far_ip,
+                "outside_root_ip": spec.outside_root_ip,
+                "spec": self._spec_record(),
+            },
+        )
+
+    def _write_client_files(self, info: LabInfo) -> None:
+        Path(info.known_hosts).write_text(client.known_hosts_text(info))
+        Path(info.ssh_config).write_text(client.ssh_config_text(info))
+        (self.state_dir / "cm").mkdir(mode=0o700, exist_ok=True)
+
+    def _import_image(self, head: Node, pids: dict[str, int], tar: Path, digest: str) -> None:
+        pid = pids[head.name]
+        label = run(
+            in_host(
+                pid,
+                [
+                    "docker",
+                    "image",
+                    "inspect",
+                    IMAGE_NAME,
+                    "--format",
+                    f'{{{{index .Config.Labels "{image.IMAGE_LABEL}"}}}}',
+                ],
+            ),
+            timeout=30,
+            check=False,
+        )
+        if label.returncode == 0 and label.stdout.decode().strip() == digest:
+            return
+        started = time.monotonic()
+        with tar.open("rb") as stdin:
+            done = subprocess.run(
+                in_host(pid, image.import_argv(digest)),
+                stdin=stdin,
+                capture_output=True,
+                timeout=600,
+            )
+        if done.returncode != 0:
+            raise LabError(
+                f"{head.name}: docker import of {tar} failed: "
+                f"{done.stderr.decode(errors='replace')[-2000:]}"
+            )
+        self.timings["image_import"] = time.monotonic() - started
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """What is wrong with the running lab (empty: healthy)."""
+        found = []
+        for node in nodes_of(self.spec):
+            if not net.netns_exists(node.netns):
+                found.append(f"{node.name}: netns {node.netns} missing")
+                continue
+            pid = read_init_pid(node)
+            if pid is None:
+                found.append(f"{node.name}: first process not running")
+                continue
+            for addr in node.listen:
+                if not tcp_open_from(node.netns, addr, 22):
+                    found.append(f"{node.name}: sshd not answering on {addr}:22")
+            if node.with_docker and not docker_ping(pid):
+                found.append(f"{node.name}: dockerd not answering")
+        return found
+
+    def _leftovers(self) -> bool:
+        return bool(net.lab_netns_names(self.spec)) or hosts_dir(self.state_dir).exists()
+
+    # -- running commands -----------------------------------------------------------------------
+
+    def ssh(
+        self,
+        host: str,
+        command: str,
+        *,
+        timeout: float = 60,
+        check: bool = True,
+        multiplex: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run command on host as a client of the lab would: ssh from this machine through the
+        bastion (or the head), with the lab key and pinned host keys."""
+        info = self.info()
+        argv = client.ssh_argv(info, info.host(host), command, multiplex=multiplex)
+        return self._run_text(argv, timeout, check, f"ssh {host}: {command}")
+
+    def ssh_bastion(
+        self, command: str, *, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        info = self.info()
+        if info.bastion is None:
+            raise LabError("this lab has no bastion (topology jump)")
+        b = info.bastion
+        argv = [
+            client.SSH,
+            *client._common_options(info),
+            "-p",
+            str(b.ssh_port),
+            f"{b.user}@{b.address}",
+            "--",
+            command,
+        ]
+        return self._run_text(argv, timeout, check, f"ssh bastion: {command}")
+
+    def exec(
+        self,
+        host: str,
+        argv: list[str],
+        *,
+        timeout: float = 60,
+        check: bool = True,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run argv directly inside host's namespaces (nsenter), bypassing ssh: for assertions."""
+        pid = read_init_pid(self.node(host))
+        if pid is None:
+            raise LabError(f"{host}: not running")
+        return self._run_text(in_host(pid, argv), timeout, check, f"{host}: {argv}", input)
+
+    def sh(
+        self, host: str, script: str, *, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """exec() of a bash -c script."""
+        return self.exec(host, ["bash", "-c", script], timeout=timeout, check=check)
+
+    @staticmethod
+    def _run_text(
+        argv: list[str], timeout: float, check: bool, what: str, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise LabError(f"{what}: timed out after {timeout:.0f}s") from exc
+        if check and done.returncode != 0:
+            raise LabError(
+                f"{what}: exit {done.returncode}\nstdout: {done.stdout[-2000:]}\n"
+                f"stderr: {done.stderr[-2000:]}"
+            )
+        return done
+
+    def ssh_options(self, host: str) -> list[str]:
+        """OpenSSH client arguments that reach host (for pulumi_docker ssh_opts and the like)."""
+        info = self.info()
+        return client.ssh_options(info, info.host(host))
+
+    # -- down -----------------------------------------------------------------------------------
+
+    def down(self) -> None:
+        """Remove everything `up` (even a failed one) created, except the client key and the
+        image cache. Safe to call twice."""
+        self._check_prerequisites()
+        client.close_control_masters(self.state_dir)
+        errors: list[str] = []
+        for node in self._all_nodes():
+            pid = read_init_pid(node)
+            if pid is not None:
+                try:
+                    stop_containers_and_dockerd(node, pid)
+                except LabError as exc:
+                    errors.append(str(exc))  # killing the host below still ends dockerd
+            kill_host(node)
+        self._kill_netns_stragglers()
+        net.delete_network(self.spec)
+        remove_cgroups(self.spec.prefix)
+        self._check_no_mounts()
+        for leftover in ("lab.json", "known_hosts", "ssh_config"):
+            (self.state_dir / leftover).unlink(missing_ok=True)
+        if hosts_dir(self.state_dir).exists():
+            shutil.rmtree(hosts_dir(self.state_dir))
+
+    def _all_nodes(self) -> list[Node]:
+        """The spec's nodes plus any host dir left by an earlier run with more hosts."""
+        nodes = nodes_of(self.spec)
+        known = {n.name for n in nodes}
+        base = hosts_dir(self.state_dir)
+        if base.is_dir():
+            for extra in sorted(p for p in base.iterdir() if p.is_dir() and p.name not in known):
+                nodes.append(
+                    Node(
+                        extra.name,
+                        self.spec.netns(extra.name),
+                        extra,
+                        (),
+                        True,
+                        self.spec.cgroup_parent(extra.name),
+                    )
+                )
+        return nodes
+
+    def _kill_netns_stragglers(self) -> None:
+        """Processes someone started in a lab netns by hand (nsenter, ip netns exec)."""
+        for ns in net.lab_netns_names(self.spec):
+            for pid in net.netns_pids(ns):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            wait_until(
+                functools.partial(net.netns_empty, ns),
+                timeout=10,
+                what=f"netns {ns}: processes gone",
+            )
+
+    def _check_no_mounts(self) -> None:
+        left = lab_mounts(self.spec)
+        if left:
+            raise LabError("mounts left after down: " + ", ".join(left))
+
+    # -- status ---------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        up = self.lab_json.exists()
+        return {
+            "state_dir": str(self.state_dir),
+            "up": up,
+            "problems": self.problems() if up else [],
+            "netns": net.lab_netns_names(self.spec),
+            "info": json.loads(self.lab_json.read_text()) if up else None,
+        }
+
+
+def lab_mounts(spec: LabSpec) -> list[str]:
+    """Mount points of this machine that belong to the lab (its netns files, its state dir)."""
+    markers = (str(spec.state_dir) + "/", f"{net.NETNS_DIR}/{spec.prefix}-")
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point.startswith(markers):
+            points.append(point)
+    return points
+
+
+def lab_cgroups(prefix: str) -> list[Path]:
+    """Cgroups dockerd created for this lab's hosts (--cgroup-parent=/<prefix>-<host>)."""
+    found: list[Path] = []
+    if not CGROUP_ROOT.is_dir():
+        return found
+    for hierarchy in CGROUP_ROOT.iterdir():
+        if hierarchy.is_dir():
+            found += [p for p in hierarchy.glob(f"{prefix}-*") if p.is_dir()]
+    return found
+
+
+def remove_cgroups(prefix: str) -> None:
+    """rmdir deepest first; a cgroup whose last task just died can take a moment to empty."""
+
+    def attempt() -> bool:
+        for top in lab_cgroups(prefix):
+            for path in sorted((p for p in top.rglob("*") if p.is_dir()), reverse=True):
+                _try_rmdir(path)
+            _try_rmdir(top)
+        return not lab_cgroups(prefix)
+
+    wait_until(
+        attempt,
+        timeout=15,
+        interval=0.3,
+        what=f"remove cgroups {prefix}-*",
+        detail=lambda: str(lab_cgroups(prefix)),
+    )
+
+
+def _try_rmdir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
