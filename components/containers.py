@@ -1,0 +1,69 @@
+"""Container settings shared by every Ray/vLLM container: one place, so nodes cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_docker as docker
+
+from stacks.nodes import (
+    CONTAINER_HF_HOME,
+    CONTAINER_RAY_DIR,
+    DeploymentPlan,
+    NodePlan,
+    node_env,
+)
+
+SCRIPTS_MOUNT = "/spark-vllm/bin"
+
+
+def service_container_args(
+    plan: DeploymentPlan, node: NodePlan, role: str, image_id: pulumi.Input[str]
+) -> dict[str, Any]:
+    """Host network and IPC, --init, unlimited memlock, GPUs, the HF cache and Ray's session dir.
+
+    Restarts are bounded (on-failure, docker.maxRestarts): a crash loop ends as a stopped
+    container that the wait steps and `pulumi refresh` report, instead of eating unified memory.
+    """
+    cfg = plan.config
+    env = node_env(plan, node)
+    args: dict[str, Any] = {
+        "image": image_id,
+        "envs": [f"{key}={value}" for key, value in sorted(env.items())],
+        "network_mode": "host",
+        "ipc_mode": "host",
+        "init": True,
+        "restart": "on-failure",
+        "max_retry_count": cfg.docker.max_restarts,
+        "must_run": True,
+        "ulimits": [docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1)],
+        "mounts": [
+            _bind(cfg.model.cache_dir, CONTAINER_HF_HOME),
+            _bind(node.ray_dir, CONTAINER_RAY_DIR),
+            _bind(node.bin_dir, SCRIPTS_MOUNT, read_only=True),
+        ],
+        "labels": [
+            docker.ContainerLabelArgs(label=key, value=value)
+            for key, value in sorted(
+                {**plan.labels, "spark-vllm.role": role, "spark-vllm.node": node.name}.items()
+            )
+        ],
+        "destroy_grace_seconds": 30,
+        "stop_timeout": 30,
+    }
+    if cfg.docker.request_gpus:
+        args["gpus"] = "all"
+    if cfg.docker.shm_size_mb is not None:
+        args["shm_size"] = cfg.docker.shm_size_mb
+    if node.rdma_hcas:
+        args["devices"] = [
+            docker.ContainerDeviceArgs(
+                host_path="/dev/infiniband", container_path="/dev/infiniband"
+            )
+        ]
+    return args
+
+
+def _bind(source: str, target: str, read_only: bool = False) -> docker.ContainerMountArgs:
+    return docker.ContainerMountArgs(type="bind", source=source, target=target, read_only=read_only)

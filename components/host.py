@@ -1,0 +1,117 @@
+"""One GPU host: how to reach it (commands, Docker), its step scripts and its preflight facts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from components.remote import (
+    SshAuth,
+    connection_args,
+    docker_host,
+    docker_ssh_opts,
+    script_call,
+    scripts_bundle,
+)
+from stacks.nodes import DeploymentPlan, NodePlan
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class HostArgs:
+    plan: DeploymentPlan
+    node: NodePlan
+    auth: SshAuth
+    known_hosts_file: Path
+    control_dir: Path
+
+
+class Host(pulumi.ComponentResource):
+    """Connection, Docker provider, installed scripts, and a preflight that fails early, clearly."""
+
+    connection: remote.ConnectionArgs
+    provider: docker.Provider
+    scripts: remote.Command
+    preflight: remote.Command
+
+    def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spark-vllm:index:Host", name, None, opts)
+        node, plan = args.node, args.plan
+        child = pulumi.ResourceOptions(parent=self)
+        self.node = node
+        self.connection = connection_args(node, args.auth)
+        self.provider = docker.Provider(
+            f"{name}-docker",
+            host=docker_host(node),
+            ssh_opts=docker_ssh_opts(node, args.auth, args.known_hosts_file, args.control_dir),
+            opts=child,
+        )
+        self.scripts = self._install_scripts(name, plan, child)
+        self.preflight = remote.Command(
+            f"{name}-preflight",
+            connection=self.connection,
+            create=_preflight_command(plan, node),
+            add_previous_output_in_env=False,
+            triggers=[self.scripts.id],
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.scripts],
+                custom_timeouts=pulumi.CustomTimeouts(create="5m"),
+            ),
+        )
+        self.facts = self.preflight.stdout
+        self.register_outputs({"facts": self.facts, "dockerHost": docker_host(node)})
+
+    def _install_scripts(
+        self, name: str, plan: DeploymentPlan, child: pulumi.ResourceOptions
+    ) -> remote.Command:
+        """Unpack the step scripts into `<stateDir>/bin`; re-runs only when a script changes."""
+        bundle = scripts_bundle()
+        node = self.node
+        dirs = " ".join(f"'{d}'" for d in (node.bin_dir, node.ray_dir, plan.config.model.cache_dir))
+        return remote.Command(
+            f"{name}-scripts",
+            connection=self.connection,
+            create=(
+                f"umask 077 && mkdir -p {dirs} && chmod 755 '{node.bin_dir}' && "
+                f"base64 -d | tar -xzf - -C '{node.bin_dir}' && echo {bundle.digest}"
+            ),
+            delete=f"rm -rf '{node.bin_dir}'",
+            stdin=bundle.archive_b64,
+            logging=remote.Logging.STDERR,
+            add_previous_output_in_env=False,
+            triggers=[bundle.digest],
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create="2m"))
+            ),
+        )
+
+
+def _preflight_command(plan: DeploymentPlan, node: NodePlan) -> str:
+    cfg = plan.config
+    ports = [cfg.vllm.port, cfg.ray.port] if node.is_head else []
+    containers = [plan.container_name("ray-head" if node.is_head else "ray-worker")]
+    if node.is_head:
+        containers.append(plan.container_name("vllm"))
+    return script_call(
+        node,
+        "preflight.sh",
+        role=node.role,
+        fabric_interface=node.fabric_interface,
+        fabric_ip=node.fabric_ip,
+        head_fabric_ip=plan.head.fabric_ip,
+        ports=",".join(str(p) for p in ports),
+        min_free_memory_bytes=int(cfg.preflight.min_free_memory_gib * GIB),
+        memory_fraction=cfg.vllm.gpu_memory_utilization if cfg.preflight.unified_memory else 0,
+        min_free_disk_bytes=int(cfg.preflight.min_free_disk_gib * GIB),
+        disk_paths=cfg.model.cache_dir,
+        require_gpus=node.gpus if cfg.docker.request_gpus else 0,
+        require_nvidia_runtime="yes" if cfg.preflight.require_nvidia_runtime else "no",
+        container_names=",".join(containers),
+        deployment=plan.deployment_id,
+    )

@@ -1,0 +1,104 @@
+"""The serving image: pulled once on the head, streamed to each worker over the fabric."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from components.fabric_trust import FabricAccess
+from components.host import Host
+from components.remote import script_call
+from stacks.nodes import DeploymentPlan, NodePlan
+
+
+@dataclass(frozen=True)
+class ImageDistributionArgs:
+    plan: DeploymentPlan
+    head: Host
+    workers: list[Host]
+    fabric: FabricAccess
+
+
+class ImageDistribution(pulumi.ComponentResource):
+    """Every node ends up with the same image ID; a worker that has it already is skipped.
+
+    Steps re-run only when the image ID changes, so a moved tag is a real diff in preview.
+    """
+
+    image_id: pulumi.Output[str]
+    ready: dict[str, pulumi.Resource]  # node name -> the step after which its image is present
+
+    def __init__(
+        self, name: str, args: ImageDistributionArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("spark-vllm:index:ImageDistribution", name, None, opts)
+        plan, head = args.plan, args.head
+        image_cfg = plan.config.image
+        pulled = docker.RemoteImage(
+            f"{name}-pull",
+            name=image_cfg.ref,
+            platform=image_cfg.platform,
+            keep_locally=image_cfg.keep_on_destroy,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=head.provider,
+                depends_on=[head.preflight],
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=f"{plan.config.timeouts.image_transfer_minutes}m"
+                ),
+            ),
+        )
+        self.image_id = pulled.image_id
+        recorded = remote.Command(
+            f"{name}-head-record",
+            connection=head.connection,
+            create=self.image_id.apply(
+                lambda image_id: script_call(
+                    head.node,
+                    "image-record.sh",
+                    state_dir=head.node.state_dir,
+                    image_id=image_id,
+                    ref=image_cfg.ref,
+                )
+            ),
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[pulled]),
+        )
+        self.ready = {head.node.name: recorded}
+        minutes = plan.config.timeouts.image_transfer_minutes
+        for worker in args.workers:
+            node = worker.node
+            self.ready[node.name] = remote.Command(
+                f"{name}-{node.name}-sync",
+                connection=head.connection,
+                create=self.image_id.apply(
+                    functools.partial(_sync_command, plan, head.node, node, args.fabric.flags)
+                ),
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=[recorded, worker.preflight, *args.fabric.ready],
+                    custom_timeouts=pulumi.CustomTimeouts(create=f"{minutes + 5}m"),
+                ),
+            )
+        self.register_outputs({"imageId": self.image_id})
+
+
+def _sync_command(
+    plan: DeploymentPlan, head: NodePlan, worker: NodePlan, fabric: dict[str, str], image_id: str
+) -> str:
+    return script_call(
+        head,
+        "image-sync.sh",
+        worker=worker.name,
+        target=worker.fabric_destination,
+        image_id=image_id,
+        ref=plan.config.image.ref,
+        timeout_minutes=plan.config.timeouts.image_transfer_minutes,
+        compress="zstd",
+        **fabric,
+    )

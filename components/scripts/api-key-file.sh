@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On the head: keep the API key in a private file that the vLLM container mounts read-only, so it
+# is never on a command line or in the container's configuration. The key arrives on stdin.
+#   api-key-file.sh write|remove --host H --file F
+. "$(dirname "$0")/lib.sh"
+action="$1"; shift
+parse_flags "$@"
+require host file
+case "$action" in
+  write)
+    mkdir -p -m 700 "$(dirname "$ARG_FILE")"
+    umask 077
+    IFS= read -r key || true
+    printf '%s' "$key" > "$ARG_FILE.tmp"
+    mv "$ARG_FILE.tmp" "$ARG_FILE"
+    if [ -n "$key" ]; then echo "API key file written"; else echo "no API key configured: the endpoint is open"; fi
+    ;;
+  remove) rm -f "$ARG_FILE" ;;
+  *) fail "unknown action '$action'" "a bug in spark-vllm: please report it" ;;
+esac

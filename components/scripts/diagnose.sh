@@ -1,0 +1,55 @@
+# Sourced by the wait steps: when a wait fails, show what every node's containers said and name the
+# known causes (../shared/ANCHORS.md) that the logs point at.
+
+# container_logs SPEC: SPEC is "node|dest|container" with dest "-" for this host.
+container_logs() {
+  local node dest container
+  IFS='|' read -r node dest container <<<"$1"
+  if [ "$dest" = "-" ]; then
+    printf '%s\n' "$(container_status_line "$container")"
+    docker logs --tail 50 "$container" 2>&1 || true
+  else
+    fabric_ssh "$dest" "docker inspect --format '{{.State.Status}} (exit {{.State.ExitCode}}, restarts {{.RestartCount}}, oom {{.State.OOMKilled}})' $container 2>/dev/null || echo missing; docker logs --tail 50 $container 2>&1" 2>&1 \
+      || echo "(could not reach $dest over the fabric to read its logs)"
+  fi
+}
+
+container_status_line() {
+  docker inspect --format '{{.State.Status}} (exit {{.State.ExitCode}}, restarts {{.RestartCount}}, oom {{.State.OOMKilled}})' "$1" 2>/dev/null || echo missing
+}
+
+# report_nodes SPEC...: the last 50 log lines of every node's container, then the likely causes.
+report_nodes() {
+  local spec all_logs="" logs
+  for spec in "$@"; do
+    logs="$(container_logs "$spec")"
+    all_logs+="$logs"$'\n'
+    printf '\n--- %s: last 50 lines of %s ---\n%s\n' "${spec%%|*}" "${spec##*|}" "$logs" >&2
+  done
+  explain_known_causes "$all_logs" >&2
+}
+
+# explain_known_causes LOGS: one line per known pitfall whose fingerprint is in the logs.
+explain_known_causes() {
+  local logs="$1" found=0
+  hint() { printf '  likely cause: %s\n' "$1"; found=1; }
+  grep -q "No available node types can fulfill resource request" <<<"$logs" \
+    && hint "a node joined Ray with a non-fabric IP (VLLM_HOST_IP/--node-ip-address do not match); compare 'ray nodes' with hosts[].fabricIp"
+  grep -qiE "connectFullMesh|gloo.*127\.0\.0\.1|interface .* not found" <<<"$logs" \
+    && hint "Gloo bound to loopback or a missing interface: check hosts[].fabricInterface on every node"
+  grep -qiE "address already in use|bind.*failed" <<<"$logs" \
+    && hint "a port is already taken on the host (another server or a stale container); free it or change vllm.port / ray.port"
+  grep -qiE "less than desired GPU memory utilization|out of memory|OOMKilled|oom true" <<<"$logs" \
+    && hint "not enough free (unified) memory: stop competing containers or lower vllm.gpuMemoryUtilization"
+  grep -qiE "snapshot.*(missing|not found)|LocalEntryNotFoundError|No such file or directory.*huggingface" <<<"$logs" \
+    && hint "the model snapshot is missing on a node: check the weights copy step"
+  grep -qiE "No such image|pull access denied|manifest unknown" <<<"$logs" \
+    && hint "the image is missing on a node: check the image distribution step"
+  grep -qiE "unable to connect to GCS|Failed to connect to GCS|gcs.*timed out" <<<"$logs" \
+    && hint "a worker cannot reach the Ray head over the fabric (firewall, wrong head fabric IP, or ray.port blocked)"
+  grep -qE "restarts [1-9]" <<<"$logs" \
+    && hint "a container is crash-looping (see its restart count above); its first error is in its log"
+  grep -q "^missing" <<<"$logs" \
+    && hint "a container is missing on a node (removed by hand, or the host rebooted without Docker restarting it)"
+  [ "$found" = 1 ] || printf '  likely cause: not recognised; the log lines above are the evidence\n'
+}

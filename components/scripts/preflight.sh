@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Facts gathered from one host before anything changes on it; fails on the first requirement the
+# host does not meet, naming it. Prints the facts as one JSON line on success. Changes nothing.
+. "$(dirname "$0")/lib.sh"
+parse_flags "$@"
+require host role fabric-interface fabric-ip head-fabric-ip ports min-free-memory-bytes \
+  memory-fraction min-free-disk-bytes disk-paths require-gpus require-nvidia-runtime \
+  container-names deployment
+
+# --- docker -----------------------------------------------------------------------------------
+command -v docker >/dev/null || fail "the docker CLI is not installed" "Docker is missing on this host"
+docker_version="$(timeout 20 docker version --format '{{.Server.Version}}' 2>&1)" \
+  || fail "the Docker daemon does not answer: ${docker_version//$'\n'/ }" \
+       "dockerd is stopped, or user $(id -un) is not in the docker group"
+runtimes="$(timeout 20 docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')"
+if [ "$ARG_REQUIRE_NVIDIA_RUNTIME" = yes ] && ! grep -qw nvidia <<<"$runtimes"; then
+  fail "Docker has no nvidia runtime (runtimes: $runtimes)" \
+    "the NVIDIA Container Toolkit is not installed or not configured (nvidia-ctk runtime configure)"
+fi
+
+# --- GPUs ---------------------------------------------------------------------------------------
+gpus_seen=0
+if [ "$ARG_REQUIRE_GPUS" -gt 0 ]; then
+  command -v nvidia-smi >/dev/null || fail "nvidia-smi is not installed" "the NVIDIA driver is missing"
+  gpus_seen="$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+  [ "$gpus_seen" -ge "$ARG_REQUIRE_GPUS" ] \
+    || fail "nvidia-smi lists $gpus_seen GPU(s), the config declares $ARG_REQUIRE_GPUS" \
+         "the driver is not loaded, or hosts[].gpus is wrong"
+fi
+
+# --- memory (unified on GB10: what the GPU can take is what the OS has free) --------------------
+mem_total=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024 ))
+mem_available=$(( $(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024 ))
+mem_needed="$ARG_MIN_FREE_MEMORY_BYTES"
+by_fraction="$(awk -v t="$mem_total" -v f="$ARG_MEMORY_FRACTION" 'BEGIN {printf "%.0f", t * f}')"
+[ "$by_fraction" -gt "$mem_needed" ] && mem_needed="$by_fraction"
+own_containers_running() {
+  local name
+  for name in ${ARG_CONTAINER_NAMES//,/ }; do
+    [ "$(container_state "$name")" = running ] && return 0
+  done
+  return 1
+}
+if [ "$mem_available" -lt "$mem_needed" ] && ! own_containers_running; then
+  hogs="$(timeout 30 docker stats --no-stream --format '{{.Name}} {{.MemUsage}}' 2>/dev/null | head -5 | paste -sd ';' - || true)"
+  fail "only $(( mem_available / 1048576 )) MiB of memory free, $(( mem_needed / 1048576 )) MiB needed${hogs:+ (running containers: $hogs)}" \
+    "other processes or containers hold the memory (an embeddings server?); stop them, or lower vllm.gpuMemoryUtilization / preflight.minFreeMemoryGib"
+fi
+
+# --- disk -------------------------------------------------------------------------------------
+existing_parent() {
+  local path="$1"
+  while [ ! -e "$path" ]; do path="$(dirname "$path")"; done
+  printf '%s' "$path"
+}
+disk_free_min=""
+for path in ${ARG_DISK_PATHS//,/ }; do
+  free="$(df -PB1 "$(existing_parent "$path")" | awk 'NR == 2 {print $4}')"
+  [ "$free" -ge "$ARG_MIN_FREE_DISK_BYTES" ] \
+    || fail "only $(( free / 1073741824 )) GiB free under $path, $(( ARG_MIN_FREE_DISK_BYTES / 1073741824 )) GiB needed for the image and weights" \
+         "the disk is full: remove old images (docker image prune) or models, or lower preflight.minFreeDiskGib"
+  if [ -z "$disk_free_min" ] || [ "$free" -lt "$disk_free_min" ]; then disk_free_min="$free"; fi
+done
+
+# --- fabric -----------------------------------------------------------------------------------
+iface="$ARG_FABRIC_INTERFACE"
+[ -e "/sys/class/net/$iface" ] \
+  || fail "the fabric interface $iface does not exist (interfaces: $(ls /sys/class/net | paste -sd ' ' -))" \
+       "hosts[].fabricInterface is wrong for this host (names can differ between hosts)"
+state="$(cat "/sys/class/net/$iface/operstate")"
+[ "$state" = up ] || [ "$state" = unknown ] \
+  || fail "the fabric interface $iface is $state" "the cable or the link partner is down"
+addresses="$(ip -o -4 addr show dev "$iface" | awk '{print $4}' | cut -d/ -f1 | paste -sd ' ' -)"
+grep -qw -- "$ARG_FABRIC_IP" <<<"$addresses" \
+  || fail "the fabric interface $iface has ${addresses:-no IPv4 address}, not $ARG_FABRIC_IP" \
+       "hosts[].fabricIp is wrong for this host, or the interface lost its address"
+if [ "$ARG_ROLE" = worker ]; then
+  ip route get "$ARG_HEAD_FABRIC_IP" 2>/dev/null | grep -qw "dev $iface" \
+    || fail "traffic to the head's fabric IP $ARG_HEAD_FABRIC_IP would not leave through $iface" \
+         "the head's fabricIp is wrong, or the fabric subnet is routed through another interface"
+  # A refusal still proves the head answers on the fabric; only silence is a failure.
+  if ! probe="$(timeout 5 bash -c "exec 3<>/dev/tcp/$ARG_HEAD_FABRIC_IP/22" 2>&1)" \
+     && ! grep -q "refused" <<<"$probe"; then
+    fail "the head's fabric IP $ARG_HEAD_FABRIC_IP does not answer (${probe:-no answer within 5 s})" \
+      "the fabric link is down, or the head's fabricIp is wrong"
+  fi
+fi
+
+# --- containers and ports ---------------------------------------------------------------------
+for name in ${ARG_CONTAINER_NAMES//,/ }; do
+  owner="$(docker inspect --format '{{index .Config.Labels "spark-vllm.deployment"}}' "$name" 2>/dev/null)" || continue
+  if [ "$owner" != "$ARG_DEPLOYMENT" ]; then
+    fail "a container named $name already exists ($(container_state "$name"), ${owner:+deployment $owner}${owner:-not made by spark-vllm})" \
+      "a stale container from an earlier manual or other run; remove it with 'docker rm -f $name' and run again"
+  fi
+done
+for port in ${ARG_PORTS//,/ }; do
+  [ -n "$port" ] || continue
+  listener="$(ss -Hltnp "sport = :$port" 2>/dev/null | head -1)"
+  if [ -n "$listener" ] && ! own_containers_running; then
+    fail "port $port is already in use: $listener" \
+      "another server or a stale container holds it (host networking); stop it or change the port in the config"
+  fi
+done
+
+printf '{"host":"%s","role":"%s","docker":"%s","gpus":%s,"memTotalBytes":%s,"memAvailableBytes":%s,"diskFreeBytes":%s,"fabricInterface":"%s","fabricIp":"%s"}\n' \
+  "$ARG_HOST" "$ARG_ROLE" "$docker_version" "$gpus_seen" "$mem_total" "$mem_available" \
+  "${disk_free_min:-0}" "$iface" "$ARG_FABRIC_IP"

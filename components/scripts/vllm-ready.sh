@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On the head: wait, bounded, until vLLM lists the served model and completes a real request.
+#   vllm-ready.sh --host H --container C --port P --served-name N --timeout-seconds S
+#                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
+. "$(dirname "$0")/lib.sh"
+. "$SPARK_BIN/diagnose.sh"
+parse_flags "$@"
+require host container port served-name timeout-seconds nodes
+read -r -a node_specs <<<"$ARG_NODES"
+IFS= read -r api_key || true
+deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
+started=$SECONDS
+last="no answer yet"
+give_up() {
+  report_nodes "${node_specs[@]}"
+  fail "$1" "$2"
+}
+while :; do
+  state="$(container_state "$ARG_CONTAINER")"
+  restarts="$(docker inspect --format '{{.RestartCount}}' "$ARG_CONTAINER" 2>/dev/null || echo 0)"
+  [ "$state" = running ] || [ "$state" = restarting ] || give_up \
+    "the vLLM container $ARG_CONTAINER is $state after $(( SECONDS - started ))s ($restarts restarts; last probe: $last)" \
+    "vLLM exited during start-up; its log above shows why"
+  line="$(printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
+    python3 /spark-vllm/bin/vllm_probe.py "$ARG_PORT" "$ARG_SERVED_NAME" 2>&1 | tail -n 1)" || true
+  case "$line" in
+    ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }"; exit 0 ;;
+    unauthorized*) give_up "vLLM rejects the configured API key (${line#unauthorized })" \
+                     "the container was started with another key; run 'pulumi up' again to replace it" ;;
+    "") ;;
+    *) last="$line" ;;
+  esac
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    give_up "vLLM was not ready within ${ARG_TIMEOUT_SECONDS}s (last probe: $last)" \
+      "the engine is still loading (raise timeouts.vllmReadySeconds) or is hung (see the logs above)"
+  fi
+  sleep 5
+done

@@ -1,0 +1,109 @@
+"""The vLLM server on the head, joined to the Ray cluster, and its readiness check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from components.containers import service_container_args
+from components.fabric_trust import FabricAccess
+from components.host import Host
+from components.ray_cluster import RayCluster, head_id_label, log_specs
+from components.remote import SCRIPTS_DIR, script_call
+from stacks.nodes import CONTAINER_API_KEY_FILE, DeploymentPlan, vllm_serve_args
+
+
+@dataclass(frozen=True)
+class VllmServerArgs:
+    plan: DeploymentPlan
+    head: Host
+    image_id: pulumi.Output[str]
+    ray: RayCluster
+    weights_ready: list[pulumi.Resource]
+    fabric: FabricAccess
+    api_key: pulumi.Output[str] | None
+
+
+class VllmServer(pulumi.ComponentResource):
+    container: docker.Container
+    ready: remote.Command
+
+    def __init__(self, name: str, args: VllmServerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spark-vllm:index:VllmServer", name, None, opts)
+        plan, head = args.plan, args.head
+        api_key = args.api_key if args.api_key is not None else pulumi.Output.secret("")
+        key_file = remote.Command(
+            f"{name}-api-key",
+            connection=head.connection,
+            create=script_call(head.node, "api-key-file.sh", "write", file=plan.api_key_file),
+            delete=script_call(head.node, "api-key-file.sh", "remove", file=plan.api_key_file),
+            stdin=api_key,
+            logging=remote.Logging.NONE,
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[head.scripts]),
+        )
+        settings = service_container_args(plan, head.node, "vllm", args.image_id)
+        settings["mounts"] = [
+            *settings["mounts"],
+            docker.ContainerMountArgs(
+                type="bind", source=plan.api_key_file, target=CONTAINER_API_KEY_FILE, read_only=True
+            ),
+        ]
+        settings["labels"] = [
+            *settings["labels"],
+            head_id_label(args.ray.head_container),
+            # A new key must restart vLLM, but only its hash may appear in the container's config.
+            docker.ContainerLabelArgs(
+                label="spark-vllm.api-key-sha256",
+                value=api_key.apply(_sha256),  # stays secret: derived from a secret
+            ),
+        ]
+        launcher = (SCRIPTS_DIR / "vllm-launcher.sh").read_text()
+        self.container = docker.Container(
+            name,
+            name=plan.container_name("vllm"),
+            entrypoints=["bash", "-c", launcher, "vllm-launcher"],
+            command=vllm_serve_args(plan),
+            **settings,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=head.provider,
+                depends_on=[args.ray.joined, key_file, *args.weights_ready],
+                delete_before_replace=True,
+                custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="5m"),
+            ),
+        )
+        timeout = plan.config.timeouts.vllm_ready_seconds
+        self.ready = remote.Command(
+            f"{name}-ready",
+            connection=head.connection,
+            create=script_call(
+                head.node,
+                "vllm-ready.sh",
+                container=plan.container_name("vllm"),
+                port=plan.config.vllm.port,
+                served_name=plan.config.model.name_served,
+                timeout_seconds=timeout,
+                nodes=log_specs(plan, include_vllm=True),
+                **args.fabric.flags,
+            ),
+            stdin=api_key,
+            logging=remote.Logging.STDOUT,
+            add_previous_output_in_env=False,
+            triggers=[self.container.id],
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.container],
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout // 60 + 5}m"),
+            ),
+        )
+        self.register_outputs({"containerId": self.container.id, "ready": self.ready.stdout})
+
+
+def _sha256(value: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(value.encode()).hexdigest()[:16] if value else "none"

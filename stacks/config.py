@@ -1,0 +1,323 @@
+"""The stack configuration: the user's whole interface, validated before any resource is declared.
+
+Keys are camelCase as they appear in `Pulumi.<stack>.yaml` (`spark-vllm:hosts`, ...). Every model
+forbids unknown keys, so a typo is an error naming the key instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+# Names become Pulumi resource names, container names and shell words: keep them boring.
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$"
+IFNAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including the NUL
+BASTION = "bastion"
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class ConfigModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+def _check_host_key(value: str | None) -> str | None:
+    """A pinned key is one authorized_keys-style line: `<type> <base64> [comment]`."""
+    if value is None:
+        return None
+    parts = value.split()
+    if len(parts) < 2 or not re.fullmatch(r"(ssh-|ecdsa-|sk-)[\w@.-]+", parts[0]):
+        raise ValueError("must look like 'ssh-ed25519 AAAA...' (a public host key line)")
+    return f"{parts[0]} {parts[1]}"
+
+
+def _check_address(value: str) -> str:
+    """An SSH address is an IP or a DNS name; anything with spaces or slashes is a paste error."""
+    if not re.fullmatch(r"[A-Za-z0-9.:_-]+", value):
+        raise ValueError(f"{value!r} is not a host name or IP address")
+    return value
+
+
+class HostConfig(ConfigModel):
+    name: str = Field(pattern=NAME_PATTERN)
+    address: str
+    port: Port = 22
+    user: str = Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")
+    via: str | None = None
+    fabric_interface: str = Field(pattern=IFNAME_PATTERN)
+    fabric_ip: ipaddress.IPv4Address
+    rdma_hcas: list[str] = Field(default_factory=list)
+    gpus: int = Field(default=1, ge=1, le=64)
+    host_key: str | None = None
+    head: bool = False
+    state_dir: str | None = None
+
+    _address = field_validator("address")(classmethod(lambda cls, v: _check_address(v)))
+    _host_key = field_validator("host_key")(classmethod(lambda cls, v: _check_host_key(v)))
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute_state_dir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("must be an absolute path on the host")
+        return value
+
+
+class BastionConfig(ConfigModel):
+    address: str
+    port: Port = 22
+    user: str = Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")
+    host_key: str | None = None
+
+    _address = field_validator("address")(classmethod(lambda cls, v: _check_address(v)))
+    _host_key = field_validator("host_key")(classmethod(lambda cls, v: _check_host_key(v)))
+
+
+class SshConfig(ConfigModel):
+    """How this machine authenticates: a key file, or the running ssh-agent."""
+
+    private_key_path: str | None = None
+    use_agent: bool = False
+    known_hosts_file: str | None = None
+    dial_error_limit: int = Field(default=4, ge=1, le=50)
+    per_dial_timeout_seconds: int = Field(default=15, ge=1, le=300)
+
+    @model_validator(mode="after")
+    def _one_auth_method(self) -> SshConfig:
+        if (self.private_key_path is None) == (not self.use_agent):
+            raise ValueError("set exactly one of privateKeyPath or useAgent: true")
+        return self
+
+
+class ImageConfig(ConfigModel):
+    ref: str = Field(min_length=1)
+    platform: str | None = None
+    keep_on_destroy: bool = True
+
+
+class ModelConfig(ConfigModel):
+    id: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: str = Field(default="main", pattern=r"^[\w./-]+$")
+    served_name: str | None = None
+    cache_dir: str
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _absolute_cache_dir(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path on the hosts")
+        return value.rstrip("/") or "/"
+
+    @property
+    def name_served(self) -> str:
+        return self.served_name or self.id
+
+
+class VllmConfig(ConfigModel):
+    port: Port = 8000
+    tensor_parallel_size: int = Field(ge=1, le=64)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    max_model_len: int | None = Field(default=None, ge=16)
+    gpu_memory_utilization: float = Field(default=0.8, gt=0.0, le=0.98)
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return value
+
+
+class RayConfig(ConfigModel):
+    port: Port = 6379
+    object_store_memory_bytes: int = Field(default=4 * 1024**3, ge=78_643_200)
+
+
+class DockerConfig(ConfigModel):
+    request_gpus: bool = True
+    container_prefix: str = Field(default="spark-vllm", pattern=NAME_PATTERN)
+    shm_size_mb: int | None = Field(default=None, ge=64)
+    max_restarts: int = Field(default=3, ge=0, le=20)
+
+
+class FabricConfig(ConfigModel):
+    # "managed": the program makes a key on the head and authorizes it on each worker.
+    # "existing": the head's SSH user can already reach every worker's fabric IP.
+    trust: Literal["managed", "existing"] = "managed"
+
+
+class PreflightConfig(ConfigModel):
+    unified_memory: bool = True
+    min_free_memory_gib: float = Field(default=8.0, ge=0)
+    min_free_disk_gib: float = Field(default=100.0, ge=0)
+    require_nvidia_runtime: bool = True
+
+
+class TimeoutsConfig(ConfigModel):
+    ray_join_seconds: int = Field(default=300, ge=10, le=7200)
+    vllm_ready_seconds: int = Field(default=1800, ge=30, le=21600)
+    image_transfer_minutes: int = Field(default=60, ge=1, le=1440)
+    weights_transfer_minutes: int = Field(default=240, ge=1, le=2880)
+
+
+class StackConfig(ConfigModel):
+    hosts: list[HostConfig] = Field(min_length=1)
+    bastion: BastionConfig | None = None
+    ssh: SshConfig
+    image: ImageConfig
+    model: ModelConfig
+    vllm: VllmConfig
+    ray: RayConfig = Field(default_factory=RayConfig)
+    docker: DockerConfig = Field(default_factory=DockerConfig)
+    fabric: FabricConfig = Field(default_factory=FabricConfig)
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StackConfig:
+        for check in (
+            _unique_host_names,
+            _unique_fabric_ips,
+            _one_head,
+            _via_targets_exist,
+            _gpus_match_parallelism,
+            _ports_distinct,
+        ):
+            check(self)
+        return self
+
+    @property
+    def head(self) -> HostConfig:
+        marked = [h for h in self.hosts if h.head]
+        return marked[0] if marked else self.hosts[0]
+
+    @property
+    def workers(self) -> list[HostConfig]:
+        head = self.head
+        return [h for h in self.hosts if h is not head]
+
+    def host(self, name: str) -> HostConfig:
+        return next(h for h in self.hosts if h.name == name)
+
+
+class ConfigError(ValueError):
+    """One configuration problem, already phrased for the user (key path first)."""
+
+
+def _unique_host_names(cfg: StackConfig) -> None:
+    seen: set[str] = set()
+    for index, host in enumerate(cfg.hosts):
+        if host.name == BASTION:
+            raise ConfigError(f"hosts[{index}].name: {BASTION!r} is reserved for the bastion")
+        if host.name in seen:
+            raise ConfigError(f"hosts[{index}].name: {host.name!r} is used by two hosts")
+        seen.add(host.name)
+
+
+def _unique_fabric_ips(cfg: StackConfig) -> None:
+    seen: dict[ipaddress.IPv4Address, str] = {}
+    for index, host in enumerate(cfg.hosts):
+        if host.fabric_ip in seen:
+            raise ConfigError(
+                f"hosts[{index}].fabricIp: {host.fabric_ip} is also {seen[host.fabric_ip]}'s"
+            )
+        seen[host.fabric_ip] = host.name
+
+
+def _one_head(cfg: StackConfig) -> None:
+    marked = [i for i, h in enumerate(cfg.hosts) if h.head]
+    if len(marked) > 1:
+        raise ConfigError(
+            f"hosts[{marked[1]}].head: only one host can be the Ray head "
+            f"(hosts[{marked[0]}] is marked too)"
+        )
+
+
+def _via_targets_exist(cfg: StackConfig) -> None:
+    names = {h.name: h for h in cfg.hosts}
+    for index, host in enumerate(cfg.hosts):
+        if host.via is None:
+            continue
+        key = f"hosts[{index}].via"
+        if host.via == host.name:
+            raise ConfigError(f"{key}: {host.name} cannot be reached through itself")
+        if host.via == BASTION:
+            if cfg.bastion is None:
+                raise ConfigError(f"{key}: says 'bastion' but no bastion is configured")
+            continue
+        if host.via not in names:
+            raise ConfigError(
+                f"{key}: {host.via!r} is neither a host name ({', '.join(names)}) nor 'bastion'"
+            )
+        jump = names[host.via]
+        # pulumi-command allows exactly one ProxyJump hop, so a jump host must be direct.
+        if jump.via is not None:
+            raise ConfigError(
+                f"{key}: {host.name} -> {jump.name} -> {jump.via} is a chain of two jump hosts; "
+                "pulumi-command supports one hop. Reach the host through the bastion "
+                "or a directly reachable host instead."
+            )
+
+
+def _gpus_match_parallelism(cfg: StackConfig) -> None:
+    total = sum(h.gpus for h in cfg.hosts)
+    world = cfg.vllm.tensor_parallel_size * cfg.vllm.pipeline_parallel_size
+    if world != total:
+        raise ConfigError(
+            f"vllm.tensorParallelSize x vllm.pipelineParallelSize = "
+            f"{cfg.vllm.tensor_parallel_size} x {cfg.vllm.pipeline_parallel_size} = {world}, "
+            f"but the hosts declare {total} GPU(s) in all; they must be equal"
+        )
+
+
+def _ports_distinct(cfg: StackConfig) -> None:
+    if cfg.vllm.port == cfg.ray.port:
+        raise ConfigError(f"vllm.port: {cfg.vllm.port} is also ray.port")
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem, each starting with the config key as the user spells it."""
+    lines = []
+    for problem in error.errors():
+        key = _key_path(problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "is not a known setting (check the spelling)"
+        elif problem["type"] == "missing":
+            message = "is required"
+        lines.append(f"{key}: {message}" if key else message)
+    return "\n".join(lines)
+
+
+def _key_path(location: tuple[Any, ...]) -> str:
+    key = ""
+    for part in location:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        else:
+            key += ("." if key else "") + str(part)
+    return key
+
+
+def parse_stack_config(raw: dict[str, Any]) -> StackConfig:
+    """Validate raw config values; raise ConfigError with every problem, keys first."""
+    try:
+        return StackConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error)) from None

@@ -1,0 +1,293 @@
+"""Every per-node setting, derived once from the typed config.
+
+Components never re-derive an IP, an interface name or an environment variable: they read a
+`NodePlan` or the `DeploymentPlan`. This is the single place the field's pitfalls about wrong NICs,
+Gloo on loopback and env not reaching a worker are handled (../shared/ANCHORS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from stacks.config import BASTION, ConfigError, HostConfig, StackConfig
+from stacks.known_hosts import find_host_key
+
+# Paths inside every container (the host side comes from the config).
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+CONTAINER_RAY_DIR = "/tmp/ray"
+CONTAINER_API_KEY_FILE = "/run/spark-vllm/api-key"
+
+# Environment keys the program owns; a user's vllm.env may not override them.
+DERIVED_ENV_KEYS = frozenset(
+    {
+        "VLLM_HOST_IP",
+        "RAY_NODE_IP_ADDRESS",
+        "RAY_ADDRESS",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "TP_SOCKET_IFNAME",
+        "UCX_NET_DEVICES",
+        "NCCL_IB_HCA",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "VLLM_API_KEY",
+        "HF_TOKEN",
+    }
+)
+# vLLM flags the program sets itself; repeating them in extraArgs would be ambiguous or leak.
+OWNED_VLLM_FLAGS = frozenset(
+    {
+        "--api-key",
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--tensor-parallel-size",
+        "-tp",
+        "--pipeline-parallel-size",
+        "-pp",
+        "--distributed-executor-backend",
+        "--revision",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SshEndpoint:
+    """One SSH server as this machine dials it."""
+
+    label: str  # the host's name, or "bastion"
+    address: str
+    port: int
+    user: str
+    host_key: str | None
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.address}"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    role: Literal["head", "worker"]
+    ssh: SshEndpoint
+    jump: SshEndpoint | None
+    fabric_interface: str
+    fabric_ip: str
+    rdma_hcas: tuple[str, ...]
+    gpus: int
+    state_dir: str
+
+    @property
+    def is_head(self) -> bool:
+        return self.role == "head"
+
+    @property
+    def bin_dir(self) -> str:
+        return f"{self.state_dir}/bin"
+
+    @property
+    def ray_dir(self) -> str:
+        return f"{self.state_dir}/ray"
+
+    @property
+    def fabric_destination(self) -> str:
+        """How the head reaches this node over the fabric (image and weights transfer)."""
+        return f"ssh://{self.ssh.user}@{self.fabric_ip}:{self.ssh.port}"
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    config: StackConfig
+    deployment_id: str  # "<project>/<stack>", stamped on containers as a label
+    nodes: tuple[NodePlan, ...]
+
+    @property
+    def head(self) -> NodePlan:
+        return next(n for n in self.nodes if n.is_head)
+
+    @property
+    def workers(self) -> tuple[NodePlan, ...]:
+        return tuple(n for n in self.nodes if not n.is_head)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def ray_address(self) -> str:
+        return f"{self.head.fabric_ip}:{self.config.ray.port}"
+
+    def container_name(self, purpose: Literal["ray-head", "ray-worker", "vllm"]) -> str:
+        return f"{self.config.docker.container_prefix}-{purpose}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"spark-vllm.deployment": self.deployment_id}
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.head.ssh.address}:{self.config.vllm.port}/v1"
+
+    @property
+    def api_key_file(self) -> str:
+        return f"{self.head.state_dir}/api-key"
+
+
+def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
+    """The environment of every Ray/vLLM process on `node`: NICs, IPs and the offline HF cache."""
+    env = dict(plan.config.vllm.env)
+    env.update(
+        {
+            "VLLM_HOST_IP": node.fabric_ip,
+            "RAY_NODE_IP_ADDRESS": node.fabric_ip,
+            # A driver must join the cluster, never start a private local Ray.
+            "RAY_ADDRESS": plan.ray_address,
+            "NCCL_SOCKET_IFNAME": node.fabric_interface,
+            "GLOO_SOCKET_IFNAME": node.fabric_interface,
+            "TP_SOCKET_IFNAME": node.fabric_interface,
+            "UCX_NET_DEVICES": node.fabric_interface,
+            "HF_HOME": CONTAINER_HF_HOME,
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
+    if node.rdma_hcas:
+        env["NCCL_IB_HCA"] = ",".join(node.rdma_hcas)
+        env.setdefault("NCCL_IB_DISABLE", "0")
+    return env
+
+
+def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """`ray start` arguments; `--block` keeps Ray the container's main process."""
+    common = [
+        "--block",
+        f"--node-ip-address={node.fabric_ip}",
+        f"--num-gpus={node.gpus}",
+        f"--object-store-memory={plan.config.ray.object_store_memory_bytes}",
+        "--disable-usage-stats",
+    ]
+    if node.is_head:
+        return [
+            "start",
+            "--head",
+            f"--port={plan.config.ray.port}",
+            "--include-dashboard=false",
+            *common,
+        ]
+    return ["start", f"--address={plan.ray_address}", *common]
+
+
+def vllm_serve_args(plan: DeploymentPlan) -> list[str]:
+    """Arguments after `vllm serve`, all from typed config (never probed from the image)."""
+    cfg = plan.config
+    args = [
+        cfg.model.id,
+        "--served-model-name",
+        cfg.model.name_served,
+        "--revision",
+        cfg.model.revision,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(cfg.vllm.port),
+        "--tensor-parallel-size",
+        str(cfg.vllm.tensor_parallel_size),
+        "--pipeline-parallel-size",
+        str(cfg.vllm.pipeline_parallel_size),
+        "--distributed-executor-backend",
+        "ray",
+        "--gpu-memory-utilization",
+        str(cfg.vllm.gpu_memory_utilization),
+    ]
+    if cfg.vllm.max_model_len is not None:
+        args += ["--max-model-len", str(cfg.vllm.max_model_len)]
+    return args + list(cfg.vllm.extra_args)
+
+
+def plan_deployment(
+    config: StackConfig, deployment_id: str, known_hosts: Path | None
+) -> DeploymentPlan:
+    """Resolve routes, pinned keys and roles for every host; raise ConfigError on conflicts."""
+    _check_user_overrides(config)
+    head = config.head
+    endpoints = {
+        h.name: _endpoint(h.name, h.address, h.port, h.user, h.host_key, known_hosts)
+        for h in config.hosts
+    }
+    bastion = None
+    if config.bastion is not None:
+        b = config.bastion
+        bastion = _endpoint(BASTION, b.address, b.port, b.user, b.host_key, known_hosts)
+    nodes = tuple(
+        NodePlan(
+            name=host.name,
+            role="head" if host is head else "worker",
+            ssh=endpoints[host.name],
+            jump=_jump_for(host, endpoints, bastion),
+            fabric_interface=host.fabric_interface,
+            fabric_ip=str(host.fabric_ip),
+            rdma_hcas=tuple(host.rdma_hcas),
+            gpus=host.gpus,
+            state_dir=_state_dir(host),
+        )
+        for host in config.hosts
+    )
+    return DeploymentPlan(config=config, deployment_id=deployment_id, nodes=nodes)
+
+
+def unpinned_endpoints(plan: DeploymentPlan) -> list[str]:
+    """Labels of every SSH server this machine would talk to without checking its key."""
+    seen: dict[str, SshEndpoint] = {}
+    for node in plan.nodes:
+        for endpoint in (node.ssh, node.jump):
+            if endpoint is not None:
+                seen[endpoint.label] = endpoint
+    return sorted(label for label, e in seen.items() if e.host_key is None)
+
+
+def _endpoint(
+    label: str, address: str, port: int, user: str, pinned: str | None, known_hosts: Path | None
+) -> SshEndpoint:
+    key = pinned
+    if key is None and known_hosts is not None:
+        key = find_host_key(known_hosts, address, port)
+    return SshEndpoint(label=label, address=address, port=port, user=user, host_key=key)
+
+
+def _jump_for(
+    host: HostConfig, endpoints: dict[str, SshEndpoint], bastion: SshEndpoint | None
+) -> SshEndpoint | None:
+    if host.via is None:
+        return None
+    if host.via == BASTION:
+        return bastion
+    return endpoints[host.via]
+
+
+def _state_dir(host: HostConfig) -> str:
+    if host.state_dir is not None:
+        return host.state_dir
+    home = "/root" if host.user == "root" else f"/home/{host.user}"
+    return f"{home}/.spark-vllm"
+
+
+def _check_user_overrides(config: StackConfig) -> None:
+    for key in config.vllm.env:
+        if key in DERIVED_ENV_KEYS:
+            raise ConfigError(
+                f"vllm.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "
+                "fabricInterface, rdmaHcas, model and secrets); remove it from vllm.env"
+            )
+    for index, arg in enumerate(config.vllm.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_VLLM_FLAGS:
+            hint = (
+                "set the apiKey secret instead (pulumi config set --secret apiKey ...)"
+                if flag == "--api-key"
+                else "it is set from the typed vllm/model settings"
+            )
+            raise ConfigError(f"vllm.extraArgs[{index}]: {flag} is managed by spark-vllm; {hint}")

@@ -1,0 +1,52 @@
+"""Read the stack's Pulumi config and secrets into typed settings, or stop with one clean error."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+
+from stacks.config import ConfigError, StackConfig, parse_stack_config
+
+CONFIG_KEYS = (
+    "hosts",
+    "bastion",
+    "ssh",
+    "image",
+    "model",
+    "vllm",
+    "ray",
+    "docker",
+    "fabric",
+    "preflight",
+    "timeouts",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    config: StackConfig
+    deployment_id: str
+    hf_token: pulumi.Output[str] | None
+    api_key: pulumi.Output[str] | None
+    local_dir: Path  # this machine's derived files: known_hosts for Docker, SSH control sockets
+
+
+def load_settings() -> Settings:
+    config = pulumi.Config()
+    raw = {key: config.get_object(key) for key in CONFIG_KEYS}
+    try:
+        stack_config = parse_stack_config({k: v for k, v in raw.items() if v is not None})
+    except ConfigError as error:
+        raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
+    project, stack = pulumi.get_project(), pulumi.get_stack()
+    base = Path(os.environ.get("SPARK_VLLM_LOCAL_DIR", "~/.spark-vllm")).expanduser()
+    return Settings(
+        config=stack_config,
+        deployment_id=f"{project}/{stack}",
+        hf_token=config.get_secret("hfToken"),
+        api_key=config.get_secret("apiKey"),
+        local_dir=base / f"{project}-{stack}",
+    )
