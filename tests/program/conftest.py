@@ -1,0 +1,81 @@
+"""Fixtures for evaluating the program under Pulumi's mock runtime."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HOST_KEYS = {
+    "bastion": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBastionKeyBastionKeyBastionKey00",
+    **{f"spark{i}": f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAISpark{i}KeySpark{i}KeySpark{i}Key0"
+       for i in range(1, 9)},
+}  # fmt: skip
+SECRETS = {
+    "apiKey": "sk-test-api-key-0b7c1e",
+    "hfToken": "hf_testtokenAbCdEf123456",
+}
+PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\ntest-private-key-material\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+@pytest.fixture(autouse=True)
+def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The program writes derived files (known_hosts, control sockets) here, not in $HOME."""
+    directory = tmp_path / "local"
+    monkeypatch.setenv("SPARK_VLLM_LOCAL_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "id_ed25519"
+    path.write_text(PRIVATE_KEY)
+    path.chmod(0o600)
+    return path
+
+
+ConfigFactory = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def make_config(key_file: Path) -> ConfigFactory:
+    """A valid config for `hosts` hosts behind a bastion (head direct, workers via the bastion)."""
+
+    def build(hosts: int = 2, **overrides: Any) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "hosts": [
+                {
+                    "name": f"spark{i}",
+                    "address": f"10.240.1.{10 + i}",
+                    "user": "aurora",
+                    "fabricInterface": "enp1s0f1np1" if i % 2 else "enP2p1s0f1np1",
+                    "fabricIp": f"10.241.0.{10 + i}",
+                    "rdmaHcas": ["rocep1s0f1", "roceP2p1s0f1"],
+                    "hostKey": HOST_KEYS[f"spark{i}"],
+                    **({"via": "bastion"} if i > 1 else {}),
+                }
+                for i in range(1, hosts + 1)
+            ],
+            "bastion": {
+                "address": "203.0.113.7",
+                "port": 2222,
+                "user": "jump",
+                "hostKey": HOST_KEYS["bastion"],
+            },
+            "ssh": {"privateKeyPath": str(key_file)},
+            "image": {"ref": "example/vllm-gb10:1.0", "platform": "linux/arm64"},
+            "model": {
+                "id": "Qwen/Qwen3.5-122B-A10B-FP8",
+                "servedName": "qwen",
+                "cacheDir": "/home/aurora/.cache/huggingface",
+            },
+            "vllm": {"tensorParallelSize": hosts, "maxModelLen": 32768},
+        }
+        for key, value in overrides.items():
+            config[key] = value
+        return copy.deepcopy(config)
+
+    return build

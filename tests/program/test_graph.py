@@ -1,0 +1,260 @@
+"""The resource graph the program declares for 1, 2 and 4 hosts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import Evaluation, evaluate, unwrap
+
+COMPONENTS = {
+    "spark-vllm:index:Host",
+    "spark-vllm:index:FabricTrust",
+    "spark-vllm:index:ImageDistribution",
+    "spark-vllm:index:ModelWeights",
+    "spark-vllm:index:RayCluster",
+    "spark-vllm:index:VllmServer",
+}
+
+
+def envs_of(ev: Evaluation, name: str) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in ev.named(name).inputs["envs"])
+
+
+@pytest.fixture(params=[1, 2, 4], ids=lambda n: f"{n}-hosts")
+def evaluation(request: pytest.FixtureRequest, make_config: ConfigFactory) -> Evaluation:
+    return evaluate(make_config(hosts=request.param), SECRETS)
+
+
+def host_count(ev: Evaluation) -> int:
+    return len(ev.by_type("spark-vllm:index:Host"))
+
+
+def test_every_concept_is_a_component_of_the_stack(evaluation: Evaluation) -> None:
+    stack = evaluation.by_type("pulumi:pulumi:Stack")[0]
+    components = [r for r in evaluation.registrations if r.typ.startswith("spark-vllm:index:")]
+    assert {r.typ for r in components} == COMPONENTS
+    assert all(r.parent == stack.urn for r in components)
+    # Every custom resource belongs to a component: nothing floats at the top level.
+    component_urns = {r.urn for r in components}
+    for resource in evaluation.registrations:
+        if resource.custom and resource.typ != "pulumi:pulumi:Stack":
+            assert resource.parent in component_urns, resource.name
+
+
+def test_children_are_named_after_their_component(evaluation: Evaluation) -> None:
+    by_urn = {r.urn: r for r in evaluation.registrations}
+    for resource in evaluation.registrations:
+        parent = by_urn.get(resource.parent)
+        if parent is not None and parent.typ.startswith("spark-vllm:index:"):
+            assert resource.name.startswith(f"{parent.name}-") or resource.name == parent.name
+
+
+def test_steps_run_in_dependency_order(evaluation: Evaluation) -> None:
+    ev = evaluation
+    n = host_count(ev)
+    workers = [f"spark{i}" for i in range(2, n + 1)]
+    assert ev.depends_on("spark1-preflight", "spark1-scripts")
+    assert ev.depends_on("image-pull", "spark1-preflight")
+    assert ev.depends_on("weights-fetch", "image-head-record")
+    assert ev.depends_on("ray-head", "image-head-record")
+    assert ev.depends_on("ray-joined", "ray-head")
+    assert ev.depends_on("vllm-container", "ray-joined")
+    assert ev.depends_on("vllm-container", "weights-fetch")
+    assert ev.depends_on("vllm-ready", "vllm-container")
+    for worker in workers:
+        assert ev.depends_on(f"image-{worker}-sync", f"{worker}-preflight")
+        assert ev.depends_on(f"image-{worker}-sync", f"fabric-{worker}-pin")
+        assert ev.depends_on(f"weights-{worker}-copy", f"fabric-{worker}-pin")
+        assert ev.depends_on(f"ray-{worker}", f"image-{worker}-sync")
+        assert ev.depends_on(f"ray-{worker}", "ray-head")
+        assert ev.depends_on("ray-joined", f"ray-{worker}")
+        assert ev.depends_on("vllm-container", f"weights-{worker}-copy")
+    # Nothing waits on the server before it is ready (no cycle back into the hosts).
+    assert not ev.depends_on("spark1-preflight", "vllm-container")
+
+
+def test_one_image_transfer_and_one_weights_copy_per_worker(evaluation: Evaluation) -> None:
+    ev = evaluation
+    n = host_count(ev)
+    syncs = [r.name for r in ev.by_type("command:remote:Command") if r.name.endswith("-sync")]
+    copies = [r.name for r in ev.by_type("command:remote:Command") if r.name.endswith("-copy")]
+    assert len(syncs) == len(copies) == n - 1
+    assert len(ev.by_type("docker:index/remoteImage:RemoteImage")) == 1  # pulled on the head only
+    assert len(ev.by_type("docker:index/container:Container")) == n + 1  # Ray per node + vLLM
+
+
+def test_connections_use_the_bastion_for_via_hosts_only(evaluation: Evaluation) -> None:
+    ev = evaluation
+    for i in range(1, host_count(ev) + 1):
+        connection = unwrap(ev.named(f"spark{i}-preflight").inputs["connection"])
+        assert connection["host"] == f"10.240.1.{10 + i}"
+        assert connection["hostKey"].startswith("ssh-ed25519 ")
+        assert connection["dialErrorLimit"] == 4 and connection["perDialTimeout"] == 15
+        if i == 1:
+            assert "proxy" not in connection
+        else:
+            assert connection["proxy"]["host"] == "203.0.113.7"
+            assert connection["proxy"]["port"] == 2222
+            assert connection["proxy"]["user"] == "jump"
+            assert connection["proxy"]["hostKey"].startswith("ssh-ed25519 ")
+
+
+def test_docker_providers_reach_each_host_over_pinned_ssh(evaluation: Evaluation) -> None:
+    ev = evaluation
+    for i in range(1, host_count(ev) + 1):
+        provider = ev.named(f"spark{i}-docker").inputs
+        assert provider["host"] == f"ssh://aurora@10.240.1.{10 + i}:22"
+        opts = json.loads(provider["sshOpts"])
+        joined = " ".join(opts)
+        for required in ("BatchMode=yes", "StrictHostKeyChecking=yes", "ControlMaster=auto",
+                         "ControlPersist=60", "IdentitiesOnly=yes"):  # fmt: skip
+            assert required in joined
+        proxies = [o for o in opts if o.startswith("ProxyCommand=")]
+        if i == 1:
+            assert proxies == []
+        else:
+            assert len(proxies) == 1
+            assert "-W %h:%p jump@203.0.113.7" in proxies[0]
+            assert "-p 2222" in proxies[0]
+            assert "StrictHostKeyChecking=yes" in proxies[0]
+    # Containers and images are created through their host's provider, never the default one.
+    for resource in ev.by_type("docker:index/container:Container"):
+        assert "-docker::" in resource.provider
+
+
+def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> None:
+    for resource in evaluation.by_type("docker:index/container:Container"):
+        inputs = resource.inputs
+        assert inputs["networkMode"] == "host"
+        assert inputs["ipcMode"] == "host"
+        assert inputs["init"] is True
+        assert inputs["gpus"] == "all"
+        assert inputs["restart"] == "on-failure" and inputs["maxRetryCount"] == 3
+        assert {"name": "memlock", "soft": -1, "hard": -1} in inputs["ulimits"]
+        targets = {m["target"]: m for m in inputs["mounts"]}
+        assert targets["/root/.cache/huggingface"]["source"] == "/home/aurora/.cache/huggingface"
+        assert targets["/tmp/ray"]["source"] == "/home/aurora/.spark-vllm/ray"
+        assert inputs["image"].startswith("sha256:"), "containers run the image ID, not a tag"
+        assert resource.delete_before_replace, "fixed names: the old container must go first"
+        assert {"label": "spark-vllm.deployment", "value": "spark-vllm/dev"} in inputs["labels"]
+
+
+def test_ray_containers_run_ray_bound_to_the_fabric(evaluation: Evaluation) -> None:
+    ev = evaluation
+    head = ev.named("ray-head").inputs
+    assert head["entrypoints"] == ["ray"]
+    assert head["command"][:2] == ["start", "--head"]
+    assert "--block" in head["command"] and "--include-dashboard=false" in head["command"]
+    assert "--node-ip-address=10.241.0.11" in head["command"]
+    for i in range(2, host_count(ev) + 1):
+        worker = ev.named(f"ray-spark{i}").inputs
+        assert "--address=10.241.0.11:6379" in worker["command"]
+        assert f"--node-ip-address=10.241.0.{10 + i}" in worker["command"]
+        assert "--num-gpus=1" in worker["command"]
+
+
+def test_each_node_gets_its_own_fabric_settings(evaluation: Evaluation) -> None:
+    ev = evaluation
+    for i in range(1, host_count(ev) + 1):
+        env = envs_of(ev, "ray-head" if i == 1 else f"ray-spark{i}")
+        interface = "enp1s0f1np1" if i % 2 else "enP2p1s0f1np1"
+        assert env["VLLM_HOST_IP"] == env["RAY_NODE_IP_ADDRESS"] == f"10.241.0.{10 + i}"
+        for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+                    "UCX_NET_DEVICES"):  # fmt: skip
+            assert env[key] == interface, key
+        assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
+        assert env["RAY_ADDRESS"] == "10.241.0.11:6379"
+        assert env["HF_HUB_OFFLINE"] == "1"
+        assert "VLLM_API_KEY" not in env and "HF_TOKEN" not in env
+    assert envs_of(ev, "vllm-container") == envs_of(ev, "ray-head"), "vLLM shares the head's node settings"
+
+
+def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) -> None:
+    ev = evaluation
+    n = host_count(ev)
+    server = ev.named("vllm-container").inputs
+    assert server["entrypoints"][:2] == ["bash", "-c"]
+    assert "exec vllm serve" in server["entrypoints"][2]
+    command = server["command"]
+    assert command[0] == "Qwen/Qwen3.5-122B-A10B-FP8"
+    flags = dict(zip(command[1::2], command[2::2], strict=False))
+    assert flags["--served-model-name"] == "qwen"
+    assert flags["--tensor-parallel-size"] == str(n)
+    assert flags["--distributed-executor-backend"] == "ray"
+    assert flags["--max-model-len"] == "32768"
+    assert "--api-key" not in command
+    mounts = {m["target"]: m for m in server["mounts"]}
+    assert mounts["/run/spark-vllm/api-key"]["readOnly"] is True
+
+
+def test_waits_are_bounded(evaluation: Evaluation) -> None:
+    ev = evaluation
+    for resource in ev.by_type("command:remote:Command"):
+        if resource.name.endswith(("-joined", "-ready", "-sync", "-copy", "-fetch", "-preflight")):
+            assert resource.custom_timeouts["create"], resource.name
+    assert "--timeout-seconds 300" in ev.named("ray-joined").inputs["create"]
+    assert "--timeout-seconds 1800" in ev.named("vllm-ready").inputs["create"]
+
+
+def test_outputs_publish_the_endpoint_and_model(evaluation: Evaluation) -> None:
+    outputs = evaluation.outputs
+    assert outputs["endpointUrl"] == "http://10.240.1.11:8000/v1"
+    assert outputs["modelId"] == "qwen"
+    assert outputs["head"] == {"name": "spark1", "address": "10.240.1.11"}
+    assert [n["fabricIp"] for n in outputs["nodes"]] == [
+        f"10.241.0.{10 + i}" for i in range(1, host_count(evaluation) + 1)
+    ]
+    assert outputs["imageId"].startswith("sha256:")
+
+
+def test_a_single_host_needs_no_fabric_trust(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=1), SECRETS)
+    assert not [r for r in ev.registrations if r.name.startswith("fabric-")]
+
+
+def test_existing_trust_skips_key_management(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=2, fabric={"trust": "existing"}), SECRETS)
+    assert not [r for r in ev.registrations if r.name.startswith("fabric-")]
+    assert "--fabric-key" not in ev.named("image-spark2-sync").inputs["create"]
+
+
+def test_managed_trust_pins_the_worker_key_from_config(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=2), SECRETS)
+    pin = ev.named("fabric-spark2-pin").inputs["create"]
+    assert "--address 10.241.0.12" in pin
+    assert "AAAAC3NzaC1lZDI1NTE5AAAAISpark2Key" in pin
+    assert "--fabric-key /home/aurora/.spark-vllm/fabric_ed25519" in (
+        ev.named("image-spark2-sync").inputs["create"]
+    )
+
+
+def test_worker_through_another_host_uses_it_as_the_proxy(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    del config["bastion"]
+    config["hosts"][1]["via"] = "spark1"
+    ev = evaluate(config, SECRETS)
+    proxy = unwrap(ev.named("spark2-preflight").inputs["connection"])["proxy"]
+    assert proxy["host"] == "10.240.1.11" and proxy["user"] == "aurora"
+
+
+def test_the_dev_stack_evaluates(key_file, tmp_path) -> None:
+    from tests.program.harness import load_stack_config
+
+    config = load_stack_config("dev")
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(
+        "10.1.230.180 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDevSpark1Key\n"
+        "192.168.200.13 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDevSpark2Key\n"
+    )
+    config["ssh"] = {**config["ssh"], "privateKeyPath": str(key_file),
+                     "knownHostsFile": str(known_hosts)}  # fmt: skip
+    ev = evaluate(config, SECRETS)
+    assert ev.outputs["endpointUrl"] == "http://10.1.230.180:8000/v1"
+    assert ev.outputs["modelId"] == "qwen3.5-122b"
+    proxy = unwrap(ev.named("spark2-preflight").inputs["connection"])["proxy"]
+    assert proxy["host"] == "10.1.230.180"
+    assert proxy["hostKey"] == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDevSpark1Key"
+    assert not ev.warnings, "all keys pinned: no warning"

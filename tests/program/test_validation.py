@@ -1,0 +1,144 @@
+"""Every configuration problem is one clean error naming the key, before any resource exists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import evaluate
+
+
+def error_of(config: dict[str, Any]) -> str:
+    with pytest.raises(Exception) as caught:
+        evaluate(config, SECRETS)
+    assert type(caught.value).__name__ == "RunError", repr(caught.value)
+    return str(caught.value)
+
+
+def with_host(config: dict[str, Any], index: int, **changes: Any) -> dict[str, Any]:
+    config["hosts"][index].update(changes)
+    return config
+
+
+CASES = [
+    ("duplicate name", lambda c: with_host(c, 1, name="spark1"),
+     "hosts[1].name: 'spark1' is used by two hosts"),
+    ("bad fabric ip", lambda c: with_host(c, 0, fabricIp="10.241.0.300"),
+     "hosts[0].fabricIp: Input is not a valid IPv4 address"),
+    ("duplicate fabric ip", lambda c: with_host(c, 1, fabricIp="10.241.0.11"),
+     "hosts[1].fabricIp: 10.241.0.11 is also spark1's"),
+    ("port out of range", lambda c: with_host(c, 0, port=70000),
+     "hosts[0].port: Input should be less than or equal to 65535"),
+    ("unknown key", lambda c: with_host(c, 0, fabricIf="eth0"),
+     "hosts[0].fabricIf: is not a known setting"),
+    ("missing user", lambda c: (c["hosts"][0].pop("user"), c)[1],
+     "hosts[0].user: is required"),
+    ("two heads", lambda c: with_host(with_host(c, 0, head=True), 1, head=True),
+     "hosts[1].head: only one host can be the Ray head"),
+    ("via unknown", lambda c: with_host(c, 1, via="spark9"),
+     "hosts[1].via: 'spark9' is neither a host name"),
+    ("via bastion without bastion", lambda c: (c.pop("bastion"), c)[1],
+     "hosts[1].via: says 'bastion' but no bastion is configured"),
+    ("via chain", lambda c: with_host(c, 2, via="spark2"),
+     "hosts[2].via: spark3 -> spark2 -> bastion is a chain of two jump hosts"),
+    ("via itself", lambda c: with_host(c, 1, via="spark2"),
+     "hosts[1].via: spark2 cannot be reached through itself"),
+    ("tp x pp", lambda c: {**c, "vllm": {"tensorParallelSize": 2}},
+     "vllm.tensorParallelSize x vllm.pipelineParallelSize = 2 x 1 = 2, but the hosts declare 3"),
+    ("reserved name", lambda c: with_host(c, 2, name="bastion"),
+     "hosts[2].name: 'bastion' is reserved"),
+    ("bad interface", lambda c: with_host(c, 0, fabricInterface="a-very-long-ifname0"),
+     "hosts[0].fabricInterface: String should match pattern"),
+    ("relative cache", lambda c: {**c, "model": {**c["model"], "cacheDir": "cache"}},
+     "model.cacheDir: must be an absolute path on the hosts"),
+    ("bad host key", lambda c: with_host(c, 0, hostKey="AAAA"),
+     "hosts[0].hostKey: must look like 'ssh-ed25519 AAAA...'"),
+    ("no auth", lambda c: {**c, "ssh": {}},
+     "ssh: set exactly one of privateKeyPath or useAgent: true"),
+    ("same ports", lambda c: {**c, "vllm": {**c["vllm"], "port": 6379}},
+     "vllm.port: 6379 is also ray.port"),
+    ("api key in extra args", lambda c: {**c, "vllm": {**c["vllm"], "extraArgs": ["--api-key=x"]}},
+     "vllm.extraArgs[0]: --api-key is managed by spark-vllm; set the apiKey secret instead"),
+    ("derived env", lambda c: {**c, "vllm": {**c["vllm"], "env": {"GLOO_SOCKET_IFNAME": "lo"}}},
+     "vllm.env.GLOO_SOCKET_IFNAME: is derived per node"),
+    ("no hosts", lambda c: {**c, "hosts": []},
+     "hosts: List should have at least 1 item"),
+    ("missing image", lambda c: {k: v for k, v in c.items() if k != "image"},
+     "image: is required"),
+    ("bad address", lambda c: with_host(c, 0, address="10.0.0.1; rm -rf /"),
+     "hosts[0].address: Value error, '10.0.0.1; rm -rf /' is not a host name or IP address"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mutate", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_problem_is_reported_with_its_key(
+    make_config: ConfigFactory, mutate: Any, message: str
+) -> None:
+    text = error_of(mutate(make_config(hosts=3)))
+    assert text.startswith("invalid spark-vllm configuration:\n")
+    assert message.replace("Value error, ", "") in text
+    assert "Traceback" not in text
+
+
+def test_several_problems_are_all_listed(make_config: ConfigFactory) -> None:
+    config = with_host(make_config(hosts=2), 0, port=0, fabricIp="x")
+    text = error_of(config)
+    assert "hosts[0].port" in text and "hosts[0].fabricIp" in text
+
+
+def test_an_unreadable_key_file_is_named(make_config: ConfigFactory) -> None:
+    text = error_of({**make_config(hosts=2), "ssh": {"privateKeyPath": "/nonexistent/key"}})
+    assert text == "ssh.privateKeyPath: cannot read /nonexistent/key (No such file or directory)"
+
+
+def test_agent_auth_needs_a_running_agent(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    text = error_of({**make_config(hosts=2), "ssh": {"useAgent": True}})
+    assert "SSH_AUTH_SOCK is not set" in text
+
+
+def test_agent_auth_passes_the_socket_and_no_key(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
+    ev = evaluate({**make_config(hosts=2), "ssh": {"useAgent": True}}, SECRETS)
+    connection = ev.named("spark2-preflight").inputs["connection"]["value"]
+    assert connection["agentSocketPath"] == "/run/agent.sock"
+    assert "privateKey" not in connection
+
+
+def test_unpinned_hosts_get_a_loud_warning(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    del config["hosts"][1]["hostKey"]
+    del config["bastion"]["hostKey"]
+    ev = evaluate(config, SECRETS)
+    assert any("NOT pinned for: bastion, spark2" in w for w in ev.warnings)
+
+
+def test_known_hosts_file_pins_keys(make_config: ConfigFactory, tmp_path) -> None:
+    config = make_config(hosts=2)
+    for host in config["hosts"]:
+        del host["hostKey"]
+    del config["bastion"]["hostKey"]
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        "10.240.1.11 ssh-ed25519 AAAAkeyOne\n"
+        "10.240.1.12 ssh-ed25519 AAAAkeyTwo\n"
+        "[203.0.113.7]:2222 ssh-ed25519 AAAAkeyBastion\n"
+    )
+    config["ssh"]["knownHostsFile"] = str(known)
+    ev = evaluate(config, SECRETS)
+    assert not ev.warnings
+    connection = ev.named("spark2-preflight").inputs["connection"]["value"]
+    assert connection["hostKey"] == "ssh-ed25519 AAAAkeyTwo"
+    assert connection["proxy"]["hostKey"] == "ssh-ed25519 AAAAkeyBastion"
+
+
+def test_a_missing_known_hosts_file_is_named(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["ssh"]["knownHostsFile"] = "/nonexistent/known_hosts"
+    assert error_of(config) == "ssh.knownHostsFile: /nonexistent/known_hosts does not exist"
