@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -569,7 +570,7 @@ def container_run_args(inputs: Mapping[str, Any]) -> tuple[list[str], str]:
     boolean("init", "--init")
     boolean("readOnly", "--read-only")
     boolean("publishAllPorts", "--publish-all")
-    translated.add("maxRetryCount")
+    translated.update({"restart", "maxRetryCount"})
     flags += restart_flag(inputs)
     if take("stopTimeout") is not None:
         flags += ["--stop-timeout", str(int(inputs["stopTimeout"]))]
@@ -1076,6 +1077,16 @@ async def resolve_outputs(raw: Mapping[str, Any]) -> StackOutputs:
     return StackOutputs(values, secret_names)
 
 
+def log_unretrieved_quietly(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """After a failed create, Pulumi leaves the dependents' futures failed and unretrieved (the run
+    has already raised the original error). asyncio's default handler formats their tracebacks
+    whenever the GC finalizes them, possibly on a worker thread; on CPython 3.11 that formatting
+    calls ast.parse, whose AST state is shared between threads, and a race corrupts it for the rest
+    of the process ("SystemError: AST constructor recursion depth mismatch"). One line, no
+    traceback."""
+    log.debug("asyncio: %s: %r", context.get("message"), context.get("exception"))
+
+
 @contextlib.contextmanager
 def program_imports(program_dir: Path) -> Iterator[None]:
     """The program's directory on sys.path and as cwd (as the language host runs it); the program's
@@ -1120,6 +1131,7 @@ def run_program(
         runpy.run_path(str(program_dir / "__main__.py"), run_name="__main__")
 
     loop = asyncio.new_event_loop()
+    loop.set_exception_handler(log_unretrieved_quietly)
     executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=max_parallel, thread_name_prefix="realmocks"
     )
@@ -1134,4 +1146,6 @@ def run_program(
         executor.shutdown(wait=True)
         loop.close()
         asyncio.set_event_loop(None)
+        # Collect the failed run's orphaned futures now, on this thread, not later from a worker.
+        gc.collect()
         pulumi_settings.reset_options(project=project, stack=stack, preview=False)

@@ -1,0 +1,565 @@
+"""RealMocks against a throwaway sshd and dockerd on loopback.
+
+The sshd is run from a temp sshd_config (its own host key, authorized key file and pid file); the
+client key's authorized_keys entry sets DOCKER_HOST (PermitUserEnvironment) so the docker CLI in
+every SSH session talks to a throwaway dockerd, not the machine's. Nothing outside tmp is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+
+try:  # importable both as a package module and from pytest's rootdir-less sys.path entry
+    from tests.lab import realmocks
+except ImportError:
+    import realmocks  # type: ignore[no-redef]
+
+RealMocks = realmocks.RealMocks
+run_program = realmocks.run_program
+
+PROJECT = "realmocks-test"
+IMAGE = "realmocks-busybox:test"
+CONTAINER_PREFIX = "realmocks-"
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip when the machine cannot host the test; on CI a missing prerequisite is a failure."""
+    if condition:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"lab prerequisite missing on CI: {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(check: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not ready after {timeout_s}s")
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
+def keygen(path: Path) -> str:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True
+    )
+    return Path(f"{path}.pub").read_text().strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: dockerd, sshd, a busybox image
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lab:
+    port: int
+    host_key: str  # "ssh-ed25519 AAAA..."
+    client_key: Path
+    known_hosts: Path
+    docker_host: str  # unix:///... of the throwaway dockerd
+    workdir: Path
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker", *args],
+            env={**os.environ, "DOCKER_HOST": self.docker_host},
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+    def inspect(self, name: str) -> dict[str, Any] | None:
+        result = self.docker("container", "inspect", name, check=False)
+        return json.loads(result.stdout)[0] if result.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[str]:
+    require(os.geteuid() == 0, "needs root")
+    require(shutil.which("dockerd") is not None and shutil.which("docker") is not None, "no docker")
+    # Short paths: the exec root holds unix sockets (108-byte limit).
+    root = Path(tempfile.mkdtemp(prefix="rmd-", dir="/tmp"))
+    socket_path = root / "d.sock"
+    log = (root / "dockerd.log").open("wb")
+    process = subprocess.Popen(
+        [
+            "dockerd",
+            "--data-root", str(root / "data"),
+            "--exec-root", str(root / "x"),
+            "--pidfile", str(root / "d.pid"),
+            "-H", f"unix://{socket_path}",
+            "--iptables=false", "--ip6tables=false", "--bridge=none",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    docker_host = f"unix://{socket_path}"
+    try:
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    ["docker", "version"],
+                    env={**os.environ, "DOCKER_HOST": docker_host},
+                    capture_output=True,
+                    check=False,
+                ).returncode
+                == 0
+            ),
+            30,
+            "dockerd",
+        )
+        yield docker_host
+    finally:
+        stop_process(process)
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab(dockerd: str) -> Iterator[Lab]:
+    require(Path("/usr/sbin/sshd").exists() and shutil.which("ssh") is not None, "no OpenSSH")
+    workdir = Path(tempfile.mkdtemp(prefix="rms-", dir="/tmp"))
+    host_key = keygen(workdir / "host_key")
+    client_public = keygen(workdir / "client_key")
+    port = free_port()
+    (workdir / "authorized_keys").write_text(
+        f'environment="DOCKER_HOST={dockerd}" {client_public}\n'
+    )
+    (workdir / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key}\n")
+    config = workdir / "sshd_config"
+    config.write_text(
+        textwrap.dedent(f"""\
+            Port {port}
+            ListenAddress 127.0.0.1
+            HostKey {workdir / "host_key"}
+            PidFile {workdir / "sshd.pid"}
+            AuthorizedKeysFile {workdir / "authorized_keys"}
+            PermitRootLogin prohibit-password
+            PasswordAuthentication no
+            KbdInteractiveAuthentication no
+            UsePAM no
+            PermitUserEnvironment yes
+            AllowTcpForwarding yes
+            StrictModes no
+            MaxStartups 100:30:200
+            MaxSessions 100
+            """)
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
+    log = (workdir / "sshd.log").open("wb")
+    process = subprocess.Popen(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_for(lambda: port_open(port), 15, "sshd")
+        yield Lab(port, host_key, workdir / "client_key", workdir / "known_hosts", dockerd, workdir)
+    finally:
+        stop_process(process)
+        log.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def busybox_image(lab: Lab) -> str:
+    """A tiny local image (static busybox), imported rather than pulled: no registry needed."""
+    rootfs = lab.workdir / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    shutil.copy("/bin/busybox", rootfs / "bin" / "busybox")
+    for applet in ("sh", "sleep", "cat", "env", "echo", "false", "true", "test"):
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    tarball = lab.workdir / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
+    lab.docker("import", str(tarball), IMAGE)
+    return IMAGE
+
+
+# ---------------------------------------------------------------------------------------------
+# The program under test: one file, scenarios chosen by config
+# ---------------------------------------------------------------------------------------------
+
+PROGRAM = """
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+cfg = pulumi.Config()
+lab = cfg.require_object("lab")
+scenario = cfg.require("scenario")
+key = cfg.require_secret("privateKey")
+
+
+def connection(host_key, proxy=False):
+    hop = dict(host="127.0.0.1", port=lab["port"], user="root", private_key=key,
+               host_key=host_key, dial_error_limit=2, per_dial_timeout=5)
+    if proxy:
+        hop["proxy"] = remote.ProxyConnectionArgs(**hop)
+    return remote.ConnectionArgs(**hop)
+
+
+work = lab["workdir"]
+if scenario == "bad-host-key":
+    remote.Command("bad", connection=connection(lab["wrongHostKey"]), create="true",
+                   add_previous_output_in_env=False)
+elif scenario == "failing-command":
+    remote.Command("fails", connection=connection(lab["hostKey"]),
+                   create="echo to-stdout; echo to-stderr >&2; exit 3",
+                   add_previous_output_in_env=False)
+else:
+    marker = remote.Command(
+        "marker",
+        connection=connection(lab["hostKey"]),
+        create=f"cat > {work}/marker && echo created",
+        delete=f"rm -f {work}/marker && touch {work}/deleted",
+        stdin=pulumi.Output.secret("s3cret-stdin"),
+        add_previous_output_in_env=False,
+    )
+    via_proxy = remote.Command(
+        "via-proxy",
+        connection=connection(lab["hostKey"], proxy=True),
+        create=f"touch {work}/via-proxy && echo proxied",
+        add_previous_output_in_env=False,
+    )
+    unchecked = remote.Command(
+        "unchecked",
+        connection=connection(None),
+        create="echo unchecked",
+        add_previous_output_in_env=False,
+    )
+    provider = docker.Provider(
+        "host",
+        host=f"ssh://root@127.0.0.1:{lab['port']}",
+        ssh_opts=["-F", "/dev/null", "-o", "BatchMode=yes", "-i", lab["clientKey"],
+                  "-o", "IdentitiesOnly=yes", "-o", f"UserKnownHostsFile={lab['knownHosts']}",
+                  "-o", "StrictHostKeyChecking=yes",
+                  # Shared master connection, as recommended for many docker resources per host.
+                  "-o", "ControlMaster=auto", "-o", f"ControlPath={work}/cm-%C",
+                  "-o", "ControlPersist=20"],
+    )
+    on_host = pulumi.ResourceOptions(provider=provider)
+    image = docker.RemoteImage("image", name=lab["imageTag"], keep_locally=False, opts=on_host)
+    dies = scenario == "dying-container"
+    container = docker.Container(
+        "app",
+        name=lab["containerName"],
+        image=image.image_id,
+        entrypoints=["sh", "-c"],
+        command=["exit 7" if dies else "echo started; exec sleep 300"],
+        envs=["GREETING=hello world", pulumi.Output.secret("TOKEN=env-secret")],
+        labels=[docker.ContainerLabelArgs(label="app", value="realmocks")],
+        init=True,
+        restart="no" if dies else "unless-stopped",
+        ulimits=[docker.ContainerUlimitArgs(name="nofile", soft=1024, hard=2048)],
+        network_mode="host",
+        healthcheck=None if dies else docker.ContainerHealthcheckArgs(
+            tests=["CMD-SHELL", 'test -n "$GREETING"'], interval="1s", retries=3),
+        wait=not dies,
+        wait_timeout=30,
+        opts=pulumi.ResourceOptions(provider=provider, depends_on=[marker]),
+    )
+    pulumi.export("markerStdout", marker.stdout)
+    pulumi.export("proxyStdout", via_proxy.stdout)
+    pulumi.export("uncheckedStdout", unchecked.stdout)
+    pulumi.export("imageId", image.image_id)
+    pulumi.export("containerId", container.id)
+    pulumi.export("secretThing", pulumi.Output.secret("hush"))
+"""
+
+
+@dataclass
+class Deployment:
+    lab: Lab
+    program_dir: Path
+    image_tag: str
+    container_name: str
+    mocks: RealMocks
+
+    def config(self, scenario: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "scenario": scenario,
+            "privateKey": self.lab.client_key.read_text(),
+            "lab": {
+                "port": self.lab.port,
+                "hostKey": self.lab.host_key,
+                "clientKey": str(self.lab.client_key),
+                "knownHosts": str(self.lab.known_hosts),
+                "workdir": str(self.lab.workdir),
+                "imageTag": self.image_tag,
+                "containerName": self.container_name,
+                **extra,
+            },
+        }
+
+    def run(self, scenario: str = "deploy", **extra: Any) -> realmocks.StackOutputs:
+        return run_program(
+            self.program_dir,
+            PROJECT,
+            "test",
+            self.config(scenario, **extra),
+            ["privateKey"],
+            self.mocks,
+        )
+
+
+@pytest.fixture
+def deployment(lab: Lab, busybox_image: str, tmp_path: Path) -> Iterator[Deployment]:
+    program_dir = tmp_path / "program"
+    program_dir.mkdir()
+    (program_dir / "__main__.py").write_text(PROGRAM)
+    # A throwaway tag per test: RemoteImage has keepLocally false, so teardown removes the tag.
+    suffix = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
+    image_tag = f"realmocks-doomed:{suffix}"
+    lab.docker("tag", busybox_image, image_tag)
+    for marker in ("marker", "deleted", "via-proxy"):
+        (lab.workdir / marker).unlink(missing_ok=True)
+    mocks = RealMocks(command_timeout_s=60, must_run_settle_s=1.0)
+    deployment = Deployment(lab, program_dir, image_tag, f"{CONTAINER_PREFIX}{suffix}", mocks)
+    try:
+        yield deployment
+    finally:
+        # End the docker provider's shared ssh master connections (they would linger 20 s).
+        for control_path in lab.workdir.glob("cm-*"):
+            subprocess.run(
+                ["ssh", "-S", str(control_path), "-O", "exit", "unused"],
+                capture_output=True,
+                check=False,
+                timeout=10,
+            )
+        # Whatever a failing test left behind.
+        leftovers = lab.docker("ps", "-aq", "--filter", f"name={CONTAINER_PREFIX}", check=False)
+        for container_id in leftovers.stdout.split():
+            lab.docker("rm", "-f", container_id, check=False)
+        lab.docker("rmi", image_tag, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests that need the throwaway hosts
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.lab
+def test_program_deploys_for_real_and_teardown_undoes_it(deployment: Deployment) -> None:
+    lab = deployment.lab
+    outputs = deployment.run()
+
+    assert outputs["markerStdout"] == "created"
+    assert outputs["proxyStdout"] == "proxied"
+    assert (lab.workdir / "marker").read_text() == "s3cret-stdin"  # stdin really fed
+    assert (lab.workdir / "via-proxy").exists()
+    assert outputs["secretThing"] == "hush"
+    assert outputs.secret_names == {"secretThing"}
+
+    container = lab.inspect(deployment.container_name)
+    assert container is not None
+    assert container["Id"] == outputs["containerId"]
+    assert container["State"]["Running"]
+    assert container["Image"] == outputs["imageId"]
+    assert {"GREETING=hello world", "TOKEN=env-secret"} <= set(container["Config"]["Env"])
+    assert container["Config"]["Labels"]["app"] == "realmocks"
+    assert container["Config"]["Entrypoint"] == ["sh"]
+    assert container["Config"]["Cmd"][0] == "-c"
+    host_config = container["HostConfig"]
+    assert host_config["Init"] is True
+    assert host_config["NetworkMode"] == "host"
+    assert host_config["RestartPolicy"]["Name"] == "unless-stopped"
+    assert host_config["Ulimits"] == [{"Name": "nofile", "Soft": 1024, "Hard": 2048}]
+
+    journal = deployment.mocks.journal
+    types = [entry.type for entry in journal]
+    assert types.index(realmocks.TYPE_COMMAND) < types.index(realmocks.TYPE_CONTAINER)
+    marker_entry = next(entry for entry in journal if entry.name == "marker")
+    assert realmocks.is_secret(marker_entry.outputs["stdin"])  # secrets stay wrapped in state
+    assert realmocks.is_secret(marker_entry.outputs["connection"])
+    assert outputs["uncheckedStdout"] == "unchecked"
+    assert [w for w in deployment.mocks.warnings if "NOT checked" in w] == [
+        f"command:remote:Command 'unchecked': root@127.0.0.1:{lab.port}: no hostKey given, "
+        "the host key is NOT checked"
+    ]
+    assert container["State"]["Health"]["Status"] == "healthy"  # `wait` waited for it
+
+    deployment.mocks.teardown()
+    assert lab.inspect(deployment.container_name) is None
+    assert not (lab.workdir / "marker").exists()
+    assert (lab.workdir / "deleted").exists()  # the delete command ran
+    assert lab.docker("image", "inspect", deployment.image_tag, check=False).returncode != 0
+    assert deployment.mocks.journal == []
+
+
+@pytest.mark.lab
+def test_second_run_in_one_process_works_and_a_name_conflict_fails_like_the_provider(
+    deployment: Deployment,
+) -> None:
+    first = deployment.run()
+    deployment.mocks.teardown()
+    deployment.lab.docker("tag", IMAGE, deployment.image_tag)  # teardown removed the tag
+
+    second = deployment.run()
+    assert second["containerId"] != first["containerId"]
+    assert deployment.lab.inspect(deployment.container_name) is not None
+
+    # A third run against the live deployment: the container name is taken, as for a real `up`
+    # from an empty state against hosts that still run the old containers.
+    conflicting = RealMocks(command_timeout_s=60, must_run_settle_s=1.0)
+    with pytest.raises(Exception, match=r"Conflict\. The container name .* is already in use"):
+        run_program(
+            deployment.program_dir,
+            PROJECT,
+            "test",
+            deployment.config("deploy"),
+            ["privateKey"],
+            conflicting,
+        )
+    assert not any(entry.type == realmocks.TYPE_CONTAINER for entry in conflicting.journal)
+    conflicting.teardown()
+    # The conflicting run's teardown must leave the live deployment's container alone.
+    survivor = deployment.lab.inspect(deployment.container_name)
+    assert survivor is not None and survivor["Id"] == second["containerId"]
+    deployment.mocks.teardown()
+    assert deployment.lab.inspect(deployment.container_name) is None
+
+
+@pytest.mark.lab
+def test_host_key_mismatch_fails_clearly(deployment: Deployment, tmp_path: Path) -> None:
+    wrong_key = keygen(tmp_path / "other_host_key")
+    with pytest.raises(ConnectionError) as failure:
+        deployment.run("bad-host-key", wrongHostKey=wrong_key)
+    message = str(failure.value)
+    assert "host key does not match" in message
+    assert "root@127.0.0.1" in message
+    assert "PRIVATE KEY" not in message
+    assert deployment.mocks.journal == []
+
+
+@pytest.mark.lab
+def test_failing_command_reports_exit_status_and_output(deployment: Deployment) -> None:
+    with pytest.raises(RuntimeError) as failure:
+        deployment.run("failing-command")
+    message = str(failure.value)
+    assert "Process exited with status 3" in message
+    assert "to-stdout" in message and "to-stderr" in message
+
+
+@pytest.mark.lab
+def test_container_that_exits_fails_must_run_with_its_logs(deployment: Deployment) -> None:
+    with pytest.raises(RuntimeError, match="container exited unexpectedly") as failure:
+        deployment.run("dying-container")
+    assert "exit code 7" in str(failure.value)
+    assert "env-secret" not in str(failure.value)
+    deployment.mocks.teardown()  # the exited container is journaled, like a tainted resource
+    assert deployment.lab.inspect(deployment.container_name) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure translation tests (no hosts needed)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_container_inputs_translate_to_docker_run_flags() -> None:
+    flags, env_text = realmocks.container_run_args(
+        {
+            "name": "c",
+            "image": "sha256:abc",
+            "entrypoints": ["bash", "-c", "exec x", "launcher"],
+            "command": ["arg1"],
+            "envs": ["A=1", "B=two words"],
+            "networkMode": "host",
+            "ipcMode": "host",
+            "shmSize": 1024.0,
+            "ulimits": [{"name": "memlock", "soft": -1.0, "hard": -1.0}],
+            "gpus": "all",
+            "init": True,
+            "restart": "on-failure",
+            "maxRetryCount": 3.0,
+            "mounts": [{"type": "bind", "source": "/h", "target": "/c", "readOnly": True}],
+            "volumes": [{"hostPath": "/a", "containerPath": "/b"}],
+            "capabilities": {"adds": ["SYS_PTRACE"]},
+            "healthcheck": {"tests": ["CMD", "curl", "-f", "http://x"], "retries": 3.0},
+            "mustRun": True,
+        }
+    )
+    assert env_text == "A=1\nB=two words\n"
+    assert "A=1" not in " ".join(flags)
+    expected_pairs = [
+        ("--entrypoint", "bash"),
+        ("--network", "host"),
+        ("--ipc", "host"),
+        ("--shm-size", "1024m"),
+        ("--ulimit", "memlock=-1:-1"),
+        ("--gpus", "all"),
+        ("--restart", "on-failure:3"),
+        ("--mount", "type=bind,target=/c,source=/h,readonly"),
+        ("-v", "/a:/b"),
+        ("--cap-add", "SYS_PTRACE"),
+        ("--health-cmd", "curl -f http://x"),
+        ("--health-retries", "3"),
+    ]
+    for flag, value in expected_pairs:
+        assert flags[flags.index(flag) + 1] == value, flag
+    assert "--init" in flags
+    assert flags[-5:] == ["sha256:abc", "-c", "exec x", "launcher", "arg1"]
+
+
+def test_untranslated_container_inputs_are_refused() -> None:
+    with pytest.raises(NotImplementedError, match="networksAdvanced"):
+        realmocks.container_run_args(
+            {"image": "x", "networksAdvanced": [{"name": "n"}], "rm": False}
+        )
+
+
+def test_command_environment_is_refused_because_sshd_drops_it() -> None:
+    args = pulumi.runtime.MockResourceArgs(
+        typ=realmocks.TYPE_COMMAND,
+        name="env",
+        inputs={"connection": {"host": "h"}, "create": "true", "environment": {"A": "1"}},
+        custom=True,
+    )
+    with pytest.raises(ValueError, match="sshd drops it"):
+        RealMocks().new_resource(args)
+
+
+def test_secrets_unwrap_at_any_depth() -> None:
+    wrapped = {realmocks.SECRET_SIG_KEY: realmocks.SECRET_SIG_VALUE, "value": {"privateKey": "k"}}
+    assert realmocks.unwrap_secrets({"connection": wrapped}) == {"connection": {"privateKey": "k"}}
+    connection = realmocks.connection_from_inputs(
+        {**wrapped, "value": {"host": "h", "port": 2222.0, "proxy": {"host": "j"}}}, "t"
+    )
+    assert connection.target.port == 2222
+    assert connection.proxy is not None and connection.proxy.port == 22
+    assert "privateKey" not in repr(connection) and "'k'" not in repr(connection)
