@@ -6,7 +6,7 @@ Lab(LabSpec(hosts=2)).ssh("spark2", "docker info")
 Lab(LabSpec(hosts=2)).down()
 """
 
-from lab.core import Lab, lab_cgroups, lab_mounts, missing_prerequisites
+from lab.core import Lab, lab_cgroups, lab_mounts, leftovers, missing_prerequisites
 from lab.proc import LabError
 from lab.spec import (
     DEFAULT_CACHE_DIR,
@@ -36,5 +36,6 @@ __all__ = [
     "SpecError",
     "lab_cgroups",
     "lab_mounts",
+    "leftovers",
     "missing_prerequisites",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 from lab.proc import ok, run
@@ -50,7 +51,7 @@ def known_hosts_text(info: LabInfo) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _common_options(info: LabInfo) -> list[str]:
+def common_options(info: LabInfo) -> list[str]:
     return [
         "-o",
         f"IdentityFile={info.client_key}",
@@ -88,13 +89,13 @@ def ssh_options(info: LabInfo, host: HostInfo) -> list[str]:
     """OpenSSH client arguments to reach host from this machine, as the program passes them
     (a self-contained ProxyCommand instead of ProxyJump, since -o options do not reach a
     ProxyJump's inner ssh)."""
-    opts = _common_options(info)
+    opts = common_options(info)
     jump = jump_target(info, host)
     if jump is not None:
         address = jump.address if isinstance(jump, BastionInfo) else jump.mgmt_ip
         inner = [
             SSH,
-            *_common_options(info),
+            *common_options(info),
             "-W",
             "%h:%p",
             "-p",
@@ -117,8 +118,15 @@ def control_options(info: LabInfo) -> list[str]:
     ]
 
 
-def ssh_argv(info: LabInfo, host: HostInfo, command: str, *, multiplex: bool = True) -> list[str]:
-    argv = [SSH, *ssh_options(info, host)]
+def ssh_argv(
+    info: LabInfo,
+    host: HostInfo,
+    command: str,
+    *,
+    multiplex: bool = True,
+    extra_options: Sequence[str] = (),
+) -> list[str]:
+    argv = [SSH, *ssh_options(info, host), *extra_options]
     if multiplex:
         argv += control_options(info)
     return [*argv, "-p", str(host.ssh_port), f"{host.user}@{host.mgmt_ip}", "--", command]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import ipaddress
 import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -287,12 +289,17 @@ class Lab:
         timeout: float = 60,
         check: bool = True,
         multiplex: bool = True,
+        extra_options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run command on host as a client of the lab would: ssh from this machine through the
-        bastion (or the head), with the lab key and pinned host keys."""
+        bastion (or the head), with the lab key and pinned host keys. extra_options go before
+        the destination (e.g. ["-o", "SendEnv=X"]); env is the ssh client's environment."""
         info = self.info()
-        argv = client.ssh_argv(info, info.host(host), command, multiplex=multiplex)
-        return self._run_text(argv, timeout, check, f"ssh {host}: {command}")
+        argv = client.ssh_argv(
+            info, info.host(host), command, multiplex=multiplex, extra_options=extra_options
+        )
+        return self._run_text(argv, timeout, check, f"ssh {host}: {command}", env=env)
 
     def ssh_bastion(
         self, command: str, *, timeout: float = 60, check: bool = True
@@ -303,7 +310,7 @@ class Lab:
         b = info.bastion
         argv = [
             client.SSH,
-            *client._common_options(info),
+            *client.common_options(info),
             "-p",
             str(b.ssh_port),
             f"{b.user}@{b.address}",
@@ -335,11 +342,17 @@ class Lab:
 
     @staticmethod
     def _run_text(
-        argv: list[str], timeout: float, check: bool, what: str, input: str | None = None
+        argv: list[str],
+        timeout: float,
+        check: bool,
+        what: str,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         try:
             done = subprocess.run(
                 argv,
+                env=dict(env) if env is not None else None,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -478,3 +491,44 @@ def remove_cgroups(prefix: str) -> None:
 def _try_rmdir(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.rmdir()
+
+
+def lab_routes(spec: LabSpec) -> list[str]:
+    """Routes of this machine into any of the lab's subnets."""
+    nets = (spec.mgmt_net, spec.fabric_net, spec.outside_net)
+    out = run(["ip", "-4", "route", "show"], timeout=10).stdout.decode()
+    found = []
+    for line in out.splitlines():
+        tokens = line.split()
+        dst = tokens[1] if tokens[0] in ("unreachable", "blackhole", "prohibit") else tokens[0]
+        if dst == "default":
+            continue
+        with contextlib.suppress(ValueError):
+            if any(ipaddress.ip_network(dst, strict=False).overlaps(n) for n in nets):
+                found.append(line)
+    return found
+
+
+def lab_processes(spec: LabSpec) -> list[int]:
+    """Processes whose command line names the lab's state dir (its sshd, dockerd, ssh masters)."""
+    marker = str(spec.state_dir).encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+    return found
+
+
+def leftovers(spec: LabSpec) -> list[str]:
+    """Anything of this lab still on the machine; empty after a clean `down`."""
+    found = [f"netns {n}" for n in net.lab_netns_names(spec)]
+    found += [f"mount {m}" for m in lab_mounts(spec)]
+    found += [f"cgroup {c}" for c in lab_cgroups(spec.prefix)]
+    found += [f"route {r}" for r in lab_routes(spec)]
+    found += [f"process {p}" for p in lab_processes(spec)]
+    if Path(f"/sys/class/net/{spec.root_ifname}").exists():
+        found.append(f"link {spec.root_ifname}")
+    return found
