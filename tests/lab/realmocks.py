@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
+import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.config import set_all_config
@@ -214,8 +215,10 @@ def hop_options(target: SshTarget, files: SshFiles, warnings: list[str]) -> list
         key_file = files.write("key", target.private_key)
         options += ["-i", str(key_file), "-o", "IdentitiesOnly=yes"]
     if target.host_key:
+        # One line per key, in case several key types are pinned.
+        lines = [line.strip() for line in target.host_key.splitlines() if line.strip()]
         known_hosts = files.write(
-            "known_hosts", f"{target.known_hosts_pattern} {target.host_key.strip()}"
+            "known_hosts", "".join(f"{target.known_hosts_pattern} {line}\n" for line in lines)
         )
         options += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
     else:
@@ -1033,10 +1036,14 @@ class StackOutputs(dict[str, Any]):
         self.secret_names = frozenset(secret_names)
 
 
-def configure_mock_runtime(mocks: pulumi.runtime.Mocks, project: str, stack: str) -> None:
+def configure_mock_runtime(
+    mocks: pulumi.runtime.Mocks, project: str, stack: str, root_directory: Path
+) -> None:
     """What `set_mocks` does, minus creating a root Stack (run_in_stack creates its own, as the
     language host does), on freshly reset settings so a second run starts clean."""
-    pulumi_settings.reset_options(project=project, stack=stack, preview=False)
+    pulumi_settings.reset_options(
+        project=project, stack=stack, root_directory=str(root_directory), preview=False
+    )
     monitor = pulumi_mocks.MockMonitor(mocks)
     settings = pulumi_mocks.MockSettings(
         monitor=monitor,
@@ -1046,6 +1053,7 @@ def configure_mock_runtime(mocks: pulumi.runtime.Mocks, project: str, stack: str
         stack=stack,
         dry_run=False,
         organization="organization",
+        root_directory=str(root_directory),
         callbacks=None,
     )
     pulumi_settings.configure(settings)
@@ -1064,6 +1072,18 @@ def config_entries(
         for key, value in config.items()
     }
     return values, [full(key) for key in secret_keys]
+
+
+def load_stack_config(program_dir: Path, stack: str) -> dict[str, Any]:
+    """The plain `config:` of `Pulumi.<stack>.yaml`, for run_program (overrides are merged by the
+    caller). Encrypted (`secure:`) values need the Pulumi CLI: pass those in `config` instead."""
+    path = Path(program_dir) / f"Pulumi.{stack}.yaml"
+    document = yaml.safe_load(path.read_text()) or {}
+    config = dict(document.get("config") or {})
+    encrypted = sorted(k for k, v in config.items() if isinstance(v, dict) and "secure" in v)
+    if encrypted:
+        raise ValueError(f"{path}: encrypted values cannot be read without the CLI: {encrypted}")
+    return config
 
 
 async def resolve_outputs(raw: Mapping[str, Any]) -> StackOutputs:
@@ -1120,7 +1140,7 @@ def run_program(
     resolved stack outputs. Errors from creates or from the program propagate unchanged. Can be
     called repeatedly in one process; each run gets fresh runtime state and a fresh event loop."""
     program_dir = Path(program_dir).resolve()
-    configure_mock_runtime(mocks, project, stack)
+    configure_mock_runtime(mocks, project, stack, program_dir)
     values, secret_config = config_entries(project, config, secret_keys)
     set_all_config(values, secret_config)
 
