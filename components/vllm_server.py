@@ -63,7 +63,7 @@ class VllmServer(pulumi.ComponentResource):
         ]
         launcher = (SCRIPTS_DIR / "vllm-launcher.sh").read_text()
         self.container = docker.Container(
-            name,
+            f"{name}-container",
             name=plan.container_name("vllm"),
             entrypoints=["bash", "-c", launcher, "vllm-launcher"],
             command=vllm_serve_args(plan),

@@ -6,6 +6,7 @@
 action="$1"; shift
 parse_flags "$@"
 require host marker
+umask 077  # authorized_keys is rewritten through a temp file: keep it private
 auth="$HOME/.ssh/authorized_keys"
 mkdir -p -m 700 "$HOME/.ssh"
 touch "$auth" && chmod 600 "$auth"

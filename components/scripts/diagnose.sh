@@ -3,8 +3,8 @@
 
 # container_logs SPEC: SPEC is "node|dest|container" with dest "-" for this host.
 container_logs() {
-  local node dest container
-  IFS='|' read -r node dest container <<<"$1"
+  local dest container
+  IFS='|' read -r _ dest container <<<"$1"
   if [ "$dest" = "-" ]; then
     printf '%s\n' "$(container_status_line "$container")"
     docker logs --tail 50 "$container" 2>&1 || true

@@ -3,6 +3,7 @@
 set -euo pipefail
 
 SPARK_STEP="$(basename "$0" .sh)"
+# shellcheck disable=SC2034  # read by the scripts that source this file
 SPARK_BIN="$(cd "$(dirname "$0")" && pwd)"
 
 # fail WHAT [LIKELY_CAUSE]: print one clear message and stop this step.

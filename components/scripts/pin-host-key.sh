@@ -6,6 +6,7 @@
 action="$1"; shift
 parse_flags "$@"
 require host state-dir address
+umask 077
 known="$ARG_STATE_DIR/fabric_known_hosts"
 mkdir -p -m 700 "$ARG_STATE_DIR"
 touch "$known"

@@ -65,7 +65,7 @@ done
 # --- fabric -----------------------------------------------------------------------------------
 iface="$ARG_FABRIC_INTERFACE"
 [ -e "/sys/class/net/$iface" ] \
-  || fail "the fabric interface $iface does not exist (interfaces: $(ls /sys/class/net | paste -sd ' ' -))" \
+  || fail "the fabric interface $iface does not exist (interfaces: $(cd /sys/class/net && echo *))" \
        "hosts[].fabricInterface is wrong for this host (names can differ between hosts)"
 state="$(cat "/sys/class/net/$iface/operstate")"
 [ "$state" = up ] || [ "$state" = unknown ] \

@@ -6,8 +6,6 @@ Prints one line: `ready ...`, `stray <ips>` (a node joined with an unexpected IP
 import logging
 import sys
 
-import ray
-
 
 def verdict(alive: dict[str, float], expected: set[str], gpus_needed: float) -> str:
     stray = sorted(set(alive) - expected)
@@ -23,6 +21,8 @@ def verdict(alive: dict[str, float], expected: set[str], gpus_needed: float) -> 
 def main() -> None:
     expected = set(sys.argv[1].split(","))
     gpus_needed = float(sys.argv[2])
+    import ray  # only inside the Ray image; verdict() is testable without it
+
     # RAY_ADDRESS (set per node by spark-vllm) points at the head, so this joins, never starts Ray.
     ray.init(logging_level=logging.ERROR, log_to_driver=False)
     alive = {

@@ -18,7 +18,11 @@ SECRETS = {
     "apiKey": "sk-test-api-key-0b7c1e",
     "hfToken": "hf_testtokenAbCdEf123456",
 }
-PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\ntest-private-key-material\n-----END OPENSSH PRIVATE KEY-----\n"
+PRIVATE_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    "test-private-key-material\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
 
 
 @pytest.fixture(autouse=True)

@@ -111,7 +111,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.requests: dict[str, Any] = {}
 
-    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+    def RegisterResource(self, request):
         response = super().RegisterResource(request)
         self.requests[response.urn] = request
         return response
@@ -148,7 +148,7 @@ def evaluate(
     stack: str = "dev",
     mocks: pulumi.runtime.Mocks | None = None,
 ) -> Evaluation:
-    """Run __main__.py once with `config` (plain keys) and `secrets`; raise what the program raised."""
+    """Run __main__.py once with `config` (plain keys) and `secrets`; raise what it raises."""
     secrets = secrets or {}
     monitor = RecordingMonitor(mocks or FakeHosts())
     logger = CapturingLogger()
@@ -160,15 +160,17 @@ def evaluate(
     all_config.update({f"{PROJECT}:{k}": v for k, v in secrets.items()})
     pulumi.runtime.set_all_config(all_config, secret_keys=[f"{PROJECT}:{k}" for k in secrets])
     pulumi_settings.SETTINGS.rpc_manager.clear()
-    _sync_await(
-        run_pulumi_func(lambda: runpy.run_path(str(REPO / "__main__.py"), run_name="__main__"))
-    )
+    _sync_await(run_pulumi_func(_run_main))
     return Evaluation(
         registrations=[_registration(urn, req) for urn, req in monitor.requests.items()],
         outputs=_resolved_outputs(),
         secret_outputs=_secret_output_names(),
         warnings=logger.warnings,
     )
+
+
+def _run_main() -> None:
+    runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
 
 
 def _config_text(value: Any) -> str:

@@ -169,7 +169,9 @@ def test_each_node_gets_its_own_fabric_settings(evaluation: Evaluation) -> None:
         assert env["RAY_ADDRESS"] == "10.241.0.11:6379"
         assert env["HF_HUB_OFFLINE"] == "1"
         assert "VLLM_API_KEY" not in env and "HF_TOKEN" not in env
-    assert envs_of(ev, "vllm-container") == envs_of(ev, "ray-head"), "vLLM shares the head's node settings"
+    assert envs_of(ev, "vllm-container") == envs_of(ev, "ray-head"), (
+        "vLLM shares the head's node settings"
+    )
 
 
 def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) -> None:
@@ -226,8 +228,9 @@ def test_managed_trust_pins_the_worker_key_from_config(make_config: ConfigFactor
     pin = ev.named("fabric-spark2-pin").inputs["create"]
     assert "--address 10.241.0.12" in pin
     assert "AAAAC3NzaC1lZDI1NTE5AAAAISpark2Key" in pin
-    assert "--fabric-key /home/aurora/.spark-vllm/fabric_ed25519" in (
-        ev.named("image-spark2-sync").inputs["create"]
+    assert (
+        "--fabric-key /home/aurora/.spark-vllm/fabric_ed25519"
+        in (ev.named("image-spark2-sync").inputs["create"])
     )
 
 

@@ -73,9 +73,7 @@ def test_the_docker_provider_names_the_key_file_never_its_content(
 
 def test_containers_carry_no_secret_in_env_or_command(evaluation: Evaluation) -> None:
     for resource in evaluation.by_type("docker:index/container:Container"):
-        visible = json.dumps(
-            [resource.inputs.get(k) for k in ("envs", "command", "entrypoints")]
-        )
+        visible = json.dumps([resource.inputs.get(k) for k in ("envs", "command", "entrypoints")])
         assert not any(secret in visible for secret in SECRET_VALUES), resource.name
 
 

@@ -1,0 +1,283 @@
+"""The step scripts that run on hosts, exercised for real with bash on this machine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import ClassVar
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
+COMMIT = "a" * 40
+
+
+def run(script: str, *args: str, stdin: str = "", env: dict[str, str] | None = None,
+        check: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(SCRIPTS / script), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scripts_are_shellcheck_clean() -> None:
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("shellcheck is not installed (.ci/run installs it)")
+        pytest.skip("shellcheck is not installed")
+    scripts = sorted(str(p) for p in SCRIPTS.glob("*.sh"))
+    done = subprocess.run(["shellcheck", "-x", "-s", "bash", *scripts], cwd=SCRIPTS,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout
+
+
+# --- hf-manifest ------------------------------------------------------------------------------
+
+
+def make_snapshot(cache: Path, files: dict[str, bytes], model: str = "org/tiny") -> Path:
+    repo = cache / "hub" / f"models--{model.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for index, (name, data) in enumerate(files.items()):
+        blob = repo / "blobs" / f"blob{index}"
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(f"../../blobs/blob{index}")
+    return snapshot
+
+
+def manifest(cache: Path, revision: str = "main") -> subprocess.CompletedProcess[str]:
+    return run("hf-manifest.sh", "--host", "node1", "--cache-dir", str(cache),
+               "--model", "org/tiny", "--revision", revision)  # fmt: skip
+
+
+def test_manifest_counts_files_and_bytes_through_symlinks(tmp_path: Path) -> None:
+    make_snapshot(tmp_path, {"config.json": b"{}", "model.safetensors": b"x" * 1000})
+    done = manifest(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{COMMIT} 2 1002"
+    assert manifest(tmp_path, COMMIT).stdout == done.stdout
+
+
+def test_manifest_rejects_dangling_links(tmp_path: Path) -> None:
+    snapshot = make_snapshot(tmp_path, {"config.json": b"{}", "model.safetensors": b"x"})
+    (snapshot.parents[1] / "blobs" / "blob1").unlink()
+    done = manifest(tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"spark-vllm: node1: hf-manifest: snapshot {COMMIT} of org/tiny")
+    assert "dangling links" in done.stderr and "likely cause: an interrupted" in done.stderr
+
+
+def test_manifest_names_a_missing_snapshot(tmp_path: Path) -> None:
+    done = manifest(tmp_path)
+    assert done.returncode == 1
+    assert "no snapshot of org/tiny@main" in done.stderr
+    assert "likely cause: the weights were never fetched or copied to this host" in done.stderr
+
+
+# --- fabric trust -----------------------------------------------------------------------------
+
+MARKER = "spark-vllm-fabric:spark-vllm/dev:spark1"
+HEAD_KEY = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHeadKey {MARKER}"
+
+
+def test_authorizing_the_head_key_is_idempotent_and_reversible(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    auth = tmp_path / ".ssh" / "authorized_keys"
+    auth.parent.mkdir()
+    auth.write_text("ssh-ed25519 AAAAoperator operator@laptop\n")
+    for _ in range(2):
+        run("authorize-key.sh", "add", "--host", "w", "--marker", MARKER,
+            stdin=HEAD_KEY + "\n", env=env, check=True)  # fmt: skip
+    assert auth.read_text() == f"ssh-ed25519 AAAAoperator operator@laptop\n{HEAD_KEY}\n"
+    assert oct(auth.stat().st_mode & 0o777) == "0o600"
+    run("authorize-key.sh", "remove", "--host", "w", "--marker", MARKER, env=env, check=True)
+    assert auth.read_text() == "ssh-ed25519 AAAAoperator operator@laptop\n"
+
+
+def test_pinning_replaces_the_entry_for_that_address_only(tmp_path: Path) -> None:
+    known = tmp_path / "fabric_known_hosts"
+    known.write_text("10.0.0.9 ssh-ed25519 AAAAother\n10.0.0.2 ssh-rsa AAAAold\n")
+    flags = ["--host", "h", "--state-dir", str(tmp_path), "--address", "10.0.0.2"]
+    run("pin-host-key.sh", "add", *flags, "--key", "ssh-ed25519 AAAAnew", check=True)
+    assert known.read_text() == "10.0.0.9 ssh-ed25519 AAAAother\n10.0.0.2 ssh-ed25519 AAAAnew\n"
+    run("pin-host-key.sh", "add", *flags, stdin="ssh-ed25519 AAAAfromstdin root@w\n", check=True)
+    assert known.read_text().endswith("10.0.0.2 ssh-ed25519 AAAAfromstdin\n")
+    run("pin-host-key.sh", "remove", *flags, check=True)
+    assert known.read_text() == "10.0.0.9 ssh-ed25519 AAAAother\n"
+
+
+def test_pinning_without_any_key_fails_clearly(tmp_path: Path) -> None:
+    done = run("pin-host-key.sh", "add", "--host", "h", "--state-dir", str(tmp_path),
+               "--address", "10.0.0.2")  # fmt: skip
+    assert done.returncode == 1 and "no host key to pin for 10.0.0.2" in done.stderr
+
+
+def test_the_api_key_file_is_private_and_never_echoed(tmp_path: Path) -> None:
+    target = tmp_path / "state" / "api-key"
+    done = run("api-key-file.sh", "write", "--host", "h", "--file", str(target),
+               stdin="sk-secret\n", check=True)  # fmt: skip
+    assert target.read_text() == "sk-secret"
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert "sk-secret" not in done.stdout + done.stderr
+    run("api-key-file.sh", "remove", "--host", "h", "--file", str(target), check=True)
+    assert not target.exists()
+
+
+# --- preflight, with a stand-in docker CLI (the lab runs it against a real daemon) ---------------
+
+FAKE_DOCKER = """#!/usr/bin/env bash
+case "$1" in
+  version) echo 28.2.2 ;;
+  info) echo "runc nvidia " ;;
+  inspect) [ -n "${FAKE_STALE:-}" ] && [ "${@: -1}" = "$FAKE_STALE" ] && { echo ""; exit 0; }
+           exit 1 ;;
+  stats) echo "embeddings 60GiB / 119GiB" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def preflight(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.update({k: v for k, v in overrides.items() if k.startswith("FAKE_")})
+    flags = {
+        "role": "head", "fabric-interface": "lo", "fabric-ip": "127.0.0.1",
+        "head-fabric-ip": "127.0.0.1", "ports": "", "min-free-memory-bytes": "1",
+        "memory-fraction": "0", "min-free-disk-bytes": "1", "disk-paths": str(tmp_path),
+        "require-gpus": "0", "require-nvidia-runtime": "yes",
+        "container-names": "spark-vllm-ray-head,spark-vllm-vllm", "deployment": "spark-vllm/dev",
+    }  # fmt: skip
+    flags.update({k: v for k, v in overrides.items() if not k.startswith("FAKE_")})
+    args = [word for key, value in flags.items() for word in (f"--{key}", value)]
+    return run("preflight.sh", "--host", "spark1", *args, env=env)
+
+
+def test_preflight_reports_facts_when_the_host_is_ready(tmp_path: Path) -> None:
+    done = preflight(tmp_path)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["host"] == "spark1" and facts["docker"] == "28.2.2"
+    assert facts["memAvailableBytes"] > 0 and facts["diskFreeBytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message", "cause"),
+    [
+        ({"fabric-ip": "10.9.9.9"}, "the fabric interface lo has 127.0.0.1, not 10.9.9.9",
+         "hosts[].fabricIp is wrong for this host"),
+        ({"fabric-interface": "enp9s9"}, "the fabric interface enp9s9 does not exist",
+         "hosts[].fabricInterface is wrong"),
+        ({"memory-fraction": "2"}, "MiB of memory free", "an embeddings server?"),
+        ({"min-free-disk-bytes": str(1 << 60)}, "GiB free under", "the disk is full"),
+        ({"FAKE_STALE": "spark-vllm-vllm"},
+         "a container named spark-vllm-vllm already exists", "docker rm -f spark-vllm-vllm"),
+        ({"require-gpus": "1", "PATH_HIDE_NVIDIA": "1"}, "nvidia-smi is not installed",
+         "the NVIDIA driver is missing"),
+    ],
+)  # fmt: skip
+def test_preflight_names_the_failed_requirement(
+    tmp_path: Path, overrides: dict[str, str], message: str, cause: str
+) -> None:
+    overrides = {k: v for k, v in overrides.items() if k != "PATH_HIDE_NVIDIA"}
+    done = preflight(tmp_path, **overrides)
+    assert done.returncode == 1
+    first, second = done.stderr.strip().splitlines()[-2:]
+    assert first.startswith("spark-vllm: spark1: preflight: ") and message in first
+    assert second.startswith("  likely cause: ") and cause in second
+
+
+def test_preflight_finds_a_taken_port(tmp_path: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        done = preflight(tmp_path, ports=str(port))
+    assert done.returncode == 1
+    assert f"port {port} is already in use" in done.stderr
+
+
+# --- probes -----------------------------------------------------------------------------------
+
+
+def test_ray_verdicts() -> None:
+    verdict = load("ray_probe").verdict
+    expected = {"10.0.0.1", "10.0.0.2"}
+    assert verdict({"10.0.0.1": 1, "10.0.0.2": 1}, expected, 2).startswith("ready")
+    assert verdict({"10.0.0.1": 1}, expected, 2) == "waiting missing=10.0.0.2 gpus=1/2"
+    assert verdict({"10.0.0.1": 1, "192.168.1.5": 1}, expected, 2) == "stray 192.168.1.5"
+    assert verdict({"10.0.0.1": 1, "10.0.0.2": 0}, expected, 2).startswith("waiting")
+
+
+class StubVllm(BaseHTTPRequestHandler):
+    models: ClassVar[list[str]] = []
+    tokens = 1
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self.reply(200, {})
+        elif self.headers.get("Authorization") != "Bearer key":
+            self.reply(401, {"error": "unauthorized"})
+        else:
+            self.reply(200, {"data": [{"id": m} for m in self.models]})
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.reply(200, {"choices": [{"text": " hi"}], "usage": {"completion_tokens": self.tokens}})
+
+    def reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_vllm_readiness_needs_the_model_listed_and_a_real_token() -> None:
+    probe = load("vllm_probe").probe
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StubVllm)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        StubVllm.models = []
+        assert probe(port, "qwen", "key").startswith("waiting /v1/models=200 lists []")
+        assert probe(port, "qwen", "wrong").startswith("unauthorized")
+        StubVllm.models, StubVllm.tokens = ["qwen"], 0
+        assert probe(port, "qwen", "key") == "waiting completion returned no tokens"
+        StubVllm.tokens = 1
+        assert probe(port, "qwen", "key") == 'ready " hi"'
+    finally:
+        server.shutdown()
+    assert probe(port, "qwen", "key").startswith(f"starting port {port} not answering")
