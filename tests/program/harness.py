@@ -154,8 +154,13 @@ def evaluate(
     logger = CapturingLogger()
     pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(
-        monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor, logger=logger
-    )  # type: ignore[arg-type]
+        monitor.mocks,
+        project=PROJECT,
+        stack=stack,
+        preview=False,
+        monitor=monitor,
+        logger=logger,  # type: ignore[arg-type]  # duck-typed: records warnings
+    )
     all_config = {f"{PROJECT}:{k}": _config_text(v) for k, v in config.items()}
     all_config.update({f"{PROJECT}:{k}": v for k, v in secrets.items()})
     pulumi.runtime.set_all_config(all_config, secret_keys=[f"{PROJECT}:{k}" for k in secrets])

@@ -171,7 +171,7 @@ StandinFactory = Callable[..., StandinProcess]
 
 def clean_env(standin_bin: Path, hf_home: Path) -> dict[str, str]:
     """An environment free of the caller's Ray/HF/vLLM settings."""
-    dropped = ("RAY_", "HF_", "VLLM_", "NCCL_", "GLOO_", "HUGGING")
+    dropped = ("RAY_", "HF_", "VLLM_", "NCCL_", "GLOO_", "HUGGING", "UV_", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     env.update(
         PATH=f"{standin_bin}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
@@ -179,5 +179,8 @@ def clean_env(standin_bin: Path, hf_home: Path) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         RAY_USAGE_STATS_ENABLED="0",
         PYTHONUNBUFFERED="1",
+        # Ray notices the `uv run pytest` ancestor and would re-run every worker under
+        # `uv run` in the project (which has no Ray); the lab's containers have no such parent.
+        RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
     )
     return env
