@@ -261,3 +261,22 @@ def test_the_dev_stack_evaluates(key_file, tmp_path) -> None:
     assert proxy["host"] == "10.1.230.180"
     assert proxy["hostKey"] == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDevSpark1Key"
     assert not ev.warnings, "all keys pinned: no warning"
+
+
+def test_the_lab_stack_evaluates(key_file, tmp_path) -> None:
+    from tests.program.harness import load_stack_config
+
+    config = load_stack_config("lab")
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(
+        "10.240.0.2 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILabBastion\n"
+        "10.240.1.11 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILabSpark1\n"
+        "10.240.1.12 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILabSpark2\n"
+    )
+    config["ssh"] = {"privateKeyPath": str(key_file), "knownHostsFile": str(known_hosts)}
+    ev = evaluate(config, {"apiKey": "lab-secret"}, stack="lab")
+    assert ev.outputs["endpointUrl"] == "http://10.240.1.11:8000/v1"
+    assert ev.outputs["modelId"] == "tiny-chat"
+    assert "gpus" not in ev.named("ray-head").inputs
+    assert "--num-gpus=1" in ev.named("ray-head").inputs["command"]
+    assert not ev.warnings
