@@ -310,8 +310,10 @@ def _key_path(location: tuple[Any, ...]) -> str:
     for part in location:
         if isinstance(part, int):
             key += f"[{part}]"
-        else:
+        elif re.fullmatch(r"[A-Za-z_][\w-]*", str(part)):
             key += ("." if key else "") + str(part)
+        else:  # a mistyped key with odd characters: show it quoted and escaped
+            key += f"[{str(part)!r}]"
     return key
 
 
