@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import fcntl
 import functools
 import ipaddress
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -61,6 +63,8 @@ REQUIRED_TOOLS = (
     "timeout",
 )
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+LOCK_TIMEOUT = 600.0
+log = logging.getLogger("lab")
 
 
 def missing_prerequisites(spec: LabSpec | None = None) -> list[str]:
@@ -105,6 +109,10 @@ class Lab:
     def up(self) -> LabInfo:
         """Bring the lab up; if it is already up and healthy, return its info unchanged."""
         self._check_prerequisites()
+        with self._locked():
+            return self._up()
+
+    def _up(self) -> LabInfo:
         if self.lab_json.exists():
             existing = self.info()
             if existing.extra.get("spec") != self._spec_record():
@@ -120,6 +128,27 @@ class Lab:
         elif self._leftovers():
             self.down()  # a partial or failed earlier `up`
         return self._build()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One up/down at a time per state dir (bounded wait, then a clear error)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with (self.state_dir / ".lock").open("w") as handle:
+
+            def take() -> bool:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                return True
+
+            wait_until(
+                take,
+                timeout=LOCK_TIMEOUT,
+                interval=0.5,
+                what=f"lock {self.state_dir}/.lock (another up/down running)",
+            )
+            yield
 
     def _check_prerequisites(self) -> None:
         missing = missing_prerequisites(self.spec)
@@ -138,6 +167,7 @@ class Lab:
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
+        (self.state_dir / "spec.json").write_text(json.dumps(self._spec_record(), indent=2))
         key = client.ensure_client_key(self.state_dir)
         pubkey = key.with_suffix(".pub").read_text()
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
@@ -377,23 +407,49 @@ class Lab:
 
     def down(self) -> None:
         """Remove everything `up` (even a failed one) created, except the client key and the
-        image cache. Safe to call twice."""
+        image cache. Safe to call twice. Tears down what lab.json recorded when it differs
+        from this Lab's spec (e.g. `up --prefix x` followed by a plain `down`)."""
         self._check_prerequisites()
+        with self._locked():
+            recorded = self._recorded_spec()
+            if recorded is not None and recorded != self.spec:
+                # Only the recorded one: this spec's names may belong to another lab.
+                Lab(recorded)._teardown()
+            else:
+                self._teardown()
+
+    def _recorded_spec(self) -> LabSpec | None:
+        """The spec the last `up` in this state dir started with (written before anything else,
+        so a failed `up` with other subnets or prefix is still torn down completely)."""
+        try:
+            record = json.loads((self.state_dir / "spec.json").read_text())
+            return LabSpec(
+                **{
+                    **record,
+                    "state_dir": Path(record["state_dir"]),
+                    "cache_dir": Path(record["cache_dir"]),
+                    "fabric_ifnames": tuple(record["fabric_ifnames"]),
+                }
+            )
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
+
+    def _teardown(self) -> None:
         client.close_control_masters(self.state_dir)
-        errors: list[str] = []
         for node in self._all_nodes():
             pid = read_init_pid(node)
             if pid is not None:
                 try:
                     stop_containers_and_dockerd(node, pid)
                 except LabError as exc:
-                    errors.append(str(exc))  # killing the host below still ends dockerd
+                    # Killing the host below still ends dockerd and its containers.
+                    log.warning("%s; killing the host anyway", exc)
             kill_host(node)
         self._kill_netns_stragglers()
         net.delete_network(self.spec)
         remove_cgroups(self.spec.prefix)
         self._check_no_mounts()
-        for leftover in ("lab.json", "known_hosts", "ssh_config"):
+        for leftover in ("lab.json", "known_hosts", "ssh_config", "spec.json"):
             (self.state_dir / leftover).unlink(missing_ok=True)
         if hosts_dir(self.state_dir).exists():
             shutil.rmtree(hosts_dir(self.state_dir))

@@ -88,6 +88,7 @@ def lab_factory() -> Iterator[Callable[..., Lab]]:
                 if len(made) >= 16:
                     raise RuntimeError("at most 16 labs per test session")
                 lab = Lab(spec_for(slot, len(made), name, **fields))
+                lab.down()  # whatever a crashed earlier session left in this slot
                 lab.up()
                 made[name] = lab
             return made[name]

@@ -83,16 +83,9 @@ def test_a_wrong_pinned_key_is_refused(lab_bastion: Lab, tmp_path: Path) -> None
     keys = Path(info.known_hosts).read_text()
     # spark2's addresses paired with spark1's key.
     wrong.write_text(keys.replace(info.hosts[1].host_key, info.hosts[0].host_key))
-    argv = [
-        "ssh",
-        *ssh_options(info, info.hosts[1]),
-        "-o",
-        f"UserKnownHostsFile={wrong}",
-        f"root@{info.hosts[1].mgmt_ip}",
-        "true",
-    ]
-    # Later -o options do not override earlier ones in OpenSSH: put ours first.
-    argv = ["ssh", "-o", f"UserKnownHostsFile={wrong}", *argv[1:]]
+    # OpenSSH keeps the first value given for an option: ours goes before the lab's.
+    argv = ["ssh", "-o", f"UserKnownHostsFile={wrong}", *ssh_options(info, info.hosts[1])]
+    argv += [f"root@{info.hosts[1].mgmt_ip}", "true"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 255
     assert "host key" in done.stderr.lower()
