@@ -59,7 +59,7 @@ def free_port() -> int:
 
 
 def session_members(session_id: int) -> list[int]:
-    """PIDs whose session is `session_id` (field 6 of /proc/PID/stat)."""
+    """Live PIDs whose session is `session_id` (field 6 of /proc/PID/stat)."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -69,7 +69,8 @@ def session_members(session_id: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == session_id:
+        # Zombies are dead already (only their parent's wait() removes them).
+        if int(fields[3]) == session_id and fields[0] != "Z":
             members.append(int(entry.name))
     return members
 
@@ -173,7 +174,13 @@ def clean_env(standin_bin: Path, hf_home: Path) -> dict[str, str]:
     """An environment free of the caller's Ray/HF/vLLM settings."""
     dropped = ("RAY_", "HF_", "VLLM_", "NCCL_", "GLOO_", "HUGGING", "UV_", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    # A private HOME: Ray 2.60 writes ~/.ray/auth_token when ray.init() starts a local
+    # instance, and a later `ray start` then demands a token that address-connecting drivers
+    # do not send. The lab's hosts each have their own /root, so this mirrors the lab.
+    home = hf_home.with_name(hf_home.name + "-home")
+    home.mkdir(exist_ok=True)
     env.update(
+        HOME=str(home),
         PATH=f"{standin_bin}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
         HF_HOME=str(hf_home),
         HF_HUB_OFFLINE="1",

@@ -128,7 +128,13 @@ class RayEngine:
                 "RAY_ADDRESS is not set: ray.init() will start a private local Ray instance "
                 "instead of joining the cluster."
             )
-        ray.init()
+        try:
+            ray.init()
+        except Exception as error:  # Ray raises ConnectionError, RuntimeError, ...
+            raise StartupError(
+                f"Cannot join the Ray cluster (RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r}): "
+                f"{type(error).__name__}: {str(error)[:2000]}"
+            ) from None
         self.check_cluster_has_enough_gpus()
         driver_ip = os.environ.get("VLLM_HOST_IP") or detect_node_ip()
         self.check_driver_node_has_gpu(driver_ip)
