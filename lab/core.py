@@ -122,12 +122,30 @@ class Lab:
                 )
             problems = self.problems()
             if not problems:
+                self._restore_content(existing)
                 return existing
             # Something died since: rebuild from a clean slate rather than patch it up.
             self.down()
         elif self._leftovers():
             self.down()  # a partial or failed earlier `up`
         return self._build()
+
+    def _restore_content(self, info: LabInfo) -> None:
+        """Put back the head's image or seeded model if a test or user removed them (cheap when
+        both are there: one `docker image inspect`)."""
+        head = self.node(info.head.name)
+        pid = read_init_pid(head)
+        if pid is None:
+            return
+        if self.spec.with_model:
+            hfmodel.seed_cache(head.hostdir / "root/.cache/huggingface")
+        if self.spec.with_image:
+            present = run(
+                in_host(pid, ["docker", "image", "inspect", IMAGE_NAME]), timeout=30, check=False
+            )
+            if present.returncode != 0:
+                path, digest = image.rootfs_tarball(self.spec.cache_dir)
+                self._import_image(head, {head.name: pid}, path, digest)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

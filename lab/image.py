@@ -320,14 +320,14 @@ def rootfs_tarball(cache_dir: Path) -> tuple[Path, str]:
     out = cache_dir / f"rootfs-{digest}.tar"
     with (cache_dir / "build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if out.exists():
-            return out, digest
         for stale in [*cache_dir.glob("build-*"), *cache_dir.glob("rootfs-*.partial")]:
             # left by a build that was killed (we hold the lock: nobody else is building)
             if stale.is_dir():
                 shutil.rmtree(stale)
             else:
                 stale.unlink()
+        if out.exists():
+            return out, digest
         started = time.monotonic()
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix="build-") as tmp:
             build_tarball(out, Path(tmp), packages, cache_dir / "build.log")

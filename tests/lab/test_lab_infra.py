@@ -247,6 +247,14 @@ def test_up_again_is_idempotent(lab_bastion: Lab) -> None:
     assert pids == {h: lab.node(h).init_pid_file.read_text() for h in pids}
 
 
+def test_up_again_restores_a_removed_model_seed(lab_bastion: Lab) -> None:
+    refs = "/root/.cache/huggingface/hub/models--spark-vllm-lab--tiny-chat/refs/main"
+    before = lab_bastion.exec("spark1", ["cat", refs]).stdout
+    lab_bastion.exec("spark1", ["rm", refs])
+    lab_bastion.up()
+    assert lab_bastion.exec("spark1", ["cat", refs]).stdout == before
+
+
 # -- jump topology, and a full teardown ---------------------------------------------------------
 
 
