@@ -78,6 +78,8 @@ SSH_OWN_ERROR_MARKERS = (
     "UNPROTECTED PRIVATE KEY FILE",
 )
 TAIL_LINES = 30
+# The logger the mock engine writes the program's pulumi.log messages to.
+PROGRAM_LOGGER = "pulumi.program"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,6 +702,8 @@ class RealMocks(pulumi.runtime.Mocks):
         self.journal: list[JournalEntry] = []
         self.warnings: list[str] = []
         self.stack_references: dict[str, dict[str, Any]] = {}
+        # pulumi.log messages of the program (INFO and up), as "LEVEL: message".
+        self.program_log: list[str] = []
         self._docker_hosts: dict[str, DockerHost] = {}
         self._lock = threading.Lock()
 
@@ -1048,7 +1052,7 @@ def configure_mock_runtime(
     settings = pulumi_mocks.MockSettings(
         monitor=monitor,
         monitor_features=set(monitor.GetDeploymentInfo(None).supportedFeatures),
-        engine=pulumi_mocks.MockEngine(logging.getLogger("pulumi.program")),
+        engine=pulumi_mocks.MockEngine(logging.getLogger(PROGRAM_LOGGER)),
         project=project,
         stack=stack,
         dry_run=False,
@@ -1107,6 +1111,28 @@ def log_unretrieved_quietly(loop: asyncio.AbstractEventLoop, context: dict[str, 
     log.debug("asyncio: %s: %r", context.get("message"), context.get("exception"))
 
 
+class ProgramLogCapture(logging.Handler):
+    def __init__(self, sink: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append(f"{record.levelname}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def captured_program_log(sink: list[str]) -> Iterator[None]:
+    logger = logging.getLogger(PROGRAM_LOGGER)
+    handler, old_level = ProgramLogCapture(sink), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
 @contextlib.contextmanager
 def program_imports(program_dir: Path) -> Iterator[None]:
     """The program's directory on sys.path and as cwd (as the language host runs it); the program's
@@ -1125,6 +1151,14 @@ def program_imports(program_dir: Path) -> Iterator[None]:
             module_file = getattr(sys.modules[module_name], "__file__", None) or ""
             if module_file.startswith(str(program_dir) + os.sep):
                 del sys.modules[module_name]
+
+
+def current_event_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        return None
+    return None if loop.is_closed() or loop.is_running() else loop
 
 
 def run_program(
@@ -1150,6 +1184,7 @@ def run_program(
         captured["stack"] = pulumi_settings.get_root_resource()
         runpy.run_path(str(program_dir / "__main__.py"), run_name="__main__")
 
+    previous_loop = current_event_loop()
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(log_unretrieved_quietly)
     executor = concurrent.futures.ThreadPoolExecutor(
@@ -1158,14 +1193,15 @@ def run_program(
     loop.set_default_executor(executor)
     asyncio.set_event_loop(loop)
     try:
-        with program_imports(program_dir):
+        with program_imports(program_dir), captured_program_log(mocks.program_log):
             loop.run_until_complete(run_in_stack(program))
             return loop.run_until_complete(resolve_outputs(captured["stack"].outputs))
     finally:
         # Creates still in flight after a failure finish here, so the journal is complete.
         executor.shutdown(wait=True)
         loop.close()
-        asyncio.set_event_loop(None)
+        # Code that runs Pulumi later in this process (mock tests) expects a usable current loop.
+        asyncio.set_event_loop(previous_loop or asyncio.new_event_loop())
         # Collect the failed run's orphaned futures now, on this thread, not later from a worker.
         gc.collect()
         pulumi_settings.reset_options(project=project, stack=stack, preview=False)

@@ -300,6 +300,7 @@ else:
     pulumi.export("imageId", image.image_id)
     pulumi.export("containerId", container.id)
     pulumi.export("secretThing", pulumi.Output.secret("hush"))
+    pulumi.log.warn("deployed by the test program")
 """
 
 
@@ -385,6 +386,7 @@ def test_program_deploys_for_real_and_teardown_undoes_it(deployment: Deployment)
     assert (lab.workdir / "via-proxy").exists()
     assert outputs["secretThing"] == "hush"
     assert outputs.secret_names == {"secretThing"}
+    assert "WARNING: deployed by the test program" in deployment.mocks.program_log
 
     container = lab.inspect(deployment.container_name)
     assert container is not None
@@ -541,6 +543,35 @@ def test_untranslated_container_inputs_are_refused() -> None:
         realmocks.container_run_args(
             {"image": "x", "networksAdvanced": [{"name": "n"}], "rm": False}
         )
+
+
+def test_every_container_of_the_real_program_translates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's own program (with its offline test harness and the dev stack's config):
+    realmocks must translate every container input it sets, and accept every command."""
+    harness = pytest.importorskip("tests.program.harness")
+    key = tmp_path / "id_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n")
+    key.chmod(0o600)
+    config = harness.load_stack_config("dev")
+    config["ssh"] = {"privateKeyPath": str(key), "knownHostsFile": str(tmp_path / "known_hosts")}
+    host_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAISpark1KeySpark1KeySpark1Key0"
+    addresses = [host.get("address") for host in config["hosts"]]
+    (tmp_path / "known_hosts").write_text("".join(f"{a} {host_key}\n" for a in addresses))
+    monkeypatch.setenv("SPARK_VLLM_LOCAL_DIR", str(tmp_path / "local"))
+    evaluation = harness.evaluate(config, {"apiKey": "k", "hfToken": "t"})
+    containers = evaluation.by_type(realmocks.TYPE_CONTAINER)
+    assert containers
+    for registration in containers:
+        realmocks.container_run_args(realmocks.unwrap_secrets(registration.inputs))
+    for registration in evaluation.by_type(realmocks.TYPE_COMMAND):
+        realmocks.connection_from_inputs(registration.inputs["connection"], registration.name)
+        assert not realmocks.is_set(
+            realmocks.unwrap_secrets(registration.inputs.get("environment"))
+        )
+    for registration in evaluation.by_type(realmocks.TYPE_DOCKER_PROVIDER):
+        realmocks.docker_host_from_provider_inputs(registration.inputs, registration.name)
 
 
 def test_command_environment_is_refused_because_sshd_drops_it() -> None:
