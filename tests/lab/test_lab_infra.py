@@ -7,6 +7,7 @@ Two labs per session: the shared bastion lab (conftest) and a 3-host jump lab to
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from lab.client import ssh_options
 pytestmark = pytest.mark.lab
 
 
-def tcp_open(addr: str, port: int = 22, netns_pid: int | None = None) -> bool:
+def tcp_open(addr: str, port: int = 22) -> bool:
     """TCP connect from this machine's namespace (bash /dev/tcp; busybox wget crashes)."""
     argv = ["timeout", "3", "bash", "-c", f"exec 3<>/dev/tcp/{addr}/{port}"]
     return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
@@ -145,8 +146,6 @@ def test_docker_info_over_ssh_on_every_host(lab_bastion: Lab) -> None:
 
 def test_accept_env_is_stock(lab_bastion: Lab) -> None:
     """An env var sent with SendEnv does not arrive (only LANG/LC_* would)."""
-    import os
-
     env = {**os.environ, "SPARK_LAB_PROBE": "leaked", "LC_SPARK_LAB": "lc-ok"}
     done = lab_bastion.ssh(
         "spark2",
