@@ -11,20 +11,20 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from .helpers import (
+    DRIVER_ONLY_MODEL,
     TINY_MODEL,
+    LocalRay,
     StandinFactory,
     StandinProcess,
     clean_env,
     free_port,
-    kill_session,
     seed_hf_model,
     tiny_model_files,
 )
@@ -33,12 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_PROJECT = REPO_ROOT / "lab" / "image" / "vllm_standin"
 RAY_REQUIREMENT = "ray==2.60.0"
 VENV_BUILD_TIMEOUT_S = 600
-RAY_START_TIMEOUT_S = 60
-# Only the driver has this model: proves the per-rank snapshot check (ranks use the Ray cache).
-DRIVER_ONLY_MODEL = "spark-vllm-lab/driver-only"
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"stand-in venv required under CI=true: {reason}")
     pytest.skip(reason)
@@ -111,60 +108,6 @@ def driver_hf_home(tmp_path_factory: pytest.TempPathFactory, ray_hf_home: Path) 
     shutil.copytree(ray_hf_home / "hub", home / "hub", symlinks=True)
     seed_hf_model(home, DRIVER_ONLY_MODEL, tiny_model_files())
     return home
-
-
-class LocalRay:
-    """`ray start --head --block` in its own session; teardown kills that session by id."""
-
-    def __init__(self, standin_bin: Path, hf_home: Path, gloo_ifname: str) -> None:
-        self.port = free_port()
-        # Short path: Ray's unix socket paths must stay under 107 characters.
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
-        env = clean_env(standin_bin, hf_home)
-        env.update(GLOO_SOCKET_IFNAME=gloo_ifname, NCCL_SOCKET_IFNAME=gloo_ifname)
-        command = [
-            str(standin_bin / "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--num-gpus=2",
-            "--num-cpus=2",
-            f"--port={self.port}",
-            "--disable-usage-stats",
-            "--include-dashboard=false",
-            "--object-store-memory=200000000",
-            f"--temp-dir={self.temp_dir}",
-        ]
-        self.log_path = self.temp_dir / "ray-start.log"
-        self.process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=self.log_path.open("wb"),
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def wait_ready(self) -> None:
-        """Ready when the head's raylet socket exists (a driver can then connect)."""
-        deadline = time.monotonic() + RAY_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"ray start exited:\n{self.log_path.read_text()}")
-            if list(self.temp_dir.glob("session_*/sockets/raylet")):
-                time.sleep(1.0)  # the raylet registers with the GCS right after
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"Ray head not ready:\n{self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        kill_session(self.process.pid)
-        self.process.wait(10)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,11 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +21,9 @@ from typing import Any
 
 TINY_MODEL = "spark-vllm-lab/tiny-chat"
 TINY_MAX_POSITION_EMBEDDINGS = 2048
+# Only the API server's cache has this model: proves the per-rank snapshot check.
+DRIVER_ONLY_MODEL = "spark-vllm-lab/driver-only"
+RAY_START_TIMEOUT_S = 60
 
 
 def seed_hf_model(hf_home: Path, repo_id: str, files: dict[str, bytes]) -> Path:
@@ -191,3 +196,57 @@ def clean_env(standin_bin: Path, hf_home: Path) -> dict[str, str]:
         RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
     )
     return env
+
+
+class LocalRay:
+    """`ray start --head --block` in its own session; teardown kills that session by id."""
+
+    def __init__(self, standin_bin: Path, hf_home: Path, gloo_ifname: str) -> None:
+        self.port = free_port()
+        # Short path: Ray's unix socket paths must stay under 107 characters.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+        env = clean_env(standin_bin, hf_home)
+        env.update(GLOO_SOCKET_IFNAME=gloo_ifname, NCCL_SOCKET_IFNAME=gloo_ifname)
+        command = [
+            str(standin_bin / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--num-gpus=2",
+            "--num-cpus=2",
+            f"--port={self.port}",
+            "--disable-usage-stats",
+            "--include-dashboard=false",
+            "--object-store-memory=200000000",
+            f"--temp-dir={self.temp_dir}",
+        ]
+        self.log_path = self.temp_dir / "ray-start.log"
+        self.process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=self.log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> None:
+        """Ready when the head's raylet socket exists (a driver can then connect)."""
+        deadline = time.monotonic() + RAY_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"ray start exited:\n{self.log_path.read_text()}")
+            if list(self.temp_dir.glob("session_*/sockets/raylet")):
+                time.sleep(1.0)  # the raylet registers with the GCS right after
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"Ray head not ready:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        kill_session(self.process.pid)
+        self.process.wait(10)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

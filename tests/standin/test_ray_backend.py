@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import DRIVER_ONLY_MODEL, LocalRay
-from .helpers import TINY_MODEL, StandinFactory, http
+from .helpers import DRIVER_ONLY_MODEL, TINY_MODEL, LocalRay, StandinFactory, http
 
 FAST_FAILURE_S = 60  # start-up errors must surface well inside this bound
 UNASSIGNED_IP = "192.0.2.123"  # TEST-NET-1: never a Ray node here
@@ -45,6 +44,9 @@ def test_tp2_becomes_ready_and_serves_from_both_ranks(
     assert "rank 0: node_ip=" in server.log
     assert "rank 1: node_ip=" in server.log
     assert "GLOO_SOCKET_IFNAME=lo" in server.log
+    assert server.process is not None
+    server.process.terminate()  # `docker stop`
+    assert server.wait_exit(10) == 0
 
 
 def test_dead_rank_stops_the_server(local_ray: LocalRay, standin: StandinFactory) -> None:

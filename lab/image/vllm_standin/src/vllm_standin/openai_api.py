@@ -67,7 +67,7 @@ class ServedModel:
 
 
 def models_response(served: ServedModel) -> dict[str, Any]:
-    data = [
+    data: list[dict[str, Any]] = [
         {
             "id": name,
             "object": "model",
@@ -232,7 +232,7 @@ def plan_chat_completion(body: dict[str, Any], served: ServedModel) -> PlannedRe
     total_usage = usage(prompt_tokens, max_tokens)
     if body.get("stream"):
         return PlannedResponse(events=stream_chat(header, tokens, total_usage, body))
-    message = {
+    message: dict[str, Any] = {
         "role": "assistant",
         "content": " ".join(tokens),
         "reasoning_content": None,
