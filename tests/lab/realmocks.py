@@ -320,9 +320,16 @@ def run_over_ssh(
 
 
 def command_failure(
-    connection: SshConnection, command: str, result: RemoteResult, what: str
+    connection: SshConnection,
+    command: str,
+    result: RemoteResult,
+    what: str,
+    logging_mode: str | None = None,
 ) -> Exception:
-    """An error worded like pulumi-command's, with the output tails that show the real cause."""
+    """An error worded like pulumi-command's, with the output tails that show the real cause.
+
+    Only the streams the command's `logging` input allows are shown: a program that turns logging
+    off for a stream does so because it may carry secrets."""
     if result.is_ssh_failure:
         hint = ""
         if "Host key verification failed" in result.stderr:
@@ -332,9 +339,13 @@ def command_failure(
             f"{what}: ssh: cannot connect to {connection.target.address}{via}{hint}: "
             f"{tail(result.stderr, 10)}"
         )
+    mode = logging_mode or "stdoutAndStderr"
+    hidden = f"(not shown: the command's logging is {mode})"
+    stdout = tail(result.stdout) if mode in ("stdout", "stdoutAndStderr") else hidden
+    stderr = tail(result.stderr) if mode in ("stderr", "stdoutAndStderr") else hidden
     return RuntimeError(
         f"{what}: Process exited with status {result.exit_code}: running {short(command)!r}:\n"
-        f"stdout (tail):\n{tail(result.stdout)}\nstderr (tail):\n{tail(result.stderr)}"
+        f"stdout (tail):\n{stdout}\nstderr (tail):\n{stderr}"
     )
 
 
@@ -753,7 +764,8 @@ class RealMocks(pulumi.runtime.Mocks):
         outputs = dict(inputs)
         if create:
             stdin = unwrap_secrets(inputs.get("stdin"))
-            result = self._run_command(connection, str(create), stdin, what)
+            logging_mode = unwrap_secrets(inputs.get("logging"))
+            result = self._run_command(connection, str(create), stdin, what, logging_mode)
             outputs.update(
                 stdout=result.stdout.removesuffix("\n"), stderr=result.stderr.removesuffix("\n")
             )
@@ -766,7 +778,12 @@ class RealMocks(pulumi.runtime.Mocks):
         return command_id, outputs
 
     def _run_command(
-        self, connection: SshConnection, command: str, stdin: str | None, what: str
+        self,
+        connection: SshConnection,
+        command: str,
+        stdin: str | None,
+        what: str,
+        logging_mode: str | None,
     ) -> RemoteResult:
         warnings: list[str] = []
         try:
@@ -774,7 +791,7 @@ class RealMocks(pulumi.runtime.Mocks):
         finally:
             self._warn(what, warnings)
         if result.exit_code != 0:
-            raise command_failure(connection, command, result, what)
+            raise command_failure(connection, command, result, what, logging_mode)
         return result
 
     def _create_remote_image(
@@ -1006,7 +1023,8 @@ def teardown_entry(entry: JournalEntry, command_timeout_s: float) -> None:
             stdin = unwrap_secrets(entry.inputs.get("stdin"))
             result = run_over_ssh(connection, str(delete), stdin, command_timeout_s, [])
             if result.exit_code != 0:
-                raise command_failure(connection, str(delete), result, "delete")
+                logging_mode = unwrap_secrets(entry.inputs.get("logging"))
+                raise command_failure(connection, str(delete), result, "delete", logging_mode)
     elif entry.type == TYPE_CONTAINER and entry.docker_host is not None:
         remove_container(entry.docker_host, entry)
     elif entry.type == TYPE_REMOTE_IMAGE and entry.docker_host is not None:
@@ -1148,9 +1166,21 @@ def program_imports(program_dir: Path) -> Iterator[None]:
         with contextlib.suppress(ValueError):
             sys.path.remove(str(program_dir))
         for module_name in set(sys.modules) - before:
-            module_file = getattr(sys.modules[module_name], "__file__", None) or ""
-            if module_file.startswith(str(program_dir) + os.sep):
+            if is_program_module(getattr(sys.modules[module_name], "__file__", None), program_dir):
                 del sys.modules[module_name]
+
+
+def is_program_module(module_file: str | None, program_dir: Path) -> bool:
+    """A module of the program itself, not of an installed package: the project's venv usually
+    lives inside the program directory, and re-importing the SDKs breaks their registrations
+    ("Cannot re-register package command@...")."""
+    if not module_file:
+        return False
+    path = Path(module_file).resolve()
+    installed_roots = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if any(path.is_relative_to(root) for root in installed_roots):
+        return False
+    return path.is_relative_to(program_dir) and "site-packages" not in path.parts
 
 
 def current_event_loop() -> asyncio.AbstractEventLoop | None:

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -572,6 +573,22 @@ def test_every_container_of_the_real_program_translates(
         )
     for registration in evaluation.by_type(realmocks.TYPE_DOCKER_PROVIDER):
         realmocks.docker_host_from_provider_inputs(registration.inputs, registration.name)
+
+
+def test_failure_message_shows_only_the_streams_logging_allows() -> None:
+    connection = realmocks.connection_from_inputs({"host": "h"}, "t")
+    result = realmocks.RemoteResult(2, "secret-out", "plain-err")
+    message = str(realmocks.command_failure(connection, "cmd", result, "t", "stderr"))
+    assert "Process exited with status 2" in message
+    assert "plain-err" in message and "secret-out" not in message
+
+
+def test_only_the_programs_own_modules_are_forgotten_between_runs() -> None:
+    program_dir = Path(sys.prefix).resolve().parent  # the project holding this venv
+    sdk_file = pulumi.__file__
+    assert not realmocks.is_program_module(sdk_file, program_dir)
+    assert realmocks.is_program_module(str(program_dir / "stacks" / "config.py"), program_dir)
+    assert not realmocks.is_program_module(None, program_dir)
 
 
 def test_command_environment_is_refused_because_sshd_drops_it() -> None:
