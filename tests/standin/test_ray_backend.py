@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +81,21 @@ def test_driver_ip_that_is_no_ray_node_fails_within_the_timeout(
     assert "No available node types can fulfill resource request" in server.log
     assert f"'node:{UNASSIGNED_IP}'" in server.log
     assert "alive node IPs: [" in server.log
+
+
+def test_sigterm_during_the_placement_wait_exits_promptly(
+    local_ray: LocalRay, standin: StandinFactory
+) -> None:
+    env = ray_env(local_ray, VLLM_HOST_IP=UNASSIGNED_IP, VLLM_STANDIN_PLACEMENT_TIMEOUT="60")
+    server = standin(TINY_MODEL, *ray_serve_args(2), env=env)
+    deadline = time.monotonic() + FAST_FAILURE_S
+    while "Waiting for creating a placement group" not in server.log:
+        assert time.monotonic() < deadline, server.log
+        assert server.process is not None and server.process.poll() is None, server.log
+        time.sleep(0.3)
+    assert server.process is not None
+    server.process.terminate()
+    assert server.wait_exit(5) == 0
 
 
 def test_snapshot_missing_on_a_rank_names_its_node(

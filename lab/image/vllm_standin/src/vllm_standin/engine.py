@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from typing import Any, Protocol
 
@@ -29,6 +31,10 @@ class StartupError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """A rank stopped answering after start-up (vLLM: EngineDeadError)."""
+
+
+class TerminationRequested(Exception):
+    """SIGTERM/SIGINT arrived during start-up; start-up stops at its next check (within ~1 s)."""
 
 
 class Engine(Protocol):
@@ -113,9 +119,14 @@ class SingleProcessEngine:
 
 
 class RayEngine:
-    def __init__(self, config: ServeConfig, driver_snapshot: SnapshotReport) -> None:
+    def __init__(
+        self, config: ServeConfig, driver_snapshot: SnapshotReport, stop_requested: threading.Event
+    ) -> None:
         self.config = config
         self.driver_snapshot = driver_snapshot
+        # Set by the signal handler. Handlers must not raise: an exception raised while Ray's
+        # C++ code waits comes back as SystemError, so waits are sliced and check this instead.
+        self.stop_requested = stop_requested
         self.ranks: list[RankReport] = []
         self.actors: list[Any] = []
         self.placement_group: Any = None
@@ -128,6 +139,9 @@ class RayEngine:
                 "RAY_ADDRESS is not set: ray.init() will start a private local Ray instance "
                 "instead of joining the cluster."
             )
+        # ray.init() installs its own SIGTERM handler (logs a stack, exits 1); keep the caller's
+        # so that `docker stop` during a long placement wait is an orderly, prompt exit.
+        callers_sigterm = signal.getsignal(signal.SIGTERM)
         try:
             ray.init()
         except Exception as error:  # Ray raises ConnectionError, RuntimeError, ...
@@ -135,6 +149,9 @@ class RayEngine:
                 f"Cannot join the Ray cluster (RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r}): "
                 f"{type(error).__name__}: {str(error)[:2000]}"
             ) from None
+        finally:
+            signal.signal(signal.SIGTERM, callers_sigterm)
+        self.raise_if_stopping()
         self.check_cluster_has_enough_gpus()
         driver_ip = os.environ.get("VLLM_HOST_IP") or detect_node_ip()
         self.check_driver_node_has_gpu(driver_ip)
@@ -145,6 +162,10 @@ class RayEngine:
         log_ranks(self.ranks)
         check_driver_and_unique_ips(self.ranks, driver_ip)
         validate_ranks(self.ranks, self.driver_snapshot)
+
+    def raise_if_stopping(self) -> None:
+        if self.stop_requested.is_set():
+            raise TerminationRequested("termination requested during start-up")
 
     def check_cluster_has_enough_gpus(self) -> None:
         import ray
@@ -196,6 +217,7 @@ class RayEngine:
             if remaining <= 0:
                 break
             ready, _ = ray.wait([ready_ref], timeout=min(1.0, remaining))
+            self.raise_if_stopping()
             if ready:
                 logger.info("Placement group ready after %.1f s", time.monotonic() - started)
                 return
@@ -257,13 +279,16 @@ class RayEngine:
         import ray
 
         refs = [actor.describe.remote() for actor in self.actors]
-        try:
-            return list(ray.get(refs, timeout=self.config.worker_start_timeout_s))
-        except ray.exceptions.GetTimeoutError:
-            raise StartupError(
-                f"Ray workers did not start within {self.config.worker_start_timeout_s:g} s "
-                f"(VLLM_STANDIN_WORKER_START_TIMEOUT); alive node IPs: {alive_node_ips()}"
-            ) from None
+        deadline = time.monotonic() + self.config.worker_start_timeout_s
+        while time.monotonic() < deadline:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+            self.raise_if_stopping()
+            if not pending:
+                return list(ray.get(refs))
+        raise StartupError(
+            f"Ray workers did not start within {self.config.worker_start_timeout_s:g} s "
+            f"(VLLM_STANDIN_WORKER_START_TIMEOUT); alive node IPs: {alive_node_ips()}"
+        )
 
     def check_alive(self, timeout_s: float) -> None:
         import ray
@@ -311,9 +336,11 @@ def check_driver_and_unique_ips(ranks: list[RankReport], driver_ip: str) -> None
         )
 
 
-def build_engine(config: ServeConfig, driver_snapshot: SnapshotReport) -> Engine:
+def build_engine(
+    config: ServeConfig, driver_snapshot: SnapshotReport, stop_requested: threading.Event
+) -> Engine:
     if config.executor_backend == "ray":
-        return RayEngine(config, driver_snapshot)
+        return RayEngine(config, driver_snapshot, stop_requested)
     if config.executor_backend == "external_launcher":
         raise StartupError(
             "distributed_executor_backend='external_launcher' is for torchrun-launched offline "

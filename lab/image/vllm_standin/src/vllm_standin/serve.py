@@ -12,7 +12,13 @@ import types
 
 from vllm_standin import BANNER, VERSION
 from vllm_standin.config import ServeConfig
-from vllm_standin.engine import Engine, EngineDeadError, StartupError, build_engine
+from vllm_standin.engine import (
+    Engine,
+    EngineDeadError,
+    StartupError,
+    TerminationRequested,
+    build_engine,
+)
 from vllm_standin.http_api import ServerState, StandinServer
 from vllm_standin.model_files import measure_snapshot, read_max_position_embeddings
 from vllm_standin.openai_api import ServedModel
@@ -22,16 +28,16 @@ DEFAULT_MAX_MODEL_LEN = 4096
 RAY_SHUTDOWN_GRACE_S = 3.0
 
 
-class TerminationRequested(BaseException):
-    """SIGTERM/SIGINT: unwinds whatever the main thread is doing (Ray waits included)."""
+STOP_REQUESTED = threading.Event()  # set by SIGTERM/SIGINT; every wait in this process polls it
+STOP_POLL_S = 0.2
 
 
 def request_termination(signum: int, frame: types.FrameType | None) -> None:
-    raise TerminationRequested(signal.Signals(signum).name)
+    logger.info("Received %s, shutting down.", signal.Signals(signum).name)
+    STOP_REQUESTED.set()
 
 
 def install_signal_handlers() -> None:
-    # Re-installed after ray.init(), which may install its own SIGTERM handler.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, request_termination)
 
@@ -82,7 +88,7 @@ def start_engine(config: ServeConfig) -> tuple[Engine, int]:
         )
     max_model_len = resolve_max_model_len(config, driver_snapshot.path)
     logger.info("Using max model len %d", max_model_len)
-    engine = build_engine(config, driver_snapshot)
+    engine = build_engine(config, driver_snapshot, STOP_REQUESTED)
     engine.start()
     return engine, max_model_len
 
@@ -106,11 +112,17 @@ def serve_until_stopped(config: ServeConfig, engine: Engine, server: StandinServ
     uvicorn.info("Waiting for application startup.")
     uvicorn.info("Application startup complete.")
     state = server.state
-    while not state.engine_dead.wait(config.health_interval_s):
+    next_check = time.monotonic() + config.health_interval_s
+    while not state.engine_dead.is_set():
+        if STOP_REQUESTED.wait(STOP_POLL_S):
+            return 0
+        if time.monotonic() < next_check:
+            continue
         try:
             engine.check_alive(config.health_timeout_s)
         except EngineDeadError as error:
             state.mark_dead(str(error))
+        next_check = time.monotonic() + config.health_interval_s
     logger.error("%s", state.dead_reason)
     logger.error("Engine is dead; the API server exits so that its container stops.")
     return 1
@@ -138,7 +150,6 @@ def run_serve(config: ServeConfig) -> int:
     try:
         server = bind_server(config)
         engine, max_model_len = start_engine(config)
-        install_signal_handlers()
         rank_ips = tuple(report.node_ip for report in engine.ranks)
         served = ServedModel(
             config.model, config.served_model_names, max_model_len, rank_ips, int(time.time())
@@ -155,8 +166,7 @@ def run_serve(config: ServeConfig) -> int:
         logger.error("%s", error)
         logger.error("Engine core initialization failed. See root cause above.")
         exit_code = 1
-    except TerminationRequested as signal_name:
-        logger.info("Received %s, shutting down.", signal_name)
+    except TerminationRequested:
         exit_code = 0
     finally:
         shutdown_quietly(engine, server)
