@@ -147,7 +147,7 @@ class RayEngine:
         except Exception as error:  # Ray raises ConnectionError, RuntimeError, ...
             raise StartupError(
                 f"Cannot join the Ray cluster (RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r}): "
-                f"{type(error).__name__}: {str(error)[:2000]}"
+                f"{describe_error_chain(error)}.{local_raylet_hint()}"
             ) from None
         finally:
             signal.signal(signal.SIGTERM, callers_sigterm)
@@ -308,6 +308,34 @@ class RayEngine:
 
         if ray.is_initialized():
             ray.shutdown()
+
+
+def describe_error_chain(error: BaseException) -> str:
+    """The error and its causes, one clause each: Ray's top-level message hides the cause."""
+    clauses = []
+    current: BaseException | None = error
+    while current is not None and len(clauses) < 4:
+        first_line = (str(current).strip().splitlines() or [""])[0][:500]
+        clauses.append(f"{type(current).__name__}: {first_line}")
+        current = current.__cause__ or current.__context__
+    return " <- ".join(clauses)
+
+
+def local_raylet_hint() -> str:
+    """Ray drivers find their node's raylet by scanning local processes (ray 2.5x+)."""
+    try:
+        from ray._private.services import find_node_ids
+
+        if find_node_ids():
+            return ""
+    except Exception:  # a private Ray API: no hint rather than a second failure
+        return ""
+    return (
+        " No raylet process is visible from this process: a Ray driver looks for its node's "
+        "raylet among local processes, so it must share the PID namespace of the node's Ray "
+        "container (e.g. run inside it, or docker --pid=container:<ray container>) as well as "
+        "its /tmp/ray."
+    )
 
 
 def alive_node_ips() -> list[str]:
