@@ -12,6 +12,17 @@ Python language host runs it, and returns the resolved stack outputs.
 
 Secrets (private keys, passwords, stdin) never go on a command line, into a log or into an
 exception message: keys are written to 0600 files, stdin is streamed, env values go through a file.
+A failing command's message shows only the output streams its `logging` input allows.
+
+    mocks = RealMocks()                       # command_timeout_s, must_run_settle_s
+    outputs = run_program(Path("."), "spark-vllm", "lab", config, ["apiKey"], mocks)
+    outputs["endpointUrl"], outputs.secret_names
+    mocks.journal, mocks.warnings, mocks.program_log
+    mocks.teardown()                          # or teardown(journal); raises TeardownError
+
+Limits: creates only (no update, diff, refresh or replace); no invokes; docker only over ssh://;
+no password or encrypted-key auth; Pulumi's customTimeouts are not visible here, so every remote
+command is bounded by `command_timeout_s` (env REALMOCKS_COMMAND_TIMEOUT, default 20 min).
 """
 
 from __future__ import annotations
