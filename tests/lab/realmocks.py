@@ -695,7 +695,7 @@ class JournalEntry:
     inputs: dict[str, Any] = field(repr=False)
     outputs: dict[str, Any] = field(repr=False)
     docker_host: DockerHost | None = None
-    resource_id: str = ""
+    resource_id: str = ""  # the id new_resource returned ("" for a container that never started)
 
 
 class TeardownError(Exception):
@@ -784,7 +784,14 @@ class RealMocks(pulumi.runtime.Mocks):
             outputs.update(stdout="", stderr="")
         command_id = f"{args.name}-{uuid.uuid4().hex[:12]}"
         self._record(
-            JournalEntry(args.typ, args.name, f"{args.typ}::{args.name}", dict(inputs), outputs)
+            JournalEntry(
+                args.typ,
+                args.name,
+                f"{args.typ}::{args.name}",
+                dict(inputs),
+                outputs,
+                resource_id=command_id,
+            )
         )
         return command_id, outputs
 
@@ -833,12 +840,19 @@ class RealMocks(pulumi.runtime.Mocks):
             "imageId": image["Id"],
             "repoDigest": repo_digests[0] if repo_digests else "",
         }
+        image_resource_id = f"{image['Id']}{name}"  # the provider's id: image id + name
         self._record(
             JournalEntry(
-                args.typ, args.name, f"{args.typ}::{args.name}", dict(inputs), outputs, docker_host
+                args.typ,
+                args.name,
+                f"{args.typ}::{args.name}",
+                dict(inputs),
+                outputs,
+                docker_host,
+                resource_id=image_resource_id,
             )
         )
-        return f"{image['Id']}{name}", outputs
+        return image_resource_id, outputs
 
     def _create_container(
         self, args: pulumi.runtime.MockResourceArgs, what: str
@@ -958,7 +972,8 @@ class RealMocks(pulumi.runtime.Mocks):
             entries = list(self.journal)
         teardown(entries, self.command_timeout_s)
         with self._lock:
-            self.journal = [entry for entry in self.journal if entry not in entries]
+            done = {id(entry) for entry in entries}
+            self.journal = [entry for entry in self.journal if id(entry) not in done]
 
 
 def run_docker_with_env_file(

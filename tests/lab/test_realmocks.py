@@ -407,6 +407,7 @@ def test_program_deploys_for_real_and_teardown_undoes_it(deployment: Deployment)
     journal = deployment.mocks.journal
     types = [entry.type for entry in journal]
     assert types.index(realmocks.TYPE_COMMAND) < types.index(realmocks.TYPE_CONTAINER)
+    assert all(entry.resource_id for entry in journal)  # what new_resource returned, for reuse
     marker_entry = next(entry for entry in journal if entry.name == "marker")
     assert realmocks.is_secret(marker_entry.outputs["stdin"])  # secrets stay wrapped in state
     assert realmocks.is_secret(marker_entry.outputs["connection"])
