@@ -21,7 +21,8 @@ SCRIPTS_MOUNT = "/spark-vllm/bin"
 def service_container_args(
     plan: DeploymentPlan, node: NodePlan, role: str, image_id: pulumi.Input[str]
 ) -> dict[str, Any]:
-    """Host network and IPC, --init, unlimited memlock, GPUs, the HF cache and Ray's session dir.
+    """Host network and IPC, --init, GPUs, RDMA (memlock, devices) when the node has HCAs, the
+    HF cache and Ray's session dir.
 
     Restarts are bounded (on-failure, docker.maxRestarts): a crash loop ends as a stopped
     container that the wait steps and `pulumi refresh` report, instead of eating unified memory.
@@ -37,7 +38,6 @@ def service_container_args(
         "restart": "on-failure",
         "max_retry_count": cfg.docker.max_restarts,
         "must_run": True,
-        "ulimits": [docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1)],
         "mounts": [
             _bind(cfg.model.cache_dir, CONTAINER_HF_HOME),
             _bind(node.ray_dir, CONTAINER_RAY_DIR),
@@ -57,6 +57,8 @@ def service_container_args(
     if cfg.docker.shm_size_mb is not None:
         args["shm_size"] = cfg.docker.shm_size_mb
     if node.rdma_hcas:
+        # RoCE needs pinned memory and the verbs devices; without HCAs NCCL uses sockets.
+        args["ulimits"] = [docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1)]
         args["devices"] = [
             docker.ContainerDeviceArgs(
                 host_path="/dev/infiniband", container_path="/dev/infiniband"

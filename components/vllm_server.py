@@ -61,6 +61,9 @@ class VllmServer(pulumi.ComponentResource):
                 value=api_key.apply(_sha256),  # stays secret: derived from a secret
             ),
         ]
+        # The driver finds its node's raylet among the processes it can see (Ray 2.x): share the
+        # Ray head container's PID namespace, as well as its network, IPC and session dir.
+        settings["pid_mode"] = f"container:{plan.container_name('ray-head')}"
         launcher = (SCRIPTS_DIR / "vllm-launcher.sh").read_text()
         self.container = docker.Container(
             f"{name}-container",
@@ -90,8 +93,7 @@ class VllmServer(pulumi.ComponentResource):
                 nodes=log_specs(plan, include_vllm=True),
                 **args.fabric.flags,
             ),
-            stdin=api_key,
-            logging=remote.Logging.STDOUT,
+            stdin=api_key,  # read by the script, never printed: its diagnostics can be shown
             add_previous_output_in_env=False,
             triggers=[self.container.id],
             opts=pulumi.ResourceOptions(

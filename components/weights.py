@@ -51,9 +51,9 @@ class ModelWeights(pulumi.ComponentResource):
                 revision=model.revision,
                 timeout_minutes=minutes,
             ),
+            # The token is read by the script and never printed (errors mask it), so its
+            # diagnostics can be shown; progress bars are turned off in the container.
             stdin=args.hf_token if args.hf_token is not None else "",
-            # The token never reaches the output, but progress lines are noise: log stdout only.
-            logging=remote.Logging.STDOUT,
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self,

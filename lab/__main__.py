@@ -7,14 +7,17 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from lab.core import Lab
 from lab.proc import LabError
 from lab.spec import DEFAULT_CACHE_DIR, DEFAULT_STATE_DIR, LabSpec, SpecError
+from lab.stack import stack_config
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
-    p.add_argument("command", choices=("up", "down", "status"))
+    p.add_argument("command", choices=("up", "down", "status", "stack-config"))
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--topology", choices=("bastion", "jump"), default="bastion")
     p.add_argument("--prefix", default="svl", help="short run prefix for netns/ifnames/cgroups")
@@ -58,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             info = lab.up()
             print(info.to_json(), end="")
             print(f"lab up: ssh -F {info.ssh_config} {info.head.name}", file=sys.stderr)
+        elif args.command == "stack-config":
+            # For other lab shapes: python -m lab stack-config --hosts 3 > Pulumi.lab3.yaml
+            print(yaml.safe_dump({"config": stack_config(lab.spec)}, sort_keys=False), end="")
         elif args.command == "down":
             lab.down()
             print(f"lab down: {args.state_dir}", file=sys.stderr)

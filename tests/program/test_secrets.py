@@ -50,7 +50,6 @@ def test_tokens_travel_as_secret_stdin(evaluation: Evaluation) -> None:
         stdin = evaluation.named(name).inputs["stdin"]
         assert is_secret(stdin) and stdin["value"] == SECRETS["apiKey"]
     assert evaluation.named("vllm-api-key").inputs["logging"] == "none"
-    assert evaluation.named("weights-fetch").inputs["logging"] == "stdout"
 
 
 def test_the_ssh_key_is_a_secret_in_every_connection(evaluation: Evaluation) -> None:

@@ -1,0 +1,64 @@
+"""The spark-vllm stack configuration that deploys onto a lab (what Pulumi.lab.yaml holds).
+
+Derived from the LabSpec alone, so the committed Pulumi.lab.yaml can be checked against the lab's
+defaults, and tests can deploy onto labs with other subnets, sizes and topologies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.spec import HF_MODEL, HF_REVISION, IMAGE_NAME, LabSpec
+
+PROJECT = "spark-vllm"
+LAB_USER = "root"
+SERVED_NAME = "tiny-chat"
+
+
+def stack_config(spec: LabSpec) -> dict[str, Any]:
+    """`Pulumi.<stack>.yaml` config (namespaced keys) for the lab `spec` describes."""
+    config: dict[str, Any] = {}
+    if spec.topology == "bastion":
+        config["bastion"] = {"address": spec.outside_far_ip, "user": LAB_USER}
+    config["hosts"] = [_host(spec, index) for index in range(spec.hosts)]
+    config["ssh"] = {
+        "privateKeyPath": str(spec.state_dir / "id_ed25519"),
+        "knownHostsFile": str(spec.state_dir / "known_hosts"),
+    }
+    config["image"] = {"ref": IMAGE_NAME, "keepOnDestroy": True}
+    config["model"] = {
+        "id": HF_MODEL,
+        "revision": HF_REVISION,
+        "servedName": SERVED_NAME,
+        "cacheDir": "/root/.cache/huggingface",
+    }
+    config["vllm"] = {"port": 8000, "tensorParallelSize": spec.hosts, "maxModelLen": 2048}
+    config["ray"] = {"objectStoreMemoryBytes": 200_000_000}
+    config["docker"] = {"requestGpus": False, "maxRestarts": 2}
+    config["preflight"] = {
+        "unifiedMemory": False,
+        "minFreeMemoryGib": 1,
+        "minFreeDiskGib": 2,
+        "requireNvidiaRuntime": False,
+    }
+    config["timeouts"] = {
+        "rayJoinSeconds": 120,
+        "vllmReadySeconds": 240,
+        "imageTransferMinutes": 10,
+        "weightsTransferMinutes": 10,
+    }
+    return {f"{PROJECT}:{key}": value for key, value in config.items()}
+
+
+def _host(spec: LabSpec, index: int) -> dict[str, Any]:
+    """Bastion topology: every host through the bastion on mgmt. Jump topology (the seeds'):
+    the head on the outside link, each worker through the head at its fabric address."""
+    host: dict[str, Any] = {"name": spec.host_names[index]}
+    if spec.topology == "bastion":
+        host.update(address=spec.host_mgmt_ip(index), user=LAB_USER, via="bastion")
+    elif index == 0:
+        host.update(address=spec.outside_far_ip, user=LAB_USER)
+    else:
+        host.update(address=spec.host_fabric_ip(index), user=LAB_USER, via=spec.host_names[0])
+    host.update(fabricInterface=spec.fabric_ifname(index), fabricIp=spec.host_fabric_ip(index))
+    return host
