@@ -146,7 +146,16 @@ def dockerd() -> Iterator[str]:
     finally:
         stop_process(process)
         log.close()
+        unmount_below(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def unmount_below(root: Path) -> None:
+    """dockerd leaves its default netns bind-mounted under the exec root after it stops."""
+    mount_points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mount_point in sorted(mount_points, key=len, reverse=True):
+        if mount_point.startswith(f"{root}/"):
+            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="module")
