@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulumi
 
@@ -36,9 +37,11 @@ class Settings:
 
 def load_settings() -> Settings:
     config = pulumi.Config()
-    raw = {key: config.get_object(key) for key in CONFIG_KEYS}
+    raw, problems = _structured_values(config)
     try:
-        stack_config = parse_stack_config({k: v for k, v in raw.items() if v is not None})
+        if problems:
+            raise ConfigError("\n".join(problems))
+        stack_config = parse_stack_config(raw)
     except ConfigError as error:
         raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
     project, stack = pulumi.get_project(), pulumi.get_stack()
@@ -50,3 +53,20 @@ def load_settings() -> Settings:
         api_key=config.get_secret("apiKey"),
         local_dir=base / f"{project}-{stack}",
     )
+
+
+def _structured_values(config: pulumi.Config) -> tuple[dict[str, Any], list[str]]:
+    """Each set key parsed as YAML/JSON structure; a plain text where a structure belongs is a
+    problem to report, not a crash."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for key in CONFIG_KEYS:
+        try:
+            value = config.get_object(key)
+        except pulumi.ConfigTypeError:
+            shape = "a list of hosts" if key == "hosts" else "a mapping of settings"
+            problems.append(f"{key}: must be {shape}, not the text {config.get(key)!r}")
+            continue
+        if value is not None:
+            values[key] = value
+    return values, problems

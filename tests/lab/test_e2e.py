@@ -79,16 +79,18 @@ def lab_config(lab: Lab) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab_bastion: Lab) -> Iterator[Deployment]:
+def deployed(lab_factory: Callable[..., Lab]) -> Iterator[Deployment]:
+    # A lab of its own: the infra tests expect the shared lab untouched (image on the head only).
+    lab = lab_factory("e2e", hosts=2, topology="bastion")
     mocks = RealMocks()
     started = time.monotonic()
     try:
-        outputs = deploy(lab_bastion, mocks, lab_config(lab_bastion))
+        outputs = deploy(lab, mocks, lab_config(lab))
     except BaseException:
         mocks.teardown()
         raise
     record_timing("e2e first up (bastion, 2 hosts)", time.monotonic() - started)
-    deployment = Deployment(lab_bastion, mocks, outputs)
+    deployment = Deployment(lab, mocks, outputs)
     yield deployment
     deployment.mocks.teardown()  # idempotent: empty after the teardown test ran
 

@@ -63,6 +63,8 @@ CASES = [
      "vllm.extraArgs[0]: --api-key is managed by spark-vllm; set the apiKey secret instead"),
     ("derived env", lambda c: {**c, "vllm": {**c["vllm"], "env": {"GLOO_SOCKET_IFNAME": "lo"}}},
      "vllm.env.GLOO_SOCKET_IFNAME: is derived per node"),
+    ("hosts as text", lambda c: {**c, "hosts": "spark1"},
+     "hosts: must be a list of hosts, not the text 'spark1'"),
     ("no hosts", lambda c: {**c, "hosts": []},
      "hosts: List should have at least 1 item"),
     ("missing image", lambda c: {k: v for k, v in c.items() if k != "image"},
