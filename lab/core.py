@@ -585,13 +585,15 @@ def lab_routes(spec: LabSpec) -> list[str]:
 
 def lab_processes(spec: LabSpec) -> list[int]:
     """Processes whose command line names the lab's state dir (its sshd, dockerd, ssh masters)."""
-    marker = str(spec.state_dir).encode()
+    # The dir as a whole path component: /x/s0-jump must not match /x/s0-jump3's processes.
+    markers = tuple(str(spec.state_dir).encode() + end for end in (b"/", b"\0", b" ", b":"))
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
-            if marker in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if any(marker in cmdline for marker in markers):
                 found.append(int(proc.name))
     return found
 

@@ -239,7 +239,7 @@ def test_the_seeds_topology_with_three_hosts(lab_factory: Callable[..., Lab]) ->
     """No bastion: this machine reaches only the head; workers only through the head. Three
     hosts with different fabric interface names, TP x PP = 3."""
     lab = lab_factory(
-        "jump3",
+        "seeds3",
         hosts=3,
         topology="jump",
         fabric_ifnames=("enp1s0f1np1", "enP2p1s0f1np1", "fab0"),
