@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -175,7 +176,7 @@ def start_init(spec: LabSpec, node: Node) -> int:
         "private",
         "--",
         "/bin/bash",
-        str(SCRIPTS_DIR / "host-init.sh"),
+        str(host_visible_script(node, "host-init.sh")),
         node.name,
         str(node.hostdir),
         spec.shm_size,
@@ -213,10 +214,18 @@ def in_host(pid: int, argv: list[str]) -> list[str]:
 # -- daemons ------------------------------------------------------------------------------------
 
 
+def host_visible_script(node: Node, name: str) -> Path:
+    """A copy of lab/scripts/<name> in the host's own dir: the checkout may live under a path
+    every host hides (a clone under /tmp), while the state dir never does (LabSpec checks it)."""
+    copy = node.hostdir / name
+    shutil.copyfile(SCRIPTS_DIR / name, copy)
+    return copy
+
+
 def start_daemons(node: Node, pid: int) -> None:
     argv = [
         "/bin/bash",
-        str(SCRIPTS_DIR / "host-daemons.sh"),
+        str(host_visible_script(node, "host-daemons.sh")),
         str(node.hostdir),
         "1" if node.with_docker else "0",
         node.cgroup_parent,
