@@ -19,7 +19,7 @@ class ModelWeightsArgs:
     head: Host
     workers: list[Host]
     fabric: FabricAccess
-    head_image_ready: pulumi.Resource  # the fetch runs huggingface_hub from the serving image
+    image_ready: dict[str, pulumi.Resource]  # per node; the fetch runs the serving image
     hf_token: pulumi.Output[str] | None
 
 
@@ -57,7 +57,7 @@ class ModelWeights(pulumi.ComponentResource):
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[args.head_image_ready],
+                depends_on=[args.image_ready[head.node.name]],
                 custom_timeouts=pulumi.CustomTimeouts(create=f"{minutes + 5}m"),
             ),
         )
@@ -85,7 +85,8 @@ class ModelWeights(pulumi.ComponentResource):
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(
                     parent=self,
-                    depends_on=[fetch, worker.scripts, *args.fabric.ready],
+                    # One transfer at a time per worker: both saturate the same fabric link.
+                    depends_on=[fetch, worker.scripts, args.image_ready[node.name]],
                     custom_timeouts=pulumi.CustomTimeouts(create=f"{minutes + 5}m"),
                 ),
             )

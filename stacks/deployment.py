@@ -81,9 +81,7 @@ def build_deployment(settings: Settings) -> Deployment:
     image = ImageDistribution("image", ImageDistributionArgs(plan, head, workers, trust.access))
     weights = ModelWeights(
         "weights",
-        ModelWeightsArgs(
-            plan, head, workers, trust.access, image.ready[head.node.name], settings.hf_token
-        ),
+        ModelWeightsArgs(plan, head, workers, trust.access, image.ready, settings.hf_token),
     )
     ray = RayCluster(
         "ray", RayClusterArgs(plan, head, workers, image.image_id, image.ready, trust.access)

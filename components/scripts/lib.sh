@@ -56,9 +56,11 @@ fabric_ssh() {
 
 # check_fabric_ssh DEST: fail clearly when the head cannot open a session to a worker.
 check_fabric_ssh() {
-  local out
-  if ! out="$(fabric_ssh "$1" true 2>&1)"; then
-    fail "the head cannot SSH to $1 over the fabric: ${out//$'\n'/ }" \
+  local out status=0
+  out="$(fabric_ssh "$1" true 2>&1)" || status=$?
+  if [ "$status" -ne 0 ]; then
+    out="${out//$'\n'/ }"
+    fail "the head cannot SSH to $1 over the fabric: ${out:-no answer} (ssh exit $status)" \
       "the worker's sshd is down or not listening on its fabric IP, the fabric link is down, or the fabric trust (key/known host) is missing"
   fi
 }

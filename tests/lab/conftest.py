@@ -109,16 +109,11 @@ def lab_bastion(lab_factory: Callable[..., Lab]) -> Lab:
     return lab_factory("bastion", hosts=2, topology="bastion")
 
 
-# How long the end-to-end runs took, printed at the end of the session (CI logs keep it).
-_TIMINGS: list[tuple[str, float]] = []
-
-
-def record_timing(what: str, seconds: float) -> None:
-    _TIMINGS.append((what, seconds))
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _TIMINGS:
+    """How long the end-to-end runs took (CI logs keep it)."""
+    from tests.lab.timings import TIMINGS
+
+    if TIMINGS:
         terminalreporter.section("lab timings")
-        for what, seconds in _TIMINGS:
+        for what, seconds in TIMINGS:
             terminalreporter.write_line(f"{what}: {seconds:.1f} s")

@@ -976,6 +976,42 @@ class RealMocks(pulumi.runtime.Mocks):
             self.journal = [entry for entry in self.journal if id(entry) not in done]
 
 
+class FollowUpRun(RealMocks):
+    """The next `pulumi up --refresh` after `previous` (which may have failed part-way).
+
+    Containers and images whose inputs did not change are kept as they are, as Pulumi's diff
+    would, unless the refresh finds the container stopped or gone (`mustRun`): then it is
+    replaced. Every command runs again, which also proves each one idempotent. The journal then
+    holds the whole stack, so `teardown()` of this run undoes both runs."""
+
+    def __init__(self, previous: RealMocks, **options: Any) -> None:
+        super().__init__(**options)
+        self.kept_count = 0
+        self.replaced: list[str] = []
+        self._previous = {(e.type, e.name): e for e in previous.journal}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        previous = self._previous.get((args.typ, args.name))
+        if previous is not None and previous.inputs == args.inputs:
+            if args.typ == TYPE_REMOTE_IMAGE or (
+                args.typ == TYPE_CONTAINER and self._still_running(previous)
+            ):
+                self._record(previous)
+                self.kept_count += 1
+                return previous.resource_id, previous.outputs
+            if args.typ == TYPE_CONTAINER and previous.docker_host is not None:
+                remove_container(previous.docker_host, previous)
+                self.replaced.append(args.name)
+        return super().new_resource(args)
+
+    @staticmethod
+    def _still_running(entry: JournalEntry) -> bool:
+        if entry.docker_host is None:
+            return False
+        state = inspect_container(entry.docker_host, entry.resource_id)
+        return bool(state and state["State"]["Running"])
+
+
 def run_docker_with_env_file(
     docker_host: DockerHost, docker_args: list[str], env_text: str, prelude: str
 ) -> RemoteResult:

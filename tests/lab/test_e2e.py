@@ -8,59 +8,28 @@ Docker, Ray, the image transfer and the weights copy are real.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from lab import Lab
-from lab import client as lab_client
-from lab.stack import PROJECT, SERVED_NAME, stack_config
-from tests.lab.conftest import record_timing
-from tests.lab.realmocks import (
-    TYPE_CONTAINER,
-    TYPE_REMOTE_IMAGE,
-    JournalEntry,
-    RealMocks,
-    StackOutputs,
-    run_program,
+from lab.stack import SERVED_NAME
+from tests.lab.deploying import (
+    API_KEY,
+    PREFIX,
+    RAY_NODES,
+    complete,
+    deploy,
+    forward_through_bastion,
+    host_sh,
+    lab_config,
 )
+from tests.lab.realmocks import FollowUpRun, RealMocks, StackOutputs
+from tests.lab.timings import record_timing
 
 pytestmark = pytest.mark.lab
-
-REPO = Path(__file__).resolve().parents[2]
-API_KEY = "lab-secret-3f9a"
-PREFIX = "spark-vllm"
-RAY_NODES = (
-    "import json, ray; ray.init(logging_level='ERROR'); "
-    "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))"
-)
-
-
-class SecondUp(RealMocks):
-    """A second `pulumi up` on an unchanged stack: containers and images whose inputs did not
-    change stay as they are (Pulumi's no-op); every command runs again, proving it idempotent."""
-
-    def __init__(self, first: RealMocks) -> None:
-        super().__init__()
-        self.kept_count = 0
-        self._first = {(e.type, e.name): e for e in first.journal}
-
-    def new_resource(self, args: Any) -> tuple[str | None, dict]:
-        if args.typ in (TYPE_CONTAINER, TYPE_REMOTE_IMAGE):
-            previous: JournalEntry | None = self._first.get((args.typ, args.name))
-            if previous is not None and previous.inputs == args.inputs:
-                self._record(previous)  # still part of the stack: teardown removes it
-                self.kept_count += 1
-                return previous.resource_id, previous.outputs
-        return super().new_resource(args)
 
 
 @dataclass
@@ -68,14 +37,6 @@ class Deployment:
     lab: Lab
     mocks: RealMocks
     outputs: StackOutputs
-
-
-def deploy(lab: Lab, mocks: RealMocks, config: dict[str, Any]) -> StackOutputs:
-    return run_program(REPO, PROJECT, "lab", config, [f"{PROJECT}:apiKey"], mocks, max_parallel=8)
-
-
-def lab_config(lab: Lab) -> dict[str, Any]:
-    return {**stack_config(lab.spec), f"{PROJECT}:apiKey": API_KEY}
 
 
 @pytest.fixture(scope="module")
@@ -95,50 +56,6 @@ def deployed(lab_factory: Callable[..., Lab]) -> Iterator[Deployment]:
     deployment.mocks.teardown()  # idempotent: empty after the teardown test ran
 
 
-def forward_through_bastion(lab: Lab, endpoint: str) -> tuple[subprocess.Popen[bytes], str]:
-    """`ssh -L` through the bastion to the endpoint's host:port, as an operator would."""
-    info = lab.info()
-    assert info.bastion is not None
-    target = endpoint.removeprefix("http://").split("/", 1)[0]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        local_port = probe.getsockname()[1]
-    argv = [
-        "ssh",
-        *lab_client.common_options(info),
-        "-p", str(info.bastion.ssh_port),
-        "-N", "-o", "ExitOnForwardFailure=yes",
-        "-L", f"127.0.0.1:{local_port}:{target}",
-        f"{info.bastion.user}@{info.bastion.address}",
-    ]  # fmt: skip
-    tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        with socket.socket() as check:
-            if check.connect_ex(("127.0.0.1", local_port)) == 0:
-                return tunnel, f"http://127.0.0.1:{local_port}/v1"
-        time.sleep(0.2)
-    tunnel.kill()
-    raise AssertionError("the ssh tunnel through the bastion did not open within 15 s")
-
-
-def post(base: str, path: str, body: dict[str, Any], key: str | None) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        base + path, data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json",
-                 **({"Authorization": f"Bearer {key}"} if key else {})},
-    )  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, {}
-
-
-def complete(base: str, model: str, key: str | None = API_KEY) -> tuple[int, dict]:
-    return post(base, "/completions", {"model": model, "prompt": "Hello", "max_tokens": 8}, key)
-
-
 @pytest.fixture
 def endpoint(deployed: Deployment) -> Iterator[str]:
     tunnel, base = forward_through_bastion(deployed.lab, deployed.outputs["endpointUrl"])
@@ -147,10 +64,6 @@ def endpoint(deployed: Deployment) -> Iterator[str]:
     finally:
         tunnel.terminate()
         tunnel.wait(timeout=10)
-
-
-def host_sh(lab: Lab, host: str, script: str) -> str:
-    return lab.sh(host, script).stdout.strip()
 
 
 def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
@@ -207,7 +120,7 @@ def test_secrets_are_not_in_container_configuration(deployed: Deployment) -> Non
 
 def test_a_second_up_is_idempotent_and_keeps_serving(deployed: Deployment, endpoint: str) -> None:
     started = time.monotonic()
-    second = SecondUp(deployed.mocks)
+    second = FollowUpRun(deployed.mocks)
     outputs = deploy(deployed.lab, second, lab_config(deployed.lab))
     record_timing("e2e second up (unchanged stack)", time.monotonic() - started)
     deployed.mocks = second  # the stack now is what the second run holds

@@ -68,6 +68,7 @@ def test_steps_run_in_dependency_order(evaluation: Evaluation) -> None:
         assert ev.depends_on(f"image-{worker}-sync", f"{worker}-preflight")
         assert ev.depends_on(f"image-{worker}-sync", f"fabric-{worker}-pin")
         assert ev.depends_on(f"weights-{worker}-copy", f"fabric-{worker}-pin")
+        assert ev.depends_on(f"weights-{worker}-copy", f"image-{worker}-sync")
         assert ev.depends_on(f"ray-{worker}", f"image-{worker}-sync")
         assert ev.depends_on(f"ray-{worker}", "ray-head")
         assert ev.depends_on("ray-joined", f"ray-{worker}")

@@ -1,0 +1,82 @@
+"""Deploying the real program onto a lab, and talking to what it deployed (shared by the e2e
+and fault tests)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from lab import Lab
+from lab import client as lab_client
+from lab.stack import PROJECT, stack_config
+from tests.lab.realmocks import RealMocks, StackOutputs, run_program
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "lab-secret-3f9a"
+PREFIX = "spark-vllm"
+RAY_NODES = (
+    "import json, ray; ray.init(logging_level='ERROR'); "
+    "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))"
+)
+
+
+def deploy(lab: Lab, mocks: RealMocks, config: dict[str, Any]) -> StackOutputs:
+    return run_program(REPO, PROJECT, "lab", config, [f"{PROJECT}:apiKey"], mocks, max_parallel=8)
+
+
+def lab_config(lab: Lab) -> dict[str, Any]:
+    return {**stack_config(lab.spec), f"{PROJECT}:apiKey": API_KEY}
+
+
+def forward_through_bastion(lab: Lab, endpoint: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`ssh -L` through the bastion to the endpoint's host:port, as an operator would."""
+    info = lab.info()
+    assert info.bastion is not None
+    target = endpoint.removeprefix("http://").split("/", 1)[0]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        local_port = probe.getsockname()[1]
+    argv = [
+        "ssh",
+        *lab_client.common_options(info),
+        "-p", str(info.bastion.ssh_port),
+        "-N", "-o", "ExitOnForwardFailure=yes",
+        "-L", f"127.0.0.1:{local_port}:{target}",
+        f"{info.bastion.user}@{info.bastion.address}",
+    ]  # fmt: skip
+    tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with socket.socket() as check:
+            if check.connect_ex(("127.0.0.1", local_port)) == 0:
+                return tunnel, f"http://127.0.0.1:{local_port}/v1"
+        time.sleep(0.2)
+    tunnel.kill()
+    raise AssertionError("the ssh tunnel through the bastion did not open within 15 s")
+
+
+def post(base: str, path: str, body: dict[str, Any], key: str | None) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        base + path, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json",
+                 **({"Authorization": f"Bearer {key}"} if key else {})},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, {}
+
+
+def complete(base: str, model: str, key: str | None = API_KEY) -> tuple[int, dict]:
+    return post(base, "/completions", {"model": model, "prompt": "Hello", "max_tokens": 8}, key)
+
+
+def host_sh(lab: Lab, host: str, script: str) -> str:
+    return lab.sh(host, script).stdout.strip()

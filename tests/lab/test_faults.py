@@ -1,0 +1,212 @@
+"""Faults tried against the lab: each ends in one clear error naming the host, the step and the
+likely cause, and the next `up` (after the fault is fixed) succeeds and serves again."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from lab import Lab
+from lab.stack import PROJECT
+from tests.lab.deploying import PREFIX, RAY_NODES, deploy, host_sh, lab_config
+from tests.lab.realmocks import FollowUpRun, RealMocks
+from tests.lab.timings import record_timing
+
+pytestmark = pytest.mark.lab
+
+WORKER = "spark2"
+IMAGE = "spark-vllm-lab:latest"
+
+
+@pytest.fixture(scope="module")
+def lab(lab_factory: Callable[..., Lab]) -> Iterator[Lab]:
+    lab = lab_factory("faults", hosts=2, topology="bastion")
+    yield lab
+    lab.down()  # free the machine for later modules; the factory checks for leftovers
+
+
+@pytest.fixture
+def stack(lab: Lab) -> Iterator[list[RealMocks]]:
+    """The runs of one test; the last one's journal is the stack, torn down at the end."""
+    runs: list[RealMocks] = []
+    yield runs
+    if runs:
+        runs[-1].teardown()
+    for host in lab.spec.host_names:
+        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
+
+
+def failing_up(lab: Lab, runs: list[RealMocks], config: dict[str, Any] | None = None) -> str:
+    mocks = FollowUpRun(runs[-1]) if runs else RealMocks()
+    runs.append(mocks)
+    started = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        deploy(lab, mocks, config or lab_config(lab))
+    record_timing("fault: time to the error", time.monotonic() - started)
+    return str(caught.value)
+
+
+def successful_up(lab: Lab, runs: list[RealMocks], config: dict[str, Any] | None = None) -> None:
+    mocks = FollowUpRun(runs[-1]) if runs else RealMocks()
+    runs.append(mocks)
+    started = time.monotonic()
+    outputs = deploy(lab, mocks, config or lab_config(lab))
+    record_timing("fault: clean re-run", time.monotonic() - started)
+    assert "ready after" in outputs["readiness"]
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
+    lab.sh(WORKER, "kill $(cat /run/sshd.pid)")
+    try:
+        error = failing_up(lab, stack)
+    finally:
+        hostdir = lab.spec.state_dir / "hosts" / WORKER
+        lab.exec(WORKER, ["/usr/sbin/sshd", "-f", f"{hostdir}/ssh/sshd_config",
+                          "-E", f"{hostdir}/log/sshd.log"])  # fmt: skip
+    address = lab.spec.host_mgmt_ip(1)
+    # pulumi-command's own connection error (here: OpenSSH's through the bastion) names the
+    # resource, the host and the proxy it went through.
+    assert "spark2-scripts" in error and address in error and "cannot connect" in error, error
+    successful_up(lab, stack)
+
+
+def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> None:
+    # A slow fabric keeps the transfer in flight long enough to cut it.
+    head_fabric = lab.spec.fabric_ifname(0)
+    worker_fabric = lab.spec.fabric_ifname(1)
+    lab.exec("spark1", ["tc", "qdisc", "replace", "dev", head_fabric, "root", "tbf",
+                        "rate", "40mbit", "burst", "256kb", "latency", "50ms"])  # fmt: skip
+    cut = threading.Event()
+
+    def cut_when_loading() -> None:
+        try:
+            wait_for(lambda: bool(host_sh(lab, WORKER, "pgrep -f '^docker load' || true")), 120,
+                     "docker load running on the worker")  # fmt: skip
+            time.sleep(3)
+            lab.exec(WORKER, ["ip", "link", "set", worker_fabric, "down"])
+            cut.set()
+        except AssertionError:
+            pass
+
+    cutter = threading.Thread(target=cut_when_loading, daemon=True)
+    cutter.start()
+    try:
+        error = failing_up(lab, stack)
+    finally:
+        cutter.join(timeout=130)
+        lab.exec(WORKER, ["ip", "link", "set", worker_fabric, "up"])
+        lab.exec("spark1", ["tc", "qdisc", "del", "dev", head_fabric, "root"])
+    assert cut.is_set(), f"the transfer ended before the cut: {error}"
+    assert f"copying {IMAGE} to {WORKER} failed after" in error, error
+    assert "likely cause: the fabric link" in error
+    tagged = host_sh(
+        lab, WORKER, f"docker image inspect {IMAGE} >/dev/null 2>&1 && echo tagged || true"
+    )
+    assert tagged == "", "a partial image was left tagged on the worker"
+    successful_up(lab, stack)
+    assert host_sh(lab, WORKER, f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}")
+
+
+def test_stale_container_with_our_name(lab: Lab, stack: list[RealMocks]) -> None:
+    lab.exec("spark1", ["docker", "run", "-d", "--name", f"{PREFIX}-vllm", IMAGE, "sleep", "600"])
+    try:
+        error = failing_up(lab, stack)
+        assert "spark1: preflight: a container named spark-vllm-vllm already exists" in error
+        assert "docker rm -f spark-vllm-vllm" in error
+        # Nothing was started: the preflight stops the deployment before any container.
+        assert host_sh(lab, "spark1", "docker ps -q --filter label=spark-vllm.deployment") == ""
+    finally:
+        lab.exec("spark1", ["docker", "rm", "-f", f"{PREFIX}-vllm"])
+    successful_up(lab, stack)
+
+
+def test_serving_port_taken_on_the_head(lab: Lab, stack: list[RealMocks]) -> None:
+    pid = host_sh(lab, "spark1", "setsid python3 -m http.server 8000 >/dev/null 2>&1 & echo $!")
+    try:
+        wait_for(lambda: bool(host_sh(lab, "spark1", "ss -Hltn 'sport = :8000'")), 10,
+                 "the squatter listening")  # fmt: skip
+        error = failing_up(lab, stack)
+        assert "spark1: preflight: port 8000 is already in use" in error, error
+        assert "likely cause: another server or a stale container holds it" in error
+    finally:
+        lab.exec("spark1", ["kill", pid])
+    successful_up(lab, stack)
+
+
+def test_worker_configured_with_the_wrong_fabric_ip(lab: Lab, stack: list[RealMocks]) -> None:
+    config = lab_config(lab)
+    wrong = str(lab.spec.fabric_net.network_address + 99)
+    config[f"{PROJECT}:hosts"][1]["fabricIp"] = wrong
+    error = failing_up(lab, stack, config)
+    assert f"{WORKER}: preflight: the fabric interface" in error
+    assert f"has {lab.spec.host_fabric_ip(1)}, not {wrong}" in error
+    assert "likely cause: hosts[].fabricIp is wrong for this host" in error
+    successful_up(lab, stack)
+
+
+def test_not_enough_disk_is_caught_before_anything_starts(lab: Lab, stack: list[RealMocks]) -> None:
+    config = lab_config(lab)
+    config[f"{PROJECT}:preflight"] = {**config[f"{PROJECT}:preflight"], "minFreeDiskGib": 100000}
+    error = failing_up(lab, stack, config)
+    assert "preflight: only" in error and "100000 GiB needed for the image and weights" in error
+    assert "likely cause: the disk is full" in error
+    for host in lab.spec.host_names:
+        assert host_sh(lab, host, "docker ps -aq") == "", "no container may start"
+    successful_up(lab, stack)
+
+
+def test_not_enough_memory_is_caught_before_anything_starts(
+    lab: Lab, stack: list[RealMocks]
+) -> None:
+    config = lab_config(lab)
+    config[f"{PROJECT}:preflight"] = {**config[f"{PROJECT}:preflight"], "minFreeMemoryGib": 4096}
+    error = failing_up(lab, stack, config)
+    assert "preflight: only" in error and "MiB of memory free" in error
+    assert "likely cause: other processes or containers hold the memory" in error
+    for host in lab.spec.host_names:
+        assert host_sh(lab, host, "docker ps -aq") == ""
+    successful_up(lab, stack)
+
+
+def ray_node_ips(lab: Lab) -> list[str]:
+    script = f'docker exec {PREFIX}-ray-head python3 -c "{RAY_NODES}" 2>/dev/null || echo "[]"'
+    return list(json.loads(host_sh(lab, "spark1", script).splitlines()[-1]))
+
+
+def ray_worker_restarts(lab: Lab) -> int:
+    return int(host_sh(lab, WORKER, f"docker inspect --format '{{{{.RestartCount}}}}' "
+                                    f"{PREFIX}-ray-worker"))  # fmt: skip
+
+
+def test_a_killed_worker_ray_recovers(lab: Lab, stack: list[RealMocks]) -> None:
+    successful_up(lab, stack)
+    started = time.monotonic()
+    # A crash, not a stop: SIGKILL (as the OOM killer would). Ray's `start --block` exits when a
+    # subprocess dies unexpectedly, so the container stops and Docker restarts it (bounded).
+    lab.sh(WORKER, "pkill -KILL -x raylet")
+    wait_for(lambda: ray_worker_restarts(lab) >= 1, 60, "the worker's Ray container restarted")
+    fabric = sorted(lab.spec.host_fabric_ip(i) for i in range(lab.spec.hosts))
+    wait_for(lambda: ray_node_ips(lab) == fabric, 90, "the restarted worker rejoined Ray")
+    # vLLM lost a rank: it exits, its bounded restarts run out while the worker is away, and it
+    # stays stopped instead of crash-looping; the next `pulumi up --refresh` replaces it.
+    vllm_state = host_sh(lab, "spark1", f"docker inspect --format '{{{{.State.Status}}}} "
+                                        f"{{{{.RestartCount}}}}' {PREFIX}-vllm")  # fmt: skip
+    status, restarts = vllm_state.split()
+    assert int(restarts) <= 2, "restarts are bounded by docker.maxRestarts"
+    successful_up(lab, stack)
+    assert "vllm-container" in stack[-1].replaced or status == "running"
+    record_timing("fault: recovery after a killed worker raylet", time.monotonic() - started)
