@@ -17,7 +17,7 @@ from components.remote import (
     script_call,
     scripts_bundle,
 )
-from stacks.nodes import DeploymentPlan, NodePlan
+from stacks.nodes import DeploymentPlan, NodePlan, ray_listen_ports
 
 GIB = 1024**3
 
@@ -65,7 +65,25 @@ class Host(pulumi.ComponentResource):
             ),
         )
         self.facts = self.preflight.stdout
+        self.ready: list[pulumi.Resource] = [self.preflight]
+        if plan.config.fabric.firewall:
+            self.ready.append(self._firewall(name, plan))
         self.register_outputs({"facts": self.facts, "dockerHost": docker_host(node)})
+
+    def _firewall(self, name: str, plan: DeploymentPlan) -> remote.Command:
+        """Ray's ports reachable on lo and the fabric only (Ray cannot bind to one interface)."""
+        flags = {
+            "fabric_interface": self.node.fabric_interface,
+            "tcp_ports": ",".join(ray_listen_ports(plan, self.node)),
+        }
+        return remote.Command(
+            f"{name}-firewall",
+            connection=self.connection,
+            create=script_call(self.node, "firewall.sh", "apply", **flags),
+            delete=script_call(self.node, "firewall.sh", "remove", **flags),
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
+        )
 
     def _install_scripts(
         self, name: str, plan: DeploymentPlan, child: pulumi.ResourceOptions
@@ -94,7 +112,8 @@ class Host(pulumi.ComponentResource):
 
 def _preflight_command(plan: DeploymentPlan, node: NodePlan) -> str:
     cfg = plan.config
-    ports = [cfg.vllm.port, cfg.ray.port] if node.is_head else []
+    single_ports = [p for p in ray_listen_ports(plan, node) if ":" not in p]
+    ports = [str(cfg.vllm.port), *single_ports] if node.is_head else single_ports
     containers = [plan.container_name("ray-head" if node.is_head else "ray-worker")]
     if node.is_head:
         containers.append(plan.container_name("vllm"))
@@ -105,7 +124,7 @@ def _preflight_command(plan: DeploymentPlan, node: NodePlan) -> str:
         fabric_interface=node.fabric_interface,
         fabric_ip=node.fabric_ip,
         head_fabric_ip=plan.head.fabric_ip,
-        ports=",".join(str(p) for p in ports),
+        ports=",".join(ports),
         min_free_memory_bytes=int(cfg.preflight.min_free_memory_gib * GIB),
         memory_fraction=cfg.vllm.gpu_memory_utilization if cfg.preflight.unified_memory else 0,
         min_free_disk_bytes=int(cfg.preflight.min_free_disk_gib * GIB),

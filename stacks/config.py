@@ -26,6 +26,7 @@ IFNAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including th
 BASTION = "bastion"
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+RAY_CLIENT_SERVER_PORT = 10001
 
 
 class ConfigModel(BaseModel):
@@ -145,8 +146,40 @@ class VllmConfig(ConfigModel):
 
 
 class RayConfig(ConfigModel):
+    """Ray's ports are all fixed (Ray picks random ones otherwise), so preflight can check them
+    and the optional firewall can keep them off every interface but the fabric."""
+
     port: Port = 6379
     object_store_memory_bytes: int = Field(default=4 * 1024**3, ge=78_643_200)
+    node_manager_port: Port = 6380
+    object_manager_port: Port = 6381
+    runtime_env_agent_port: Port = 6382
+    dashboard_agent_grpc_port: Port = 6383
+    dashboard_agent_listen_port: Port = 6384
+    metrics_export_port: Port = 6385
+    min_worker_port: Port = 10002
+    max_worker_port: Port = 10999
+
+    @property
+    def fixed_ports(self) -> dict[str, int]:
+        """Every single port Ray listens on, by its config key."""
+        return {
+            "ray.port": self.port,
+            "ray.nodeManagerPort": self.node_manager_port,
+            "ray.objectManagerPort": self.object_manager_port,
+            "ray.runtimeEnvAgentPort": self.runtime_env_agent_port,
+            "ray.dashboardAgentGrpcPort": self.dashboard_agent_grpc_port,
+            "ray.dashboardAgentListenPort": self.dashboard_agent_listen_port,
+            "ray.metricsExportPort": self.metrics_export_port,
+            # Not a flag: passing it needs ray[client]; the head listens there when it has it.
+            "Ray's client server port": RAY_CLIENT_SERVER_PORT,
+        }
+
+    @model_validator(mode="after")
+    def _worker_range(self) -> RayConfig:
+        if self.max_worker_port - self.min_worker_port < 15:
+            raise ValueError("ray.minWorkerPort..maxWorkerPort must span at least 16 ports")
+        return self
 
 
 class DockerConfig(ConfigModel):
@@ -160,6 +193,9 @@ class FabricConfig(ConfigModel):
     # "managed": the program makes a key on the head and authorizes it on each worker.
     # "existing": the head's SSH user can already reach every worker's fabric IP.
     trust: Literal["managed", "existing"] = "managed"
+    # Ray listens on every interface and runs code for whoever reaches it: with firewall true,
+    # each host drops Ray's ports on every interface but the fabric (iptables, needs root/sudo).
+    firewall: bool = False
 
 
 class PreflightConfig(ConfigModel):
@@ -287,8 +323,17 @@ def _gpus_match_parallelism(cfg: StackConfig) -> None:
 
 
 def _ports_distinct(cfg: StackConfig) -> None:
-    if cfg.vllm.port == cfg.ray.port:
-        raise ConfigError(f"vllm.port: {cfg.vllm.port} is also ray.port")
+    ray = cfg.ray
+    owners: dict[int, str] = {}
+    for key, port in {"vllm.port": cfg.vllm.port, **ray.fixed_ports}.items():
+        if port in owners:
+            raise ConfigError(f"{key}: {port} is also {owners[port]}")
+        if ray.min_worker_port <= port <= ray.max_worker_port:
+            raise ConfigError(
+                f"{key}: {port} is inside ray.minWorkerPort..maxWorkerPort "
+                f"({ray.min_worker_port}-{ray.max_worker_port})"
+            )
+        owners[port] = key
 
 
 def describe_validation_error(error: ValidationError) -> str:
@@ -319,6 +364,8 @@ def _key_path(location: tuple[Any, ...]) -> str:
 
 def parse_stack_config(raw: dict[str, Any]) -> StackConfig:
     """Validate raw config values; raise ConfigError with every problem, keys first."""
+    # A key set to nothing (`ray:` in YAML) means "the defaults", as if it were not set.
+    raw = {key: value for key, value in raw.items() if value is not None}
     try:
         return StackConfig.model_validate(raw)
     except ValidationError as error:

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from stacks.config import BASTION, ConfigError, HostConfig, StackConfig
+from stacks.config import (
+    BASTION,
+    RAY_CLIENT_SERVER_PORT,
+    ConfigError,
+    HostConfig,
+    StackConfig,
+)
 from stacks.known_hosts import find_host_key
 
 # Paths inside every container (the host side comes from the config).
@@ -163,18 +169,27 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
 
 def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """`ray start` arguments; `--block` keeps Ray the container's main process."""
+    ray = plan.config.ray
     common = [
         "--block",
         f"--node-ip-address={node.fabric_ip}",
         f"--num-gpus={node.gpus}",
-        f"--object-store-memory={plan.config.ray.object_store_memory_bytes}",
+        f"--object-store-memory={ray.object_store_memory_bytes}",
         "--disable-usage-stats",
+        f"--node-manager-port={ray.node_manager_port}",
+        f"--object-manager-port={ray.object_manager_port}",
+        f"--runtime-env-agent-port={ray.runtime_env_agent_port}",
+        f"--dashboard-agent-grpc-port={ray.dashboard_agent_grpc_port}",
+        f"--dashboard-agent-listen-port={ray.dashboard_agent_listen_port}",
+        f"--metrics-export-port={ray.metrics_export_port}",
+        f"--min-worker-port={ray.min_worker_port}",
+        f"--max-worker-port={ray.max_worker_port}",
     ]
     if node.is_head:
         return [
             "start",
             "--head",
-            f"--port={plan.config.ray.port}",
+            f"--port={ray.port}",
             "--include-dashboard=false",
             *common,
         ]
@@ -291,3 +306,19 @@ def _check_user_overrides(config: StackConfig) -> None:
                 else "it is set from the typed vllm/model settings"
             )
             raise ConfigError(f"vllm.extraArgs[{index}]: {flag} is managed by spark-vllm; {hint}")
+
+
+def ray_listen_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """Ports (and one range) Ray listens on, on every interface, on `node`."""
+    ray = plan.config.ray
+    ports = [
+        ray.node_manager_port,
+        ray.object_manager_port,
+        ray.runtime_env_agent_port,
+        ray.dashboard_agent_grpc_port,
+        ray.dashboard_agent_listen_port,
+        ray.metrics_export_port,
+    ]
+    if node.is_head:
+        ports = [ray.port, RAY_CLIENT_SERVER_PORT, *ports]
+    return [str(p) for p in ports] + [f"{ray.min_worker_port}:{ray.max_worker_port}"]

@@ -11,6 +11,7 @@ import pulumi
 
 from stacks.config import ConfigError, StackConfig, parse_stack_config
 
+SECRET_KEYS = ("hfToken", "apiKey")
 CONFIG_KEYS = (
     "hosts",
     "bastion",
@@ -38,6 +39,7 @@ class Settings:
 def load_settings() -> Settings:
     config = pulumi.Config()
     raw, problems = _structured_values(config)
+    problems += _unknown_keys(pulumi.get_project())
     try:
         if problems:
             raise ConfigError("\n".join(problems))
@@ -70,3 +72,16 @@ def _structured_values(config: pulumi.Config) -> tuple[dict[str, Any], list[str]
         if value is not None:
             values[key] = value
     return values, problems
+
+
+def _unknown_keys(project: str) -> list[str]:
+    """A typo in a top-level key (`spark-vllm:vlm`) must not be silently ignored."""
+    from pulumi.runtime.config import CONFIG, get_config_env
+
+    known = {f"{project}:{key}" for key in (*CONFIG_KEYS, *SECRET_KEYS)}
+    names = set(CONFIG.get()) | set(get_config_env())
+    return [
+        f"{name.split(':', 1)[1]}: is not a known setting (check the spelling)"
+        for name in sorted(names)
+        if name.startswith(f"{project}:") and name not in known
+    ]

@@ -118,6 +118,29 @@ def test_secrets_are_not_in_container_configuration(deployed: Deployment) -> Non
     assert mode == "600"
 
 
+def reachable_from_bastion(lab: Lab, address: str, port: int) -> bool:
+    probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{address}/{port}' 2>/dev/null && echo open"
+    return lab.ssh_bastion(probe + " || true").stdout.strip() == "open"
+
+
+def test_what_the_bastion_can_and_cannot_reach(deployed: Deployment) -> None:
+    lab, spec = deployed.lab, deployed.lab.spec
+    head, worker = spec.host_mgmt_ip(0), spec.host_mgmt_ip(1)
+    # Reachable: SSH on every host, and the API (which wants the key: see above).
+    assert reachable_from_bastion(lab, head, 22) and reachable_from_bastion(lab, worker, 22)
+    assert reachable_from_bastion(lab, head, 8000)
+    # Not reachable: Ray's ports on the mgmt network (the firewall drops them; Ray itself
+    # listens on every interface), and nothing at all on the fabric.
+    for address, port in ((head, 6379), (head, 10001), (head, 6380), (worker, 6380),
+                          (worker, 10002)):  # fmt: skip
+        assert not reachable_from_bastion(lab, address, port), f"{address}:{port}"
+    for index in range(spec.hosts):
+        assert not reachable_from_bastion(lab, spec.host_fabric_ip(index), 22)
+    # While the nodes themselves still talk over the fabric.
+    listening = host_sh(lab, "spark1", "ss -Hltn 'sport = :6379'")
+    assert "*:6379" in listening or "0.0.0.0:6379" in listening
+
+
 def test_a_second_up_is_idempotent_and_keeps_serving(deployed: Deployment, endpoint: str) -> None:
     started = time.monotonic()
     second = FollowUpRun(deployed.mocks)

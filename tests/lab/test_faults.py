@@ -208,5 +208,7 @@ def test_a_killed_worker_ray_recovers(lab: Lab, stack: list[RealMocks]) -> None:
     status, restarts = vllm_state.split()
     assert int(restarts) <= 2, "restarts are bounded by docker.maxRestarts"
     successful_up(lab, stack)
-    assert "vllm-container" in stack[-1].replaced or status == "running"
+    rerun = stack[-1]
+    assert isinstance(rerun, FollowUpRun)
+    assert "vllm-container" in rerun.replaced or status == "running"
     record_timing("fault: recovery after a killed worker raylet", time.monotonic() - started)

@@ -281,3 +281,32 @@ def test_the_lab_stack_evaluates(key_file, tmp_path) -> None:
     assert "gpus" not in ev.named("ray-head").inputs
     assert "--num-gpus=1" in ev.named("ray-head").inputs["command"]
     assert not ev.warnings
+
+
+def test_ray_ports_are_fixed_and_checked_by_preflight(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=2), SECRETS)
+    head = ev.named("ray-head").inputs["command"]
+    for flag in ("--node-manager-port=6380", "--min-worker-port=10002",
+                 "--max-worker-port=10999"):  # fmt: skip
+        assert flag in head
+    assert "--ports 8000,6379,10001,6380,6381" in ev.named("spark1-preflight").inputs["create"]
+    assert "--ports 6380,6381,6382" in ev.named("spark2-preflight").inputs["create"]
+
+
+def test_the_opt_in_firewall_guards_rays_ports_before_ray_starts(
+    make_config: ConfigFactory,
+) -> None:
+    assert not [
+        r for r in evaluate(make_config(hosts=2), SECRETS).registrations
+        if r.name.endswith("-firewall")
+    ]  # fmt: skip
+    ev = evaluate(make_config(hosts=2, fabric={"firewall": True}), SECRETS)
+    for host, interface, container in (("spark1", "enp1s0f1np1", "ray-head"),
+                                       ("spark2", "enP2p1s0f1np1", "ray-spark2")):  # fmt: skip
+        firewall = ev.named(f"{host}-firewall").inputs
+        assert (
+            f"firewall.sh apply --host {host} --fabric-interface {interface}"
+            in (firewall["create"])
+        )
+        assert "10002:10999" in firewall["create"] and "remove" in firewall["delete"]
+        assert ev.depends_on(container, f"{host}-firewall")
