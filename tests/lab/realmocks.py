@@ -88,7 +88,7 @@ SSH_OWN_ERROR_MARKERS = (
     "kex_exchange_identification",
     "UNPROTECTED PRIVATE KEY FILE",
 )
-TAIL_LINES = 30
+TAIL_LINES = 300  # pulumi-command shows the whole output; keep enough for every node's logs
 # The logger the mock engine writes the program's pulumi.log messages to.
 PROGRAM_LOGGER = "pulumi.program"
 
@@ -992,17 +992,22 @@ class FollowUpRun(RealMocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         previous = self._previous.get((args.typ, args.name))
-        if previous is not None and previous.inputs == args.inputs:
-            if args.typ == TYPE_REMOTE_IMAGE or (
-                args.typ == TYPE_CONTAINER and self._still_running(previous)
-            ):
-                self._record(previous)
-                self.kept_count += 1
-                return previous.resource_id, previous.outputs
-            if args.typ == TYPE_CONTAINER and previous.docker_host is not None:
-                remove_container(previous.docker_host, previous)
-                self.replaced.append(args.name)
+        if previous is not None and previous.inputs == args.inputs and self._keeps(previous):
+            self._record(previous)
+            self.kept_count += 1
+            return previous.resource_id, previous.outputs
+        if previous is not None and args.typ == TYPE_CONTAINER and previous.docker_host:
+            # Changed inputs or stopped: replaced, the old one first (deleteBeforeReplace).
+            remove_container(previous.docker_host, previous)
+            self.replaced.append(args.name)
         return super().new_resource(args)
+
+    @classmethod
+    def _keeps(cls, entry: JournalEntry) -> bool:
+        """An unchanged image stays; an unchanged container stays only if still running."""
+        return entry.type == TYPE_REMOTE_IMAGE or (
+            entry.type == TYPE_CONTAINER and cls._still_running(entry)
+        )
 
     @staticmethod
     def _still_running(entry: JournalEntry) -> bool:

@@ -182,6 +182,38 @@ def test_not_enough_memory_is_caught_before_anything_starts(
     successful_up(lab, stack)
 
 
+def test_a_server_that_exits_at_once_is_reported_with_its_log(
+    lab: Lab, stack: list[RealMocks]
+) -> None:
+    config = lab_config(lab)
+    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "extraArgs": ["--no-such-flag"]}
+    error = failing_up(lab, stack, config)
+    # The Docker provider's mustRun check: the container, its state and its last log lines.
+    assert "'vllm-container': container exited unexpectedly" in error, error
+    assert "unrecognized arguments: --no-such-flag" in error
+    successful_up(lab, stack)
+
+
+def test_a_worker_that_cannot_join_is_reported_with_every_nodes_logs(
+    lab: Lab, stack: list[RealMocks]
+) -> None:
+    # A firewall on the fabric between the worker and Ray's head port.
+    block = ["-s", lab.spec.host_fabric_ip(1), "-p", "tcp", "--dport", "6379", "-j", "DROP"]
+    lab.exec("spark1", ["iptables", "-I", "INPUT", *block])
+    config = lab_config(lab)
+    config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], "rayJoinSeconds": 30}
+    try:
+        error = failing_up(lab, stack, config)
+    finally:
+        lab.exec("spark1", ["iptables", "-D", "INPUT", *block])
+    assert "spark1: ray-wait: Ray did not gather 2 GPU(s)" in error, error
+    assert f"missing={lab.spec.host_fabric_ip(1)}" in error
+    for node, container in (("spark1", "ray-head"), ("spark2", "ray-worker")):
+        assert f"--- {node}: last 50 lines of {PREFIX}-{container} ---" in error
+    assert "likely cause:" in error
+    successful_up(lab, stack)
+
+
 def ray_node_ips(lab: Lab) -> list[str]:
     script = f'docker exec {PREFIX}-ray-head python3 -c "{RAY_NODES}" 2>/dev/null || echo "[]"'
     return list(json.loads(host_sh(lab, "spark1", script).splitlines()[-1]))
