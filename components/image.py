@@ -65,6 +65,7 @@ class ImageDistribution(pulumi.ComponentResource):
                     ref=image_cfg.ref,
                 )
             ),
+            delete=f"rm -f '{head.node.state_dir}/image-id'",
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[pulled]),
         )
@@ -77,6 +78,11 @@ class ImageDistribution(pulumi.ComponentResource):
                 connection=head.connection,
                 create=self.image_id.apply(
                     functools.partial(_sync_command, plan, head.node, node, args.fabric.flags)
+                ),
+                delete=None
+                if image_cfg.keep_on_destroy
+                else self.image_id.apply(
+                    functools.partial(_remove_command, plan, head.node, node, args.fabric.flags)
                 ),
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(
@@ -102,3 +108,9 @@ def _sync_command(
         compress="zstd",
         **fabric,
     )
+
+
+def _remove_command(
+    plan: DeploymentPlan, head: NodePlan, worker: NodePlan, fabric: dict[str, str], image_id: str
+) -> str:
+    return _sync_command(plan, head, worker, fabric, image_id) + " --remove yes"

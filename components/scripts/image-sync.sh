@@ -2,10 +2,16 @@
 # On the head: stream the image to one worker over the fabric, unless it already has the same ID.
 #   image-sync.sh --host H --worker W --target ssh://user@ip:port --image-id ID --ref REF
 #                 --timeout-minutes M [--compress zstd|none] [--fabric-key K --fabric-known-hosts F]
+#                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # `docker load` tags only after the whole stream arrived, so a cut link leaves nothing tagged.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host worker target image-id ref timeout-minutes
+if [ "${ARG_REMOVE:-no}" = yes ]; then
+  # Destroy with image.keepOnDestroy false: untag and remove it on the worker (gone is fine).
+  fabric_ssh "$ARG_TARGET" "docker image rm '$ARG_REF' '$ARG_IMAGE_ID' >/dev/null 2>&1 || true"
+  exit 0
+fi
 remote_id() {
   fabric_ssh "$ARG_TARGET" "docker image inspect --format '{{.Id}}' '$ARG_IMAGE_ID' 2>/dev/null || true"
 }

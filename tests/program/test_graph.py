@@ -310,3 +310,19 @@ def test_the_opt_in_firewall_guards_rays_ports_before_ray_starts(
         )
         assert "10002:10999" in firewall["create"] and "remove" in firewall["delete"]
         assert ev.depends_on(container, f"{host}-firewall")
+
+
+def test_every_step_that_leaves_something_behind_has_a_delete(
+    make_config: ConfigFactory,
+) -> None:
+    kept = evaluate(make_config(hosts=2), SECRETS)
+    assert "delete" not in kept.named("image-spark2-sync").inputs, "images are kept by default"
+    ev = evaluate(
+        make_config(hosts=2, image={"ref": "example/vllm-gb10:1.0", "keepOnDestroy": False}),
+        SECRETS,
+    )
+    assert ev.named("image-spark2-sync").inputs["delete"].endswith("--remove yes")
+    assert ev.named("image-pull").inputs["keepLocally"] is False
+    for name in ("spark1-scripts", "image-head-record", "fabric-head-key",
+                 "fabric-spark2-authorize", "fabric-spark2-pin", "vllm-api-key"):  # fmt: skip
+        assert ev.named(name).inputs["delete"], name
