@@ -118,6 +118,8 @@ def docker_ssh_opts(
         "-o", "ServerAliveCountMax=4",
     ]  # fmt: skip
     if node.jump is not None:
+        # ProxyCommand, not ProxyJump: OpenSSH does not pass -o options to a ProxyJump hop, so
+        # the jump host's key pin, identity and BatchMode would silently not apply to it.
         jump = node.jump
         hop = ["ssh", *_client_opts(jump, auth, known_hosts_file), "-p", str(jump.port)]
         hop += ["-W", "%h:%p", jump.destination]

@@ -8,7 +8,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab.proc import ok, run
+from lab.proc import ensure_ed25519_key, ok
 from lab.spec import BastionInfo, HostInfo, LabInfo
 
 SSH = "/usr/bin/ssh"
@@ -16,23 +16,7 @@ SSH = "/usr/bin/ssh"
 
 def ensure_client_key(state_dir: Path) -> Path:
     key = state_dir / "id_ed25519"
-    if not key.exists():
-        run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                "spark-vllm-lab-client",
-                "-f",
-                str(key),
-            ],
-            timeout=20,
-            what="client key",
-        )
+    ensure_ed25519_key(key, "spark-vllm-lab-client", "client key")
     return key
 
 

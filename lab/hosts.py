@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.net import NETNS_DIR
-from lab.proc import SCRIPTS_DIR, LabError, ok, run, tail, wait_until
+from lab.proc import SCRIPTS_DIR, LabError, ensure_ed25519_key, ok, run, tail, wait_until
 from lab.spec import LabSpec
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
@@ -96,23 +96,7 @@ def prepare_files(spec: LabSpec, node: Node, client_pubkey: str) -> None:
     (node.hostdir / "etc/hosts").write_text(etc_hosts(spec, node.name, node.listen[0]))
     (node.hostdir / "etc/hostname").write_text(node.name + "\n")
     (node.hostdir / "etc/docker/daemon.json").write_text("{}\n")
-    if not node.host_key_path.exists():
-        run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                f"{node.name}-host",
-                "-f",
-                str(node.host_key_path),
-            ],
-            timeout=20,
-            what=f"{node.name}: host key",
-        )
+    ensure_ed25519_key(node.host_key_path, f"{node.name}-host", f"{node.name}: host key")
     listen = "\n".join(f"ListenAddress {addr}" for addr in node.listen)
     config = (TEMPLATES_DIR / "sshd_config.in").read_text()
     config = config.format(name=node.name, listen=listen, hostdir=node.hostdir)

@@ -73,3 +73,13 @@ def tail(path: Path, lines: int = 20) -> str:
     except OSError:
         return f"({path}: unreadable)"
     return f"--- last lines of {path} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+
+def ensure_ed25519_key(path: Path, comment: str, what: str) -> None:
+    """An ed25519 key pair at path (and path.pub), made once and kept."""
+    if not path.exists():
+        run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            timeout=20,
+            what=what,
+        )
