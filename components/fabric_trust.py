@@ -12,7 +12,7 @@ import pulumi
 from pulumi_command import remote
 
 from components.host import Host
-from components.remote import script_call
+from components.remote import QUICK_STEP, script_call
 from stacks.known_hosts import known_hosts_name
 from stacks.nodes import DeploymentPlan, NodePlan
 
@@ -52,7 +52,9 @@ class FabricTrust(pulumi.ComponentResource):
             create=script_call(head.node, "fabric-key.sh", "ensure", **key_flags),
             delete=script_call(head.node, "fabric-key.sh", "remove", **key_flags),
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[head.preflight]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[head.preflight], custom_timeouts=QUICK_STEP
+            ),
         )
         ready: list[pulumi.Resource] = []
         for worker in args.workers:
@@ -77,7 +79,9 @@ class FabricTrust(pulumi.ComponentResource):
             delete=script_call(node, "authorize-key.sh", "remove", marker=marker),
             stdin=head_key.stdout,
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[worker.preflight]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[worker.preflight], custom_timeouts=QUICK_STEP
+            ),
         )
         address = known_hosts_name(node.fabric_ip, node.ssh.port)
         pin_flags: dict[str, str] = {"state_dir": head.node.state_dir, "address": address}
@@ -97,5 +101,7 @@ class FabricTrust(pulumi.ComponentResource):
             # authenticated connection (never a trust-on-first-use scan over the fabric).
             stdin=None if pinned else authorize.stdout,
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[authorize, head_key]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[authorize, head_key], custom_timeouts=QUICK_STEP
+            ),
         )

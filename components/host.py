@@ -10,6 +10,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from components.remote import (
+    QUICK_STEP,
     SshAuth,
     connection_args,
     docker_host,
@@ -82,7 +83,9 @@ class Host(pulumi.ComponentResource):
             create=script_call(self.node, "firewall.sh", "apply", **flags),
             delete=script_call(self.node, "firewall.sh", "remove", **flags),
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.preflight]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.preflight], custom_timeouts=QUICK_STEP
+            ),
         )
 
     def _install_scripts(

@@ -11,7 +11,7 @@ from pulumi_command import remote
 
 from components.fabric_trust import FabricAccess
 from components.host import Host
-from components.remote import script_call
+from components.remote import QUICK_STEP, script_call
 from stacks.nodes import DeploymentPlan, NodePlan
 
 
@@ -67,7 +67,9 @@ class ImageDistribution(pulumi.ComponentResource):
             ),
             delete=f"rm -f '{head.node.state_dir}/image-id'",
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[pulled]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[pulled], custom_timeouts=QUICK_STEP
+            ),
         )
         self.ready = {head.node.name: recorded}
         minutes = plan.config.timeouts.image_transfer_minutes

@@ -20,6 +20,8 @@ from pulumi_command import remote
 from stacks.nodes import NodePlan, SshEndpoint
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
+# Steps that only edit a file or two on a host: anything slower is a hung connection.
+QUICK_STEP = pulumi.CustomTimeouts(create="3m", update="3m", delete="3m")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
 from components.host import Host
 from components.ray_cluster import RayCluster, head_id_label, log_specs
-from components.remote import SCRIPTS_DIR, script_call
+from components.remote import QUICK_STEP, SCRIPTS_DIR, script_call
 from stacks.nodes import CONTAINER_API_KEY_FILE, DeploymentPlan, vllm_serve_args
 
 
@@ -43,7 +43,9 @@ class VllmServer(pulumi.ComponentResource):
             stdin=api_key,
             logging=remote.Logging.NONE,
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[head.scripts]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[head.scripts], custom_timeouts=QUICK_STEP
+            ),
         )
         settings = service_container_args(plan, head.node, "vllm", args.image_id)
         settings["mounts"] = [

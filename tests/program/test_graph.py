@@ -326,3 +326,9 @@ def test_every_step_that_leaves_something_behind_has_a_delete(
     for name in ("spark1-scripts", "image-head-record", "fabric-head-key",
                  "fabric-spark2-authorize", "fabric-spark2-pin", "vllm-api-key"):  # fmt: skip
         assert ev.named(name).inputs["delete"], name
+
+
+def test_every_remote_step_has_a_deadline(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=2, fabric={"firewall": True}), SECRETS)
+    for resource in ev.by_type("command:remote:Command"):
+        assert resource.custom_timeouts["create"], resource.name
