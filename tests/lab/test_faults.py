@@ -85,7 +85,9 @@ def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
 
 
 def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> None:
-    # A slow fabric keeps the transfer in flight long enough to cut it.
+    # The worker must need the image (an earlier test's deployment left it there: images are
+    # kept on destroy), and a slow fabric keeps the transfer in flight long enough to cut it.
+    lab.sh(WORKER, f"docker image rm -f {IMAGE} >/dev/null 2>&1; docker image prune -af >/dev/null")
     head_fabric = lab.spec.fabric_ifname(0)
     worker_fabric = lab.spec.fabric_ifname(1)
     lab.exec("spark1", ["tc", "qdisc", "replace", "dev", head_fabric, "root", "tbf",
