@@ -21,10 +21,14 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+# Secret values as the mock runtime delivers them: one definition for both kinds of mock test.
+from tests.lab.realmocks import is_secret, unwrap_secrets
+
+unwrap = unwrap_secrets
+__all__ = ["Evaluation", "FakeHosts", "evaluate", "is_secret", "load_stack_config", "unwrap"]
+
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "spark-vllm"
-SECRET_SIG = "4dabf18193072939515e22adb298388d"
-SECRET_MARK = "1b47061264138c4ac30d75fd1eb44270"
 
 
 @dataclass
@@ -219,18 +223,3 @@ def _secret_output_names() -> set[str]:
 
 async def _resolve(value: Any) -> Any:
     return await pulumi.Output.from_input(value).future()
-
-
-def unwrap(value: Any) -> Any:
-    """Plain values from inputs as the mock saw them (secret wrappers removed, recursively)."""
-    if isinstance(value, dict):
-        if value.get(SECRET_SIG) == SECRET_MARK:
-            return unwrap(value["value"])
-        return {k: unwrap(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [unwrap(v) for v in value]
-    return value
-
-
-def is_secret(value: Any) -> bool:
-    return isinstance(value, dict) and value.get(SECRET_SIG) == SECRET_MARK
