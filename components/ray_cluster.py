@@ -25,6 +25,13 @@ class RayClusterArgs:
     fabric: FabricAccess
 
 
+def node_check_specs(plan: DeploymentPlan) -> str:
+    """`node|dest|bin` words: where the wait scripts re-check image, weights and memory."""
+    return " ".join(
+        f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}" for n in plan.nodes
+    )
+
+
 def log_specs(plan: DeploymentPlan, include_vllm: bool = False) -> str:
     """`node|dest|container` words for the diagnostics in the wait scripts (head is local: `-`)."""
     specs = [f"{plan.head.name}|-|{plan.container_name('ray-head')}"]
@@ -58,15 +65,19 @@ class RayCluster(pulumi.ComponentResource):
         self.joined = remote.Command(
             f"{name}-joined",
             connection=args.head.connection,
-            create=script_call(
-                args.head.node,
-                "ray-wait.sh",
-                container=plan.container_name("ray-head"),
-                expect_ips=",".join(n.fabric_ip for n in plan.nodes),
-                gpus=plan.total_gpus,
-                timeout_seconds=plan.config.timeouts.ray_join_seconds,
-                nodes=log_specs(plan),
-                **args.fabric.flags,
+            create=args.image_id.apply(
+                lambda image_id: script_call(
+                    args.head.node,
+                    "ray-wait.sh",
+                    container=plan.container_name("ray-head"),
+                    expect_ips=",".join(n.fabric_ip for n in plan.nodes),
+                    gpus=plan.total_gpus,
+                    timeout_seconds=plan.config.timeouts.ray_join_seconds,
+                    nodes=log_specs(plan),
+                    node_checks=node_check_specs(plan),
+                    image_id=image_id,
+                    **args.fabric.flags,
+                )
             ),
             add_previous_output_in_env=False,
             # A replaced container means a new cluster: wait for it again.

@@ -11,7 +11,7 @@ from pulumi_command import remote
 from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
 from components.host import Host
-from components.ray_cluster import RayCluster, head_id_label, log_specs
+from components.ray_cluster import RayCluster, head_id_label, log_specs, node_check_specs
 from components.remote import QUICK_STEP, SCRIPTS_DIR, script_call
 from stacks.nodes import CONTAINER_API_KEY_FILE, DeploymentPlan, vllm_serve_args
 
@@ -85,15 +85,22 @@ class VllmServer(pulumi.ComponentResource):
         self.ready = remote.Command(
             f"{name}-ready",
             connection=head.connection,
-            create=script_call(
-                head.node,
-                "vllm-ready.sh",
-                container=plan.container_name("vllm"),
-                port=plan.config.vllm.port,
-                served_name=plan.config.model.name_served,
-                timeout_seconds=timeout,
-                nodes=log_specs(plan, include_vllm=True),
-                **args.fabric.flags,
+            create=args.image_id.apply(
+                lambda image_id: script_call(
+                    head.node,
+                    "vllm-ready.sh",
+                    container=plan.container_name("vllm"),
+                    port=plan.config.vllm.port,
+                    served_name=plan.config.model.name_served,
+                    timeout_seconds=timeout,
+                    nodes=log_specs(plan, include_vllm=True),
+                    node_checks=node_check_specs(plan),
+                    image_id=image_id,
+                    model=plan.config.model.id,
+                    revision=plan.config.model.revision,
+                    cache_dir=plan.config.model.cache_dir,
+                    **args.fabric.flags,
+                )
             ),
             stdin=api_key,  # read by the script, never printed: its diagnostics can be shown
             add_previous_output_in_env=False,

@@ -27,6 +27,32 @@ report_nodes() {
     printf '\n--- %s: last 50 lines of %s ---\n%s\n' "${spec%%|*}" "${spec##*|}" "$logs" >&2
   done
   explain_known_causes "$all_logs" >&2
+  check_nodes >&2
+}
+
+# check_nodes: the known causes that can be checked on each node, not only read in its logs.
+# Uses --node-checks "node|dest|bin ..." (dest "-" is this host), and --image-id, --model,
+# --revision, --cache-dir when given.
+check_nodes() {
+  local entry node dest bin out run
+  [ -n "${ARG_NODE_CHECKS:-}" ] || return 0
+  printf '\n--- checked on every node ---\n'
+  for entry in $ARG_NODE_CHECKS; do
+    IFS='|' read -r node dest bin <<<"$entry"
+    if [ "$dest" = "-" ]; then run=(bash -c); else run=(fabric_ssh "$dest"); fi
+    if ! out="$("${run[@]}" "awk '/^MemAvailable:/ {print int(\$2 / 1024)}' /proc/meminfo" 2>&1)"; then
+      printf '  likely cause: %s is unreachable over the fabric (%s)\n' "$node" "${out//$'\n'/ }"
+      continue
+    fi
+    printf '  %s: %s MiB of memory available\n' "$node" "$out"
+    if [ -n "${ARG_IMAGE_ID:-}" ] \
+       && ! "${run[@]}" "docker image inspect '$ARG_IMAGE_ID' >/dev/null 2>&1"; then
+      printf '  likely cause: the image %s is missing on %s\n' "$ARG_IMAGE_ID" "$node"
+    fi
+    if [ -n "${ARG_MODEL:-}" ] && ! out="$("${run[@]}" "bash '$bin/hf-manifest.sh' --host '$node' --cache-dir '$ARG_CACHE_DIR' --model '$ARG_MODEL' --revision '$ARG_REVISION'" 2>&1)"; then
+      printf '  likely cause: %s\n' "$(grep -m1 'spark-vllm:' <<<"$out" || echo "$out")"
+    fi
+  done
 }
 
 # explain_known_causes LOGS: one line per known pitfall whose fingerprint is in the logs.

@@ -213,6 +213,10 @@ def test_a_worker_that_cannot_join_is_reported_with_every_nodes_logs(
     for node, container in (("spark1", "ray-head"), ("spark2", "ray-worker")):
         assert f"--- {node}: last 50 lines of {PREFIX}-{container} ---" in error
     assert "likely cause:" in error
+    # Checked, not only read in logs: both nodes answer, have the image, and their free memory.
+    assert "--- checked on every node ---" in error
+    assert "spark2: " in error and "MiB of memory available" in error
+    assert "is missing on" not in error
     successful_up(lab, stack)
 
 
