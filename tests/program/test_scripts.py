@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -281,3 +282,30 @@ def test_vllm_readiness_needs_the_model_listed_and_a_real_token() -> None:
     finally:
         server.shutdown()
     assert probe(port, "qwen", "key").startswith(f"starting port {port} not answering")
+
+
+def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Path) -> None:
+    """check_nodes (diagnose.sh) on this host as the head: a missing image and a missing
+    snapshot are named as likely causes, with the node's free memory."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/usr/bin/env bash\nexit 1\n")  # no image anywhere
+    (bin_dir / "docker").chmod(0o755)
+    driver = tmp_path / "driver.sh"
+    driver.write_text(
+        f'. "{SCRIPTS}/lib.sh"\n. "{SCRIPTS}/diagnose.sh"\nparse_flags "$@"\ncheck_nodes\n'
+    )
+    done = subprocess.run(
+        ["bash", str(driver), "--host", "spark1", "--node-checks", f"spark1|-|{SCRIPTS}",
+         "--image-id", "sha256:abc", "--model", "org/tiny", "--revision", "main",
+         "--cache-dir", str(tmp_path / "hf")],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--- checked on every node ---" in done.stdout
+    assert re.search(r"spark1: \d+ MiB of memory available", done.stdout)
+    assert "likely cause: the image sha256:abc is missing on spark1" in done.stdout
+    assert "likely cause: spark-vllm: spark1: hf-manifest: no snapshot of org/tiny@main" in (
+        done.stdout
+    )
