@@ -11,6 +11,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -52,9 +53,13 @@ def _check_address(value: str) -> str:
     return value
 
 
+SshAddress = Annotated[str, AfterValidator(_check_address)]
+HostKey = Annotated[str | None, AfterValidator(_check_host_key)]
+
+
 class HostConfig(ConfigModel):
     name: str = Field(pattern=NAME_PATTERN)
-    address: str
+    address: SshAddress
     port: Port = 22
     user: str = Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")
     via: str | None = None
@@ -62,12 +67,9 @@ class HostConfig(ConfigModel):
     fabric_ip: ipaddress.IPv4Address
     rdma_hcas: list[str] = Field(default_factory=list)
     gpus: int = Field(default=1, ge=1, le=64)
-    host_key: str | None = None
+    host_key: HostKey = None
     head: bool = False
     state_dir: str | None = None
-
-    _address = field_validator("address")(classmethod(lambda cls, v: _check_address(v)))
-    _host_key = field_validator("host_key")(classmethod(lambda cls, v: _check_host_key(v)))
 
     @field_validator("state_dir")
     @classmethod
@@ -78,13 +80,10 @@ class HostConfig(ConfigModel):
 
 
 class BastionConfig(ConfigModel):
-    address: str
+    address: SshAddress
     port: Port = 22
     user: str = Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")
-    host_key: str | None = None
-
-    _address = field_validator("address")(classmethod(lambda cls, v: _check_address(v)))
-    _host_key = field_validator("host_key")(classmethod(lambda cls, v: _check_host_key(v)))
+    host_key: HostKey = None
 
 
 class SshConfig(ConfigModel):
