@@ -1,6 +1,9 @@
 # Sourced by the wait steps: when a wait fails, show what every node's containers said and name the
 # known causes (../shared/ANCHORS.md) that the logs point at.
 
+# One status line per container, on this host or a worker (the scan below reads "restarts N").
+STATUS_FORMAT='{{.State.Status}} (exit {{.State.ExitCode}}, restarts {{.RestartCount}}, oom {{.State.OOMKilled}})'
+
 # container_logs SPEC: SPEC is "node|dest|container" with dest "-" for this host.
 container_logs() {
   local dest container
@@ -9,13 +12,13 @@ container_logs() {
     printf '%s\n' "$(container_status_line "$container")"
     docker logs --tail 50 "$container" 2>&1 || true
   else
-    fabric_ssh "$dest" "docker inspect --format '{{.State.Status}} (exit {{.State.ExitCode}}, restarts {{.RestartCount}}, oom {{.State.OOMKilled}})' $container 2>/dev/null || echo missing; docker logs --tail 50 $container 2>&1" 2>&1 \
+    fabric_ssh "$dest" "docker inspect --format '$STATUS_FORMAT' $container 2>/dev/null || echo missing; docker logs --tail 50 $container 2>&1" 2>&1 \
       || echo "(could not reach $dest over the fabric to read its logs)"
   fi
 }
 
 container_status_line() {
-  docker inspect --format '{{.State.Status}} (exit {{.State.ExitCode}}, restarts {{.RestartCount}}, oom {{.State.OOMKilled}})' "$1" 2>/dev/null || echo missing
+  docker inspect --format "$STATUS_FORMAT" "$1" 2>/dev/null || echo missing
 }
 
 # report_nodes SPEC...: the last 50 log lines of every node's container, then the likely causes.

@@ -434,22 +434,22 @@ def docker_or_raise(host: DockerHost, docker_args: Sequence[str], action: str) -
     return result.stdout
 
 
-def inspect_image(host: DockerHost, name: str) -> dict[str, Any] | None:
-    result = run_docker(host, ["image", "inspect", name])
+def inspect_object(host: DockerHost, kind: str, name: str) -> dict[str, Any] | None:
+    """`docker <kind> inspect name` as a dict; None when there is no such object."""
+    result = run_docker(host, [kind, "inspect", name])
     if result.exit_code != 0:
         if result.is_ssh_failure:
             raise ConnectionError(f"{host.label}: {tail(result.stderr, 10)}")
         return None
     return json.loads(result.stdout)[0]
+
+
+def inspect_image(host: DockerHost, name: str) -> dict[str, Any] | None:
+    return inspect_object(host, "image", name)
 
 
 def inspect_container(host: DockerHost, name: str) -> dict[str, Any] | None:
-    result = run_docker(host, ["container", "inspect", name])
-    if result.exit_code != 0:
-        if result.is_ssh_failure:
-            raise ConnectionError(f"{host.label}: {tail(result.stderr, 10)}")
-        return None
-    return json.loads(result.stdout)[0]
+    return inspect_object(host, "container", name)
 
 
 def container_logs(host: DockerHost, name: str) -> str:
