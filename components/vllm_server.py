@@ -24,7 +24,7 @@ class VllmServerArgs:
     ray: RayCluster
     weights_ready: list[pulumi.Resource]
     fabric: FabricAccess
-    api_key: pulumi.Output[str] | None
+    api_key: pulumi.Output[str]  # a secret, never empty
 
 
 class VllmServer(pulumi.ComponentResource):
@@ -34,7 +34,7 @@ class VllmServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: VllmServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
         plan, head = args.plan, args.head
-        api_key = args.api_key if args.api_key is not None else pulumi.Output.secret("")
+        api_key = args.api_key
         key_file = remote.Command(
             f"{name}-api-key",
             connection=head.connection,

@@ -28,7 +28,7 @@ class Deployment:
     weights: ModelWeights
     ray: RayCluster
     server: VllmServer
-    api_key: pulumi.Output[str] | None
+    api_key: pulumi.Output[str]
 
     def outputs(self) -> dict[str, object]:
         plan = self.plan
@@ -44,8 +44,7 @@ class Deployment:
             "imageId": self.image.image_id,
             "readiness": self.server.ready.stdout.apply(lambda out: out.strip()),
         }
-        if self.api_key is not None:
-            outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
+        outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
 
 

@@ -31,8 +31,8 @@ CONFIG_KEYS = (
 class Settings:
     config: StackConfig
     deployment_id: str
-    hf_token: pulumi.Output[str] | None
-    api_key: pulumi.Output[str] | None
+    hf_token: pulumi.Output[str] | None  # None: not set (models that are not gated)
+    api_key: pulumi.Output[str]
     local_dir: Path  # this machine's derived files: known_hosts for Docker, SSH control sockets
 
 
@@ -40,6 +40,7 @@ def load_settings() -> Settings:
     config = pulumi.Config()
     raw, problems = _structured_values(config)
     problems += _unknown_keys(pulumi.get_project())
+    problems += _secret_problems(config, pulumi.get_project())
     try:
         if problems:
             raise ConfigError("\n".join(problems))
@@ -47,12 +48,13 @@ def load_settings() -> Settings:
     except ConfigError as error:
         raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
     project, stack = pulumi.get_project(), pulumi.get_stack()
+    hf_token = config.get("hfToken")
     base = Path(os.environ.get("SPARK_VLLM_LOCAL_DIR", "~/.spark-vllm")).expanduser()
     return Settings(
         config=stack_config,
         deployment_id=f"{project}/{stack}",
-        hf_token=config.get_secret("hfToken"),
-        api_key=config.get_secret("apiKey"),
+        hf_token=pulumi.Output.secret(hf_token) if hf_token else None,
+        api_key=pulumi.Output.secret(config.get("apiKey") or ""),
         local_dir=base / f"{project}-{stack}",
     )
 
@@ -69,9 +71,27 @@ def _structured_values(config: pulumi.Config) -> tuple[dict[str, Any], list[str]
             shape = "a list of hosts" if key == "hosts" else "a mapping of settings"
             problems.append(f"{key}: must be {shape}, not the text {config.get(key)!r}")
             continue
-        if value is not None:
+        # An optional key set to nothing (`bastion: {}`, Pulumi.yaml's default) is not set.
+        if value is not None and (value != {} or StackConfig.model_fields[key].is_required()):
             values[key] = value
     return values, problems
+
+
+def _secret_problems(config: pulumi.Config, project: str) -> list[str]:
+    """apiKey is required and must not be empty (an empty key turns vLLM's authentication off);
+    a token given without --secret would sit in plain text in the stack file and the state."""
+    problems = []
+    if not config.get("apiKey"):
+        problems.append(
+            "apiKey: is required and must not be empty: "
+            'pulumi config set --secret apiKey "$(openssl rand -hex 24)"'
+        )
+    for key in SECRET_KEYS:
+        if config.get(key) and not pulumi.runtime.is_config_secret(f"{project}:{key}"):
+            problems.append(
+                f"{key}: is stored in plain text; set it with pulumi config set --secret {key} ..."
+            )
+    return problems
 
 
 def _unknown_keys(project: str) -> list[str]:
