@@ -1,0 +1,55 @@
+"""What the Pulumi CLI does before and around a program run, emulated from its sources.
+
+There is no Pulumi CLI on the test machines (see ../../docs/design.md, "What the tests emulate").
+Every harness that runs the program (the mocks harness, the lab executor) starts the run through
+`PulumiCli.program_config`, so a project file or stack the real CLI would refuse is refused here
+too, with the CLI's message, and the program receives exactly the config the CLI would give it.
+
+    cli = PulumiCli(repo)                         # loads and validates Pulumi.yaml
+    cli.stack_init("dev")                         # keeps Pulumi.dev.yaml's config
+    cli.config_set("dev", "apiKey", "s3cret", secret=True)
+    config = cli.program_config("dev")            # mergeConfig; raises CliError as the CLI would
+    with handed_to_program(config): ...           # PULUMI_CONFIG(_SECRET_KEYS), as the exec does
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tests.cli.project import CliError, Project, load_project
+from tests.cli.stack import ProgramConfig, StackFile, handed_to_program, merge_config
+
+__all__ = ["CliError", "ProgramConfig", "PulumiCli", "handed_to_program"]
+
+
+class PulumiCli:
+    """One project directory and the stacks made in this session (kept in memory: the
+    committed `Pulumi.<stack>.yaml` files are read, never written)."""
+
+    def __init__(self, project_dir: Path) -> None:
+        self.project: Project = load_project(Path(project_dir) / "Pulumi.yaml")
+        self.stacks: dict[str, StackFile] = {}
+
+    def stack_init(self, name: str) -> StackFile:
+        """`pulumi stack init NAME`: an existing `Pulumi.NAME.yaml` is kept as it is."""
+        self.stacks[name] = StackFile.load(self.project, name)
+        return self.stacks[name]
+
+    def stack_from(self, name: str, config: Mapping[str, Any]) -> StackFile:
+        """A stack whose `Pulumi.NAME.yaml` has this `config:` block (keys as in the file)."""
+        self.stacks[name] = StackFile.from_config(self.project, name, config)
+        return self.stacks[name]
+
+    def config_set(self, stack: str, key: str, value: str, secret: bool = False) -> None:
+        """`pulumi config set [--secret] KEY VALUE` on a stack made before."""
+        if stack not in self.stacks:
+            raise CliError(f"no stack named '{stack}' found")
+        self.stacks[stack].set(self.project, key, value, secret=secret)
+
+    def program_config(self, stack: str) -> ProgramConfig:
+        """What preview, up, refresh and destroy do before the program starts."""
+        if stack not in self.stacks:
+            raise CliError(f"no stack named '{stack}' found")
+        return merge_config(self.project, self.stacks[stack])
