@@ -15,6 +15,7 @@ from typing import Any
 from lab import Lab
 from lab import client as lab_client
 from lab.stack import PROJECT, stack_config
+from tests.cli import PulumiCli
 from tests.lab.realmocks import RealMocks, StackOutputs, run_program
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +28,13 @@ RAY_NODES = (
 
 
 def deploy(lab: Lab, mocks: RealMocks, config: dict[str, Any]) -> StackOutputs:
-    return run_program(REPO, PROJECT, "lab", config, [f"{PROJECT}:apiKey"], mocks, max_parallel=8)
+    """`pulumi up` of a stack whose file holds `config`; its apiKey is set with --secret."""
+    cli = PulumiCli(REPO)
+    plain = {key: value for key, value in config.items() if key != f"{PROJECT}:apiKey"}
+    cli.stack_from("lab", plain)
+    if f"{PROJECT}:apiKey" in config:
+        cli.config_set("lab", "apiKey", config[f"{PROJECT}:apiKey"], secret=True)
+    return run_program(cli, "lab", mocks, max_parallel=8)
 
 
 def lab_config(lab: Lab) -> dict[str, Any]:

@@ -7,15 +7,17 @@ registers is carried out with the real OpenSSH client and the remote host's dock
 pulumi-command and pulumi-docker would do it. `teardown()` undoes the creates in reverse order,
 the way `pulumi destroy` would.
 
-`run_program()` runs a whole program directory (its `__main__.py`) under these mocks, the way the
-Python language host runs it, and returns the resolved stack outputs.
+`run_program()` runs a whole project (its `__main__.py`) under these mocks, the way the CLI and
+the Python language host run it, and returns the resolved stack outputs.
 
 Secrets (private keys, passwords, stdin) never go on a command line, into a log or into an
 exception message: keys are written to 0600 files, stdin is streamed, env values go through a file.
 A failing command's message shows only the output streams its `logging` input allows.
 
     mocks = RealMocks()                       # command_timeout_s, must_run_settle_s
-    outputs = run_program(Path("."), "spark-vllm", "lab", config, ["apiKey"], mocks)
+    cli = PulumiCli(Path("."))                # Pulumi.yaml checked as the CLI checks it
+    cli.stack_init("lab"); cli.config_set("lab", "apiKey", "k", secret=True)
+    outputs = run_program(cli, "lab", mocks)
     outputs["endpointUrl"], outputs.secret_names
     mocks.journal, mocks.warnings, mocks.program_log
     mocks.teardown()                          # or teardown(journal); raises TeardownError
@@ -48,17 +50,14 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import settings as pulumi_settings
-from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import massage, run_in_stack
 
-log = logging.getLogger(__name__)
+from tests.cli import PulumiCli, handed_to_program
+from tests.mockvalues import unwrap_secrets
 
-# How the mock runtime marks a secret value (pulumi's rpc "special signature" for secrets).
-SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
-SECRET_SIG_VALUE = "1b47061264138c4ac30d75fd1eb44270"
+log = logging.getLogger(__name__)
 
 TYPE_DOCKER_PROVIDER = "pulumi:providers:docker"
 TYPE_COMMAND = "command:remote:Command"
@@ -96,21 +95,6 @@ PROGRAM_LOGGER = "pulumi.program"
 # ---------------------------------------------------------------------------------------------
 # Values as the mock runtime delivers them
 # ---------------------------------------------------------------------------------------------
-
-
-def is_secret(value: Any) -> bool:
-    return isinstance(value, dict) and value.get(SECRET_SIG_KEY) == SECRET_SIG_VALUE
-
-
-def unwrap_secrets(value: Any) -> Any:
-    """The plain value, with every secret wrapper (at any depth) removed."""
-    if is_secret(value):
-        return unwrap_secrets(value.get("value"))
-    if isinstance(value, dict):
-        return {key: unwrap_secrets(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [unwrap_secrets(item) for item in value]
-    return value
 
 
 def is_set(value: Any) -> bool:
@@ -1148,33 +1132,6 @@ def configure_mock_runtime(
     pulumi_settings.configure(settings)
 
 
-def config_entries(
-    project: str, config: Mapping[str, Any], secret_keys: Sequence[str]
-) -> tuple[dict[str, str], list[str]]:
-    """Config as the CLI hands it over: `project:key` names, values as strings (objects as JSON)."""
-
-    def full(key: str) -> str:
-        return key if ":" in key else f"{project}:{key}"
-
-    values = {
-        full(key): value if isinstance(value, str) else json.dumps(value)
-        for key, value in config.items()
-    }
-    return values, [full(key) for key in secret_keys]
-
-
-def load_stack_config(program_dir: Path, stack: str) -> dict[str, Any]:
-    """The plain `config:` of `Pulumi.<stack>.yaml`, for run_program (overrides are merged by the
-    caller). Encrypted (`secure:`) values need the Pulumi CLI: pass those in `config` instead."""
-    path = Path(program_dir) / f"Pulumi.{stack}.yaml"
-    document = yaml.safe_load(path.read_text()) or {}
-    config = dict(document.get("config") or {})
-    encrypted = sorted(k for k, v in config.items() if isinstance(v, dict) and "secure" in v)
-    if encrypted:
-        raise ValueError(f"{path}: encrypted values cannot be read without the CLI: {encrypted}")
-    return config
-
-
 async def resolve_outputs(raw: Mapping[str, Any]) -> StackOutputs:
     values: dict[str, Any] = {}
     secret_names: set[str] = set()
@@ -1259,21 +1216,18 @@ def current_event_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def run_program(
-    program_dir: Path,
-    project: str,
-    stack: str,
-    config: Mapping[str, Any],
-    secret_keys: Sequence[str],
-    mocks: RealMocks,
-    max_parallel: int = 16,
+    cli: PulumiCli, stack: str, mocks: RealMocks, max_parallel: int = 16
 ) -> StackOutputs:
-    """Runs `program_dir/__main__.py` under `mocks` (an `up` from an empty state) and returns its
-    resolved stack outputs. Errors from creates or from the program propagate unchanged. Can be
-    called repeatedly in one process; each run gets fresh runtime state and a fresh event loop."""
-    program_dir = Path(program_dir).resolve()
+    """Runs the project's `__main__.py` under `mocks` (an `up` from an empty state) and returns
+    its resolved stack outputs. The run starts as the CLI starts one: the project and the stack's
+    config pass the CLI's checks (a refusal raises `CliError`), and the program gets its config
+    through PULUMI_CONFIG (tests/cli). Errors from creates or from the program propagate
+    unchanged. Can be called repeatedly in one process; each run gets fresh runtime state and a
+    fresh event loop."""
+    program_config = cli.program_config(stack)
+    program_dir = cli.project.path.parent.resolve()
+    project = cli.project.name
     configure_mock_runtime(mocks, project, stack, program_dir)
-    values, secret_config = config_entries(project, config, secret_keys)
-    set_all_config(values, secret_config)
 
     captured: dict[str, Any] = {}
 
@@ -1290,7 +1244,11 @@ def run_program(
     loop.set_default_executor(executor)
     asyncio.set_event_loop(loop)
     try:
-        with program_imports(program_dir), captured_program_log(mocks.program_log):
+        with (
+            program_imports(program_dir),
+            captured_program_log(mocks.program_log),
+            handed_to_program(program_config),
+        ):
             loop.run_until_complete(run_in_stack(program))
             return loop.run_until_complete(resolve_outputs(captured["stack"].outputs))
     finally:

@@ -25,10 +25,9 @@ from typing import Any
 import pulumi
 import pytest
 
-try:  # importable both as a package module and from pytest's rootdir-less sys.path entry
-    from tests.lab import realmocks
-except ImportError:
-    import realmocks  # type: ignore[no-redef]
+from tests.cli import PulumiCli
+from tests.lab import realmocks
+from tests.mockvalues import SECRET_SIG_KEY, SECRET_SIG_VALUE, is_secret, unwrap_secrets
 
 RealMocks = realmocks.RealMocks
 run_program = realmocks.run_program
@@ -338,15 +337,16 @@ class Deployment:
             },
         }
 
+    def cli(self, scenario: str, **extra: Any) -> PulumiCli:
+        """The throwaway project's stack `test`: its settings, and the private key as a secret."""
+        cli = PulumiCli(self.program_dir)
+        config = self.config(scenario, **extra)
+        cli.stack_from("test", {k: v for k, v in config.items() if k != "privateKey"})
+        cli.config_set("test", "privateKey", config["privateKey"], secret=True)
+        return cli
+
     def run(self, scenario: str = "deploy", **extra: Any) -> realmocks.StackOutputs:
-        return run_program(
-            self.program_dir,
-            PROJECT,
-            "test",
-            self.config(scenario, **extra),
-            ["privateKey"],
-            self.mocks,
-        )
+        return run_program(self.cli(scenario, **extra), "test", self.mocks)
 
 
 @pytest.fixture
@@ -354,6 +354,7 @@ def deployment(lab: Lab, busybox_image: str, tmp_path: Path) -> Iterator[Deploym
     program_dir = tmp_path / "program"
     program_dir.mkdir()
     (program_dir / "__main__.py").write_text(PROGRAM)
+    (program_dir / "Pulumi.yaml").write_text(f"name: {PROJECT}\nruntime: python\n")
     # A throwaway tag per test: RemoteImage has keepLocally false, so teardown removes the tag.
     suffix = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
     image_tag = f"realmocks-doomed:{suffix}"
@@ -418,8 +419,8 @@ def test_program_deploys_for_real_and_teardown_undoes_it(deployment: Deployment)
     assert types.index(realmocks.TYPE_COMMAND) < types.index(realmocks.TYPE_CONTAINER)
     assert all(entry.resource_id for entry in journal)  # what new_resource returned, for reuse
     marker_entry = next(entry for entry in journal if entry.name == "marker")
-    assert realmocks.is_secret(marker_entry.outputs["stdin"])  # secrets stay wrapped in state
-    assert realmocks.is_secret(marker_entry.outputs["connection"])
+    assert is_secret(marker_entry.outputs["stdin"])  # secrets stay wrapped in state
+    assert is_secret(marker_entry.outputs["connection"])
     assert outputs["uncheckedStdout"] == "unchecked"
     assert [w for w in deployment.mocks.warnings if "NOT checked" in w] == [
         f"command:remote:Command 'unchecked': root@127.0.0.1:{lab.port}: no hostKey given, "
@@ -451,14 +452,7 @@ def test_second_run_in_one_process_works_and_a_name_conflict_fails_like_the_prov
     # from an empty state against hosts that still run the old containers.
     conflicting = RealMocks(command_timeout_s=60, must_run_settle_s=1.0)
     with pytest.raises(Exception, match=r"Conflict\. The container name .* is already in use"):
-        run_program(
-            deployment.program_dir,
-            PROJECT,
-            "test",
-            deployment.config("deploy"),
-            ["privateKey"],
-            conflicting,
-        )
+        run_program(deployment.cli("deploy"), "test", conflicting)
     assert not any(entry.type == realmocks.TYPE_CONTAINER for entry in conflicting.journal)
     conflicting.teardown()
     # The conflicting run's teardown must leave the live deployment's container alone.
@@ -575,12 +569,10 @@ def test_every_container_of_the_real_program_translates(
     containers = evaluation.by_type(realmocks.TYPE_CONTAINER)
     assert containers
     for registration in containers:
-        realmocks.container_run_args(realmocks.unwrap_secrets(registration.inputs))
+        realmocks.container_run_args(unwrap_secrets(registration.inputs))
     for registration in evaluation.by_type(realmocks.TYPE_COMMAND):
         realmocks.connection_from_inputs(registration.inputs["connection"], registration.name)
-        assert not realmocks.is_set(
-            realmocks.unwrap_secrets(registration.inputs.get("environment"))
-        )
+        assert not realmocks.is_set(unwrap_secrets(registration.inputs.get("environment")))
     for registration in evaluation.by_type(realmocks.TYPE_DOCKER_PROVIDER):
         realmocks.docker_host_from_provider_inputs(registration.inputs, registration.name)
 
@@ -613,8 +605,8 @@ def test_command_environment_is_refused_because_sshd_drops_it() -> None:
 
 
 def test_secrets_unwrap_at_any_depth() -> None:
-    wrapped = {realmocks.SECRET_SIG_KEY: realmocks.SECRET_SIG_VALUE, "value": {"privateKey": "k"}}
-    assert realmocks.unwrap_secrets({"connection": wrapped}) == {"connection": {"privateKey": "k"}}
+    wrapped = {SECRET_SIG_KEY: SECRET_SIG_VALUE, "value": {"privateKey": "k"}}
+    assert unwrap_secrets({"connection": wrapped}) == {"connection": {"privateKey": "k"}}
     connection = realmocks.connection_from_inputs(
         {**wrapped, "value": {"host": "h", "port": 2222.0, "proxy": {"host": "j"}}}, "t"
     )

@@ -1,7 +1,13 @@
 """Evaluate the real `__main__.py` under Pulumi's mock runtime and record every registration.
 
+Each run starts the way the Pulumi CLI starts one (tests/cli): `Pulumi.yaml` loaded and
+validated, the stack's config merged with the project's declarations, secrets set with
+`--secret`, and the result handed to the program through PULUMI_CONFIG as the language host
+does. A refusal is the CLI's `CliError`, before the program runs.
+
 The recording monitor sees the raw RegisterResource requests, so tests can check parents,
-dependencies, providers, timeouts and replacement options, not only inputs.
+dependencies, providers, timeouts and replacement options, not only inputs. With
+`preview=True` it answers as the engine does during `pulumi preview` (tests/engine/preview.py).
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-# Secret values as the mock runtime delivers them: one definition for both kinds of mock test.
-from tests.lab.realmocks import is_secret, unwrap_secrets
+from tests.cli import PulumiCli, handed_to_program
+from tests.engine.preview import PreviewMonitor, PriorResource
+from tests.mockvalues import is_secret, unwrap_secrets
 
 unwrap = unwrap_secrets
 __all__ = ["Evaluation", "FakeHosts", "evaluate", "is_secret", "load_stack_config", "unwrap"]
@@ -43,14 +50,18 @@ class Registration:
     delete_before_replace: bool
     custom_timeouts: dict[str, str]
     inputs: dict[str, Any] = field(default_factory=dict)  # as the mock saw them (secrets wrapped)
+    replace_on_changes: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Evaluation:
     registrations: list[Registration]
-    outputs: dict[str, Any]
+    outputs: dict[str, Any]  # unknown outputs (preview) resolve to None
     secret_outputs: set[str]
     warnings: list[str]
+    state: dict[str, PriorResource] = field(default_factory=dict)  # by URN, for the next run
+    unknown_outputs: set[str] = field(default_factory=set)
+    steps: dict[str, str] = field(default_factory=dict)  # preview: resource name -> step
 
     def by_type(self, typ: str) -> list[Registration]:
         return [r for r in self.registrations if r.typ == typ]
@@ -111,8 +122,23 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """An `up`: every resource is created by the mocks; the state is kept for a next run."""
+
     def __init__(self, mocks: pulumi.runtime.Mocks):
         super().__init__(mocks)
+        self.requests: dict[str, Any] = {}
+        self.state: dict[str, PriorResource] = {}
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        self.requests[response.urn] = request
+        self.state[response.urn] = PriorResource.recorded(request, response)
+        return response
+
+
+class RecordingPreviewMonitor(PreviewMonitor):
+    def __init__(self, mocks: pulumi.runtime.Mocks, prior: dict[str, PriorResource]):
+        super().__init__(mocks, prior)
         self.requests: dict[str, Any] = {}
 
     def RegisterResource(self, request):
@@ -151,39 +177,63 @@ def evaluate(
     secrets: dict[str, str] | None = None,
     stack: str = "dev",
     mocks: pulumi.runtime.Mocks | None = None,
+    *,
+    preview: bool = False,
+    prior: Evaluation | None = None,
 ) -> Evaluation:
-    """Run __main__.py once with `config` (plain keys) and `secrets`; raise what it raises."""
-    secrets = secrets or {}
-    monitor = RecordingMonitor(mocks or FakeHosts())
+    """`pulumi up` (or `preview`) of __main__.py on a stack whose `Pulumi.<stack>.yaml` holds
+    `config` (keys without the namespace) and `secrets` (set with --secret). `prior` is the
+    state of an earlier `up` (a deployed stack). Raises the CLI's refusal or the program's error.
+    """
+    cli = PulumiCli(REPO)
+    cli.stack_from(stack, config)
+    for key, value in (secrets or {}).items():
+        cli.config_set(stack, key, value, secret=True)
+    return run_stack(cli, stack, mocks, preview=preview, prior=prior)
+
+
+def run_stack(
+    cli: PulumiCli,
+    stack: str,
+    mocks: pulumi.runtime.Mocks | None = None,
+    *,
+    preview: bool = False,
+    prior: Evaluation | None = None,
+) -> Evaluation:
+    """`pulumi up` / `pulumi preview` of a stack the CLI holds: its checks, then the program."""
+    program_config = cli.program_config(stack)
+    mocks = mocks or FakeHosts()
+    prior_state = prior.state if prior is not None else {}
+    monitor: RecordingMonitor | RecordingPreviewMonitor = (
+        RecordingPreviewMonitor(mocks, prior_state) if preview else RecordingMonitor(mocks)
+    )
     logger = CapturingLogger()
     pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(
-        monitor.mocks,
+        mocks,
         project=PROJECT,
         stack=stack,
-        preview=False,
+        preview=preview,
         monitor=monitor,
         logger=logger,  # type: ignore[arg-type]  # duck-typed: records warnings
     )
-    all_config = {f"{PROJECT}:{k}": _config_text(v) for k, v in config.items()}
-    all_config.update({f"{PROJECT}:{k}": v for k, v in secrets.items()})
-    pulumi.runtime.set_all_config(all_config, secret_keys=[f"{PROJECT}:{k}" for k in secrets])
     pulumi_settings.SETTINGS.rpc_manager.clear()
-    _sync_await(run_pulumi_func(_run_main))
+    with handed_to_program(program_config):
+        _sync_await(run_pulumi_func(_run_main))
+    outputs, unknown = _resolved_outputs()
     return Evaluation(
         registrations=[_registration(urn, req) for urn, req in monitor.requests.items()],
-        outputs=_resolved_outputs(),
+        outputs=outputs,
         secret_outputs=_secret_output_names(),
         warnings=logger.warnings,
+        state=monitor.state if isinstance(monitor, RecordingMonitor) else {},
+        unknown_outputs=unknown,
+        steps=monitor.steps if isinstance(monitor, RecordingPreviewMonitor) else {},
     )
 
 
 def _run_main() -> None:
     runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
-
-
-def _config_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _registration(urn: str, request: Any) -> Registration:
@@ -199,6 +249,7 @@ def _registration(urn: str, request: Any) -> Registration:
         delete_before_replace=request.deleteBeforeReplace,
         custom_timeouts={"create": timeouts.create, "delete": timeouts.delete},
         inputs=json_format.MessageToDict(request.object),
+        replace_on_changes=list(request.replaceOnChanges),
     )
 
 
@@ -208,8 +259,15 @@ def _root_outputs() -> dict[str, Any]:
     return dict(root.outputs)  # type: ignore[attr-defined]
 
 
-def _resolved_outputs() -> dict[str, Any]:
-    return {name: _sync_await(_resolve(value)) for name, value in _root_outputs().items()}
+def _resolved_outputs() -> tuple[dict[str, Any], set[str]]:
+    """Each stack output's value, and the names of those still unknown (preview)."""
+    values, unknown = {}, set()
+    for name, value in _root_outputs().items():
+        output = pulumi.Output.from_input(value)
+        values[name] = _sync_await(_resolve(output))
+        if not _sync_await(output.is_known()):
+            unknown.add(name)
+    return values, unknown
 
 
 def _secret_output_names() -> set[str]:

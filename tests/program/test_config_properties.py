@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stacks.config import ConfigError, parse_stack_config
+from tests.cli import CliError
 from tests.program.conftest import HOST_KEYS, SECRETS
 from tests.program.harness import FakeHosts, evaluate
 
@@ -101,6 +102,8 @@ def test_invalid_config_stops_before_any_resource(config: dict[str, Any]) -> Non
     mocks = RecordingHosts()
     try:
         evaluate(config, SECRETS, mocks=mocks)
+    except CliError as error:  # the CLI refuses a declared key of the wrong type first
+        assert str(error).startswith("validating stack config: Stack 'dev' with configuration key")
     except Exception as error:
         assert type(error).__name__ == "RunError", repr(error)
         assert str(error).startswith("invalid spark-vllm configuration:\n")

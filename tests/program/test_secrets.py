@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli import CliError
 from tests.program.conftest import PRIVATE_KEY, SECRETS, ConfigFactory
 from tests.program.harness import Evaluation, evaluate, is_secret
 
@@ -83,10 +84,36 @@ def test_outputs_keep_the_api_key_secret(evaluation: Evaluation) -> None:
             assert not any(secret in json.dumps(value) for secret in SECRET_VALUES), name
 
 
-def test_without_secrets_the_server_still_gets_an_empty_key_file(
-    make_config: ConfigFactory,
-) -> None:
-    ev = evaluate(make_config(hosts=2))
-    assert "apiKey" not in ev.outputs
+def test_the_hf_token_may_be_left_out(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=2), {"apiKey": SECRETS["apiKey"]})
     assert ev.named("weights-fetch").inputs["stdin"] == ""
     assert is_secret(ev.named("vllm-api-key").inputs["stdin"])
+
+
+def test_the_api_key_is_required_by_the_cli(make_config: ConfigFactory) -> None:
+    with pytest.raises(CliError) as caught:
+        evaluate(make_config(hosts=2))
+    assert str(caught.value) == (
+        "validating stack config: Stack 'dev' is missing configuration value 'apiKey'"
+    )
+
+
+def test_an_api_key_in_plain_text_is_refused_by_the_cli(make_config: ConfigFactory) -> None:
+    config = {**make_config(hosts=2), "apiKey": "plain"}
+    with pytest.raises(CliError) as caught:
+        evaluate(config)
+    assert str(caught.value).endswith("key 'apiKey' must be encrypted as it's secret")
+
+
+def test_an_empty_api_key_is_refused(make_config: ConfigFactory) -> None:
+    with pytest.raises(Exception, match="apiKey: is required and must not be empty") as caught:
+        evaluate(make_config(hosts=2), {"apiKey": ""})
+    assert type(caught.value).__name__ == "RunError"
+
+
+def test_an_hf_token_in_plain_text_is_refused(make_config: ConfigFactory) -> None:
+    """Untyped in Pulumi.yaml (so that it can stay optional), so the program checks it."""
+    config = {**make_config(hosts=2), "hfToken": "hf_plain"}
+    with pytest.raises(Exception, match="hfToken: is stored in plain text") as caught:
+        evaluate(config, {"apiKey": SECRETS["apiKey"]})
+    assert type(caught.value).__name__ == "RunError"

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli import CliError
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
 
@@ -67,12 +68,8 @@ CASES = [
      "vllm.env.GLOO_SOCKET_IFNAME: is derived per node"),
     ("top-level typo", lambda c: {**c, "vlm": {"port": 1}},
      "vlm: is not a known setting (check the spelling)"),
-    ("hosts as text", lambda c: {**c, "hosts": "spark1"},
-     "hosts: must be a list of hosts, not the text 'spark1'"),
     ("no hosts", lambda c: {**c, "hosts": []},
      "hosts: List should have at least 1 item"),
-    ("missing image", lambda c: {k: v for k, v in c.items() if k != "image"},
-     "image: is required"),
     ("bad address", lambda c: with_host(c, 0, address="10.0.0.1; rm -rf /"),
      "hosts[0].address: Value error, '10.0.0.1; rm -rf /' is not a host name or IP address"),
 ]  # fmt: skip
@@ -86,6 +83,31 @@ def test_each_problem_is_reported_with_its_key(
     assert text.startswith("invalid spark-vllm configuration:\n")
     assert message.replace("Value error, ", "") in text
     assert "Traceback" not in text
+
+
+CLI_REFUSALS = [
+    ("hosts as text", lambda c: {**c, "hosts": "spark1"},
+     "validating stack config: Stack 'dev' with configuration key 'hosts' must be of type "
+     "'array<object>'"),
+    ("ssh as a list", lambda c: {**c, "ssh": ["~/.ssh/id_ed25519"]},
+     "validating stack config: Stack 'dev' with configuration key 'ssh' must be of type 'object'"),
+    ("missing image", lambda c: {k: v for k, v in c.items() if k != "image"},
+     "validating stack config: Stack 'dev' is missing configuration value 'image'"),
+    ("missing image and model",
+     lambda c: {k: v for k, v in c.items() if k not in ("image", "model")},
+     "validating stack config: Stack 'dev' is missing configuration values 'image' and 'model'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"), [c[1:] for c in CLI_REFUSALS], ids=[c[0] for c in CLI_REFUSALS]
+)
+def test_what_the_cli_refuses_never_reaches_the_program(
+    make_config: ConfigFactory, mutate: Any, message: str
+) -> None:
+    with pytest.raises(CliError) as caught:
+        evaluate(mutate(make_config(hosts=3)), SECRETS)
+    assert str(caught.value) == message
 
 
 def test_several_problems_are_all_listed(make_config: ConfigFactory) -> None:
