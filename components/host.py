@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from components.remote import (
 from stacks.nodes import DeploymentPlan, NodePlan, ray_listen_ports
 
 GIB = 1024**3
+# Which bundle `<stateDir>/bin` holds (its digest): the scripts' delete checks it.
+BUNDLE_MARKER = ".bundle-digest"
 
 
 @dataclass(frozen=True)
@@ -91,22 +94,34 @@ class Host(pulumi.ComponentResource):
     def _install_scripts(
         self, name: str, plan: DeploymentPlan, child: pulumi.ResourceOptions
     ) -> remote.Command:
-        """Unpack the step scripts into `<stateDir>/bin`; re-runs only when a script changes."""
+        """Unpack the step scripts into `<stateDir>/bin`; re-runs only when a script changes.
+
+        A changed bundle is an update (pulumi-command replaces only on `triggers`), which runs
+        this create again over the installed files. The delete removes `bin` only while it
+        holds this bundle: a replacement (`pulumi up --replace`) is created before the old
+        resource is deleted, and must not lose its scripts to that delete.
+        """
         bundle = scripts_bundle()
         node = self.node
-        dirs = " ".join(f"'{d}'" for d in (node.bin_dir, node.ray_dir, plan.config.model.cache_dir))
+        bin_dir = shlex.quote(node.bin_dir)
+        marker = shlex.quote(f"{node.bin_dir}/{BUNDLE_MARKER}")
+        dirs = " ".join(
+            shlex.quote(d) for d in (node.bin_dir, node.ray_dir, plan.config.model.cache_dir)
+        )
         return remote.Command(
             f"{name}-scripts",
             connection=self.connection,
             create=(
-                f"umask 077 && mkdir -p {dirs} && chmod 755 '{node.bin_dir}' && "
-                f"base64 -d | tar -xzf - -C '{node.bin_dir}' && echo {bundle.digest}"
+                f"umask 077 && mkdir -p {dirs} && chmod 755 {bin_dir} && "
+                f"base64 -d | tar -xzf - -C {bin_dir} && "
+                f"echo {bundle.digest} > {marker} && echo {bundle.digest}"
             ),
-            delete=f"rm -rf '{node.bin_dir}'",
+            delete=(
+                f'if [ "$(cat {marker} 2>/dev/null)" = {bundle.digest} ]; then rm -rf {bin_dir}; fi'
+            ),
             stdin=bundle.archive_b64,
             logging=remote.Logging.STDERR,
             add_previous_output_in_env=False,
-            triggers=[bundle.digest],
             opts=pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create="2m"))
             ),

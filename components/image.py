@@ -47,6 +47,9 @@ class ImageDistribution(pulumi.ComponentResource):
                 parent=self,
                 provider=head.provider,
                 depends_on=[head.preflight],
+                # Its delete removes the image (keepLocally false): a replacement created first
+                # could be that very image (a tag moved to the same ID), so delete it first.
+                delete_before_replace=not image_cfg.keep_on_destroy,
                 custom_timeouts=pulumi.CustomTimeouts(
                     create=f"{plan.config.timeouts.image_transfer_minutes}m"
                 ),

@@ -1,0 +1,119 @@
+"""What a replacement does to a serving host. The engine replaces create-before-delete unless a
+resource (or its provider) says delete-before-replace: the new resource is created, and the old
+one's delete runs at the end of the deployment (ENGINE-NOTES.md; tests/engine/diff.py). A delete
+that undoes what the replacement just created leaves the host broken, as the first version's
+`rm -rf <stateDir>/bin` did after every change of a script."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.diff import TYPE_COMMAND, TYPE_CONTAINER, TYPE_REMOTE_IMAGE
+from tests.mockvalues import unwrap_secrets
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import Registration, evaluate, load_stack_config
+
+
+def replaceable(reg: Registration) -> bool:
+    """pulumi-command replaces only on `triggers` (or replaceOnChanges); a Docker container or
+    image has ForceNew fields (its image, its name), so any of them can be replaced."""
+    if reg.typ == TYPE_COMMAND:  # the SDK registers every Command with ["triggers[*]"]
+        others = [p for p in reg.replace_on_changes if not p.startswith("triggers")]
+        return bool(reg.inputs.get("triggers")) or bool(others)
+    return reg.typ in (TYPE_CONTAINER, TYPE_REMOTE_IMAGE) or bool(reg.replace_on_changes)
+
+
+def has_delete(reg: Registration) -> bool:
+    if reg.typ == TYPE_COMMAND:
+        return bool(reg.inputs.get("delete"))
+    if reg.typ == TYPE_REMOTE_IMAGE:
+        return not reg.inputs.get("keepLocally", False)
+    return reg.typ == TYPE_CONTAINER
+
+
+def deletes_first(reg: Registration) -> bool:
+    # pulumi-docker's provider/resources.go: docker_container is DeleteBeforeReplace.
+    return reg.delete_before_replace or reg.typ == TYPE_CONTAINER
+
+
+def variants(make_config: ConfigFactory) -> dict[str, dict[str, Any]]:
+    base = make_config(hosts=3)
+    return {
+        "dev": load_stack_config("dev"),
+        "bastion, 3 hosts": base,
+        "images removed on destroy": {**base, "image": {**base["image"], "keepOnDestroy": False}},
+        "firewall": {**base, "fabric": {"firewall": True}},
+        "existing trust": {**base, "fabric": {"trust": "existing"}},
+    }
+
+
+def test_no_replacement_can_undo_itself(make_config: ConfigFactory, tmp_path: Path) -> None:
+    for label, config in variants(make_config).items():
+        if label == "dev":
+            config = {**config, "ssh": {"privateKeyPath": str(tmp_path / "k")}}
+            (tmp_path / "k").write_text("key")
+        ev = evaluate(config, SECRETS)
+        unsafe = [
+            r.name
+            for r in ev.registrations
+            if replaceable(r) and has_delete(r) and not deletes_first(r)
+        ]
+        assert unsafe == [], f"{label}: replaced create-before-delete, then deleted: {unsafe}"
+
+
+def test_an_upgrade_that_changes_a_script_updates_only_the_scripts(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preview of the next `up` after a new spark-vllm release edited a host script."""
+    import components.host
+    from components.remote import ScriptsBundle, scripts_bundle
+
+    config = make_config(hosts=2)
+    up = evaluate(config, SECRETS)
+    edited = ScriptsBundle(scripts_bundle().archive_b64 + "Cg==", "f" * 64)
+    monkeypatch.setattr(components.host, "scripts_bundle", lambda: edited)
+    preview = evaluate(config, SECRETS, preview=True, prior=up)
+    assert {n: s for n, s in preview.steps.items() if s != "same"} == {
+        "spark1-scripts": "update",
+        "spark2-scripts": "update",
+    }
+
+
+def test_the_scripts_delete_spares_a_newer_bundle(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """Run the install and its delete for real with bash: the delete of an older bundle (what a
+    create-before-delete replacement runs last) leaves the newer bundle's scripts in place."""
+    config = make_config(hosts=2)
+    config["hosts"][0]["stateDir"] = str(tmp_path / "state dir's")  # a space and a quote
+    config["model"]["cacheDir"] = str(tmp_path / "hf")
+    inputs = unwrap_secrets(evaluate(config, SECRETS).named("spark1-scripts").inputs)
+    bin_dir = tmp_path / "state dir's" / "bin"
+
+    def bash(command: str, stdin: str = "") -> None:
+        subprocess.run(["bash", "-c", command], input=stdin, text=True, check=True, timeout=30)
+
+    bash(inputs["create"], inputs["stdin"])
+    assert (bin_dir / "preflight.sh").is_file()
+    marker = bin_dir / ".bundle-digest"
+    installed = marker.read_text()
+    marker.write_text("0" * 64 + "\n")  # a newer bundle was installed over it
+    bash(inputs["delete"])
+    assert (bin_dir / "preflight.sh").is_file(), "the old delete removed the new scripts"
+    marker.write_text(installed)
+    bash(inputs["delete"])  # destroy: the bundle it installed is still there
+    assert not bin_dir.exists()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_image_deletes_first_only_when_its_delete_removes_it(
+    make_config: ConfigFactory, keep: bool
+) -> None:
+    config = make_config(hosts=2)
+    config["image"] = {**config["image"], "keepOnDestroy": keep}
+    pull = evaluate(config, SECRETS).named("image-pull")
+    assert pull.delete_before_replace is (not keep)
