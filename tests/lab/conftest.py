@@ -111,9 +111,15 @@ def lab_bastion(lab_factory: Callable[..., Lab]) -> Lab:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """How long the end-to-end runs took (CI logs keep it)."""
-    from tests.lab.timings import TIMINGS
+    from tests.lab.timings import DAY_TWO, TIMINGS
 
     if TIMINGS:
         terminalreporter.section("lab timings")
         for what, seconds in TIMINGS:
             terminalreporter.write_line(f"{what}: {seconds:.1f} s")
+    if DAY_TWO:
+        terminalreporter.section("day two (plan, wall time, serving downtime)")
+        for scenario, counts, seconds, downtime in DAY_TWO:
+            terminalreporter.write_line(
+                f"{scenario}: {counts}; {seconds:.1f} s; downtime {downtime:.1f} s"
+            )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,9 +28,11 @@ RAY_NODES = (
 )
 
 
-def deploy(lab: Lab, mocks: RealMocks, config: dict[str, Any]) -> StackOutputs:
+def deploy(
+    lab: Lab, mocks: RealMocks, config: dict[str, Any], project_dir: Path = REPO
+) -> StackOutputs:
     """`pulumi up` of a stack whose file holds `config`; its apiKey is set with --secret."""
-    cli = PulumiCli(REPO)
+    cli = PulumiCli(project_dir)
     plain = {key: value for key, value in config.items() if key != f"{PROJECT}:apiKey"}
     cli.stack_from("lab", plain)
     if f"{PROJECT}:apiKey" in config:
@@ -87,3 +90,52 @@ def complete(base: str, model: str, key: str | None = API_KEY) -> tuple[int, dic
 
 def host_sh(lab: Lab, host: str, script: str) -> str:
     return lab.sh(host, script).stdout.strip()
+
+
+class EndpointPoller:
+    """A client that asks the endpoint for its models every `interval` seconds while a run goes
+    on, and measures how long it did not answer (bounded: it stops when the block ends)."""
+
+    def __init__(self, base: str, *keys: str, interval: float = 0.25) -> None:
+        """Up means: some key in `keys` is accepted (a key rotation changes which)."""
+        self.base, self.keys, self.interval = base, keys or (API_KEY,), interval
+        self.samples: list[tuple[float, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> EndpointPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            ok = any(self._answers(key) for key in self.keys)
+            self.samples.append((time.monotonic(), ok))
+            self._stop.wait(self.interval)
+
+    def _answers(self, key: str) -> bool:
+        request = urllib.request.Request(
+            self.base + "/models", headers={"Authorization": f"Bearer {key}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                return bool(response.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def downtime(self) -> float:
+        """Seconds between the first failed answer and the next good one, summed."""
+        total, down_since = 0.0, None
+        for at, ok in self.samples:
+            if not ok and down_since is None:
+                down_since = at
+            elif ok and down_since is not None:
+                total += at - down_since
+                down_since = None
+        if down_since is not None and self.samples:
+            total += self.samples[-1][0] - down_since
+        return total

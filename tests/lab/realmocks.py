@@ -680,6 +680,17 @@ class JournalEntry:
     outputs: dict[str, Any] = field(repr=False)
     docker_host: DockerHost | None = None
     resource_id: str = ""  # the id new_resource returned ("" for a container that never started)
+    options: RegistrationOptions | None = None  # as the program registered it (set by _record)
+
+
+@dataclass(frozen=True)
+class RegistrationOptions:
+    """What the engine keeps of a registration besides its inputs (not in MockResourceArgs)."""
+
+    urn: str
+    dependencies: tuple[str, ...]
+    replace_on_changes: tuple[str, ...]
+    delete_before_replace: bool
 
 
 class TeardownError(Exception):
@@ -712,6 +723,8 @@ class RealMocks(pulumi.runtime.Mocks):
         self.program_log: list[str] = []
         self._docker_hosts: dict[str, DockerHost] = {}
         self._lock = threading.Lock()
+        # (type, name) -> the options of its registration, filled by OptionsMonitor.
+        self.registrations: dict[tuple[str, str], RegistrationOptions] = {}
 
     # -- pulumi.runtime.Mocks ------------------------------------------------------------------
 
@@ -745,6 +758,17 @@ class RealMocks(pulumi.runtime.Mocks):
         provider_id = f"{args.name}-{uuid.uuid4().hex[:12]}"
         with self._lock:
             self._docker_hosts[provider_id] = docker_host
+        # In the state like any resource (its delete does nothing), so a next run finds it.
+        self._record(
+            JournalEntry(
+                args.typ,
+                args.name,
+                f"{args.typ}::{args.name}",
+                dict(args.inputs),
+                dict(args.inputs),
+                resource_id=provider_id,
+            )
+        )
         return provider_id, dict(args.inputs)
 
     def _create_command(self, args: pulumi.runtime.MockResourceArgs, what: str) -> tuple[str, dict]:
@@ -939,6 +963,7 @@ class RealMocks(pulumi.runtime.Mocks):
 
     def _record(self, entry: JournalEntry) -> None:
         with self._lock:
+            entry.options = self.registrations.get((entry.type, entry.name), entry.options)
             self.journal.append(entry)
 
     def _warn(self, what: str, warnings: list[str]) -> None:
@@ -948,57 +973,28 @@ class RealMocks(pulumi.runtime.Mocks):
             with self._lock:
                 self.warnings.append(message)
 
+    def finish(self) -> None:
+        """The engine's steps after the program's last registration (none for a first `up`)."""
+
     # -- teardown ------------------------------------------------------------------------------
 
-    def teardown(self) -> None:
-        """Undo every journaled create, newest first; raises TeardownError listing every failure."""
+    def state_entries(self) -> list[JournalEntry]:
+        """What the stack's state holds after this run, oldest first."""
         with self._lock:
-            entries = list(self.journal)
+            return list(self.journal)
+
+    def teardown(self) -> None:
+        """`pulumi destroy`: undo everything the state holds, newest first; raises
+        TeardownError listing every failure."""
+        entries = self.state_entries()
         teardown(entries, self.command_timeout_s)
         with self._lock:
             done = {id(entry) for entry in entries}
             self.journal = [entry for entry in self.journal if id(entry) not in done]
+        self.forget(entries)
 
-
-class FollowUpRun(RealMocks):
-    """The next `pulumi up --refresh` after `previous` (which may have failed part-way).
-
-    Containers and images whose inputs did not change are kept as they are, as Pulumi's diff
-    would, unless the refresh finds the container stopped or gone (`mustRun`): then it is
-    replaced. Every command runs again, which also proves each one idempotent. The journal then
-    holds the whole stack, so `teardown()` of this run undoes both runs."""
-
-    def __init__(self, previous: RealMocks, **options: Any) -> None:
-        super().__init__(**options)
-        self.kept_count = 0
-        self.replaced: list[str] = []
-        self._previous = {(e.type, e.name): e for e in previous.journal}
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
-        previous = self._previous.get((args.typ, args.name))
-        if previous is not None and previous.inputs == args.inputs and self._keeps(previous):
-            self._record(previous)
-            self.kept_count += 1
-            return previous.resource_id, previous.outputs
-        if previous is not None and args.typ == TYPE_CONTAINER and previous.docker_host:
-            # Changed inputs or stopped: replaced, the old one first (deleteBeforeReplace).
-            remove_container(previous.docker_host, previous)
-            self.replaced.append(args.name)
-        return super().new_resource(args)
-
-    @classmethod
-    def _keeps(cls, entry: JournalEntry) -> bool:
-        """An unchanged image stays; an unchanged container stays only if still running."""
-        return entry.type == TYPE_REMOTE_IMAGE or (
-            entry.type == TYPE_CONTAINER and cls._still_running(entry)
-        )
-
-    @staticmethod
-    def _still_running(entry: JournalEntry) -> bool:
-        if entry.docker_host is None:
-            return False
-        state = inspect_container(entry.docker_host, entry.resource_id)
-        return bool(state and state["State"]["Running"])
+    def forget(self, entries: list[JournalEntry]) -> None:
+        """Entries that are gone from the hosts (a run's own bookkeeping hook)."""
 
 
 def run_docker_with_env_file(
@@ -1109,6 +1105,21 @@ class StackOutputs(dict[str, Any]):
         self.secret_names = frozenset(secret_names)
 
 
+class OptionsMonitor(pulumi_mocks.MockMonitor):
+    """Hands the mocks what a registration says beyond its inputs (URN, dependencies,
+    replaceOnChanges, deleteBeforeReplace), before they perform it."""
+
+    def RegisterResource(self, request: Any) -> Any:
+        if isinstance(self.mocks, RealMocks) and request.type != "pulumi:pulumi:Stack":
+            self.mocks.registrations[(request.type, request.name)] = RegistrationOptions(
+                urn=self.make_urn(request.parent, request.type, request.name),
+                dependencies=tuple(request.dependencies),
+                replace_on_changes=tuple(request.replaceOnChanges),
+                delete_before_replace=request.deleteBeforeReplace,
+            )
+        return super().RegisterResource(request)
+
+
 def configure_mock_runtime(
     mocks: pulumi.runtime.Mocks, project: str, stack: str, root_directory: Path
 ) -> None:
@@ -1117,7 +1128,7 @@ def configure_mock_runtime(
     pulumi_settings.reset_options(
         project=project, stack=stack, root_directory=str(root_directory), preview=False
     )
-    monitor = pulumi_mocks.MockMonitor(mocks)
+    monitor = OptionsMonitor(mocks)
     settings = pulumi_mocks.MockSettings(
         monitor=monitor,
         monitor_features=set(monitor.GetDeploymentInfo(None).supportedFeatures),
@@ -1250,7 +1261,9 @@ def run_program(
             handed_to_program(program_config),
         ):
             loop.run_until_complete(run_in_stack(program))
-            return loop.run_until_complete(resolve_outputs(captured["stack"].outputs))
+            outputs = loop.run_until_complete(resolve_outputs(captured["stack"].outputs))
+        mocks.finish()
+        return outputs
     finally:
         # Creates still in flight after a failure finish here, so the journal is complete.
         executor.shutdown(wait=True)

@@ -26,7 +26,8 @@ from tests.lab.deploying import (
     host_sh,
     lab_config,
 )
-from tests.lab.realmocks import FollowUpRun, RealMocks, StackOutputs
+from tests.lab.engine import NextUp, log_plan
+from tests.lab.realmocks import RealMocks, StackOutputs
 from tests.lab.timings import record_timing
 
 pytestmark = pytest.mark.lab
@@ -143,16 +144,14 @@ def test_what_the_bastion_can_and_cannot_reach(deployed: Deployment) -> None:
 
 def test_a_second_up_is_idempotent_and_keeps_serving(deployed: Deployment, endpoint: str) -> None:
     started = time.monotonic()
-    second = FollowUpRun(deployed.mocks)
+    second = NextUp(deployed.mocks)
     outputs = deploy(deployed.lab, second, lab_config(deployed.lab))
     record_timing("e2e second up (unchanged stack)", time.monotonic() - started)
     deployed.mocks = second  # the stack now is what the second run holds
-    assert outputs["endpointUrl"] == deployed.outputs["endpointUrl"]
-    assert second.kept_count == 4, "the image and all three containers were unchanged"
-    sync = next(e for e in second.journal if e.name == "image-spark2-sync")
-    assert "already has" in sync.outputs["stdout"], "the image was not copied again"
-    copy = next(e for e in second.journal if e.name == "weights-spark2-copy")
-    assert "already has" in copy.outputs["stdout"], "the weights were not copied again"
+    log_plan("second pulumi up, unchanged stack", second)
+    assert outputs == deployed.outputs
+    assert second.changed() == {}, "an unchanged stack plans nothing but same"
+    assert second.commands_run == 0
     assert complete(endpoint, outputs["modelId"])[0] == 200
 
 

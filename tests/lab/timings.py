@@ -8,3 +8,11 @@ TIMINGS: list[tuple[str, float]] = []
 
 def record_timing(what: str, seconds: float) -> None:
     TIMINGS.append((what, seconds))
+
+
+# One row per day-two scenario: (scenario, plan counts, seconds of the run, seconds of downtime).
+DAY_TWO: list[tuple[str, str, float, float]] = []
+
+
+def record_day_two(scenario: str, counts: str, seconds: float, downtime: float) -> None:
+    DAY_TWO.append((scenario, counts, seconds, downtime))

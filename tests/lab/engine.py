@@ -1,0 +1,308 @@
+"""The next `pulumi up` on a deployed stack, planned and carried out the way the engine does.
+
+`RealMocks` performs a first `up` (every resource a create). `NextUp` starts from the state a
+previous run left (its journal: per resource the type, inputs, outputs, ID, URN, dependencies
+and options) and, as the program registers each resource, plans one step for it with the
+providers' own rules (tests/engine/diff.py, each rule cited there):
+
+- same: nothing runs; the old ID and outputs are returned.
+- update: a Command runs `update`, or `create` again, with the new inputs over the new
+  connection (pulumi-command `commandController.go` `Update`); a Container gets `docker update`
+  of its restart policy and, when `mustRun` went from false to true, `docker start`
+  (terraform-provider-docker v4.5.0 `resourceDockerContainerUpdate`); anything else only
+  changes the state.
+- replace, delete-before-replace (containers, and resources that ask for it): the dependents
+  that will be replaced with it are deleted first, newest first, then the old resource, then
+  the new one is created (pulumi/pulumi `tests/integration/steps`: DeleteReplacement of the
+  dependents, DeleteReplacement of the base, CreateReplacement of the base, then the
+  dependents).
+- replace, create-before-delete (the default): the new resource is created now; the old one is
+  deleted after the program's last step (DeleteReplaced comes last: `steps/step3`).
+- create: as RealMocks.
+Resources in the state that the program no longer declares are deleted at the end too; these
+deletes run in reverse of the order the resources were created (reverse dependency order).
+
+`refresh=True` is `pulumi up --refresh`: before the program runs, each container and image is
+read as pulumi-docker 5 reads it (`resourceDockerContainerRead`: a container that is gone leaves
+the state, one that is not running gets `mustRun` false, so the diff plans an update that starts
+it; `resourceDockerImageRead`: an image that is gone leaves the state). Commands have no Read.
+
+Each run keeps its plan (`plan`, `preview_lines()`) and counts (`counts()`), as `pulumi preview`
+and the summary of `pulumi up` show them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pulumi
+
+from tests.engine.diff import diff
+from tests.lab.realmocks import (
+    TYPE_COMMAND,
+    TYPE_CONTAINER,
+    TYPE_DOCKER_PROVIDER,
+    TYPE_REMOTE_IMAGE,
+    DockerHost,
+    JournalEntry,
+    RealMocks,
+    connection_from_inputs,
+    docker_host_from_provider_inputs,
+    inspect_container,
+    inspect_image,
+    run_docker,
+    tail,
+    teardown_entry,
+    unwrap_secrets,
+)
+
+log = logging.getLogger(__name__)
+
+SYMBOLS = {"create": "+", "update": "~", "replace": "+-", "delete": "-", "same": " "}
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    op: str  # create, same, update, replace, delete
+    type: str
+    name: str
+    changed: tuple[str, ...] = ()
+
+
+class NextUp(RealMocks):
+    """The next `pulumi up` (`refresh=True`: `pulumi up --refresh`) on `previous`'s state."""
+
+    def __init__(self, previous: RealMocks, refresh: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        self._state_order = previous.state_entries()
+        self.prior: dict[tuple[str, str], JournalEntry] = {
+            (e.type, e.name): e for e in self._state_order
+        }
+        self._docker_hosts.update(previous._docker_hosts)
+        self.plan: list[PlannedStep] = []
+        self.commands_run = 0
+        self._deleted_early: set[tuple[str, str]] = set()
+        self._delete_at_end: list[JournalEntry] = []
+        self._finished = False
+        if refresh:
+            self._refresh()
+
+    # -- the refresh -----------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        for key, entry in list(self.prior.items()):
+            if entry.docker_host is None:
+                continue
+            if entry.type == TYPE_CONTAINER:
+                found = inspect_container(entry.docker_host, entry.resource_id)
+                if found is None:
+                    del self.prior[key]
+                elif not found["State"]["Running"]:
+                    self.prior[key] = replace(entry, inputs={**entry.inputs, "mustRun": False})
+            elif entry.type == TYPE_REMOTE_IMAGE and (
+                inspect_image(entry.docker_host, str(entry.outputs["name"])) is None
+            ):
+                del self.prior[key]
+
+    # -- planning each registration --------------------------------------------------------
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        key = (args.typ, args.name)
+        prior = self.prior.get(key)
+        if not args.custom or prior is None:
+            if args.custom:
+                self._planned("create", args)
+                if args.typ == TYPE_COMMAND:
+                    self._count_command()
+            return super().new_resource(args)
+        options = self.registrations.get(key)
+        planned = diff(
+            args.typ,
+            prior.inputs,
+            args.inputs,
+            options.replace_on_changes if options else (),
+            options.delete_before_replace if options else False,
+        )
+        self._planned(planned.step, args, planned.changed)
+        if planned.step == "same":
+            self._record(prior)
+            return prior.resource_id, prior.outputs
+        if planned.step == "update":
+            return self._update(prior, args)
+        if planned.delete_before_replace:
+            if key not in self._deleted_early:
+                self._delete_dependents_first(prior)
+                self._delete(prior)
+        else:
+            with self._lock:
+                self._delete_at_end.append(prior)
+        if args.typ == TYPE_COMMAND:
+            self._count_command()
+        return super().new_resource(args)
+
+    def _planned(self, op: str, args: pulumi.runtime.MockResourceArgs, changed: Any = ()) -> None:
+        with self._lock:
+            self.plan.append(PlannedStep(op, args.typ, args.name, tuple(changed)))
+
+    def _update(
+        self, prior: JournalEntry, args: pulumi.runtime.MockResourceArgs
+    ) -> tuple[str, dict]:
+        what = f"{args.typ} {args.name!r}"
+        outputs = {**prior.outputs, **args.inputs}
+        if args.typ == TYPE_COMMAND:
+            command = unwrap_secrets(args.inputs.get("update") or args.inputs.get("create"))
+            if command:
+                self._count_command()
+                connection = connection_from_inputs(args.inputs.get("connection"), what)
+                result = self._run_command(
+                    connection,
+                    str(command),
+                    unwrap_secrets(args.inputs.get("stdin")),
+                    what,
+                    unwrap_secrets(args.inputs.get("logging")),
+                )
+                outputs.update(
+                    stdout=result.stdout.removesuffix("\n"),
+                    stderr=result.stderr.removesuffix("\n"),
+                )
+        elif args.typ == TYPE_CONTAINER and prior.docker_host is not None:
+            self._update_container(prior, unwrap_secrets(dict(args.inputs)), prior.docker_host)
+        elif args.typ == TYPE_DOCKER_PROVIDER:
+            with self._lock:
+                self._docker_hosts[prior.resource_id] = docker_host_from_provider_inputs(
+                    args.inputs, what
+                )
+        self._record(replace(prior, inputs=dict(args.inputs), outputs=outputs))
+        return prior.resource_id, outputs
+
+    def _update_container(
+        self, prior: JournalEntry, inputs: dict[str, Any], docker_host: DockerHost
+    ) -> None:
+        old = unwrap_secrets(prior.inputs)
+        if (old.get("restart"), old.get("maxRetryCount")) != (
+            inputs.get("restart"),
+            inputs.get("maxRetryCount"),
+        ):
+            policy = str(inputs.get("restart") or "no")
+            if policy == "on-failure" and inputs.get("maxRetryCount"):
+                policy += f":{int(inputs['maxRetryCount'])}"
+            self._docker(docker_host, ["update", f"--restart={policy}", prior.resource_id])
+        if inputs.get("mustRun", True) and not old.get("mustRun", True):
+            self._docker(docker_host, ["start", prior.resource_id])
+
+    def _docker(self, docker_host: DockerHost, docker_args: list[str]) -> None:
+        result = run_docker(docker_host, docker_args)
+        if result.exit_code != 0:
+            raise RuntimeError(
+                f"{docker_host.label}: docker {' '.join(docker_args)}: {tail(result.stderr, 10)}"
+            )
+
+    # -- deletes ---------------------------------------------------------------------------
+
+    def _delete_dependents_first(self, base: JournalEntry) -> None:
+        """The dependents a delete-before-replace base takes down with it: those in the state
+        whose inputs hold the base's ID (it changes, so they are replaced too) and that are
+        themselves deleted before they are replaced (their delete must not meet the base's
+        replacement). Newest first."""
+        doomed = [
+            entry
+            for entry in self._state_order
+            if (entry.type, entry.name) in self.prior
+            and entry is not base
+            and base.resource_id
+            and base.resource_id in str(entry.inputs)
+            and (
+                entry.type == TYPE_CONTAINER
+                or (entry.options and entry.options.delete_before_replace)
+            )
+        ]
+        for entry in reversed(doomed):
+            self._delete(entry)
+
+    def _delete(self, entry: JournalEntry) -> None:
+        key = (entry.type, entry.name)
+        if key in self._deleted_early:
+            return
+        teardown_entry(entry, self.command_timeout_s)
+        with self._lock:
+            self._deleted_early.add(key)
+        self._count_delete(entry)
+
+    def _count_delete(self, entry: JournalEntry) -> None:
+        if entry.type == TYPE_COMMAND and entry.inputs.get("delete"):
+            self._count_command()
+
+    def _count_command(self) -> None:
+        with self._lock:
+            self.commands_run += 1
+
+    def finish(self) -> None:
+        """After the program's last step: the old halves of create-before-delete replacements
+        and the resources gone from the program, in reverse of their creation order."""
+        registered = {(e.type, e.name) for e in self.journal}
+        gone = [
+            e
+            for e in self._state_order
+            if (e.type, e.name) not in registered and (e.type, e.name) not in self._deleted_early
+        ]
+        for entry in gone:
+            self.plan.append(PlannedStep("delete", entry.type, entry.name))
+        order = {id(e): i for i, e in enumerate(self._state_order)}
+        doomed = [*self._delete_at_end, *gone]
+        for entry in sorted(doomed, key=lambda e: order.get(id(e), -1), reverse=True):
+            teardown_entry(entry, self.command_timeout_s)
+            self._count_delete(entry)
+        self._finished = True
+
+    def state_entries(self) -> list[JournalEntry]:
+        """After a failed run the state still holds what this run did not reach, and the old
+        halves of replacements whose delete had not run yet (the engine keeps them as
+        pending deletes)."""
+        with self._lock:
+            journal = list(self.journal)
+            if self._finished:
+                return journal
+            reached = {(e.type, e.name) for e in journal} | self._deleted_early
+            untouched = [e for e in self._state_order if (e.type, e.name) not in reached]
+            return [*untouched, *self._delete_at_end, *journal]
+
+    def forget(self, entries: list[JournalEntry]) -> None:
+        done = {id(e) for e in entries}
+        with self._lock:
+            self._state_order = [e for e in self._state_order if id(e) not in done]
+            self._delete_at_end = [e for e in self._delete_at_end if id(e) not in done]
+            self._finished = True
+
+    # -- what the run shows ----------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        tally = {op: 0 for op in SYMBOLS}
+        for step in self.plan:
+            tally[step.op] += 1
+        return tally
+
+    def changed(self) -> dict[str, str]:
+        """name -> step, for every resource whose step is not "same"."""
+        return {s.name: s.op for s in self.plan if s.op != "same"}
+
+    def preview_lines(self) -> list[str]:
+        """One line per resource, as `pulumi preview` prints them (no line for "same")."""
+        return [
+            f"{SYMBOLS[s.op]:>2} {s.op:<8} {s.type.split(':')[-1]:<12} {s.name}"
+            + (f"  [{', '.join(s.changed)}]" if s.changed else "")
+            for s in self.plan
+            if s.op != "same"
+        ]
+
+
+def log_plan(title: str, run: NextUp, extra: Iterable[str] = ()) -> str:
+    counts = ", ".join(f"{n} {op}" for op, n in run.counts().items() if n)
+    text = "\n".join(
+        [f"{title}: {counts}; {run.commands_run} command(s) run", *run.preview_lines(), *extra]
+    )
+    log.info(text)
+    print(text)
+    return text

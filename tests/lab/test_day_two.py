@@ -1,0 +1,189 @@
+"""Day two, as the real engine runs it (tests/lab/engine.py): each scenario starts from the
+deployed stack the one before left, changes one thing, runs the next `pulumi up`, and checks
+that the plan is what the providers' rules make of the change, that the endpoint serves the
+expected model, that every host holds exactly what it should, and (at the end) that a destroy
+leaves nothing. A client polls the endpoint through the bastion during each run; the plan, the
+wall time and the downtime are printed in the "day two" section of the test summary."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import Lab
+from tests.lab.deploying import (
+    API_KEY,
+    PREFIX,
+    REPO,
+    EndpointPoller,
+    complete,
+    deploy,
+    forward_through_bastion,
+    host_sh,
+    lab_config,
+)
+from tests.lab.engine import NextUp, log_plan
+from tests.lab.realmocks import RealMocks, StackOutputs
+from tests.lab.timings import record_day_two
+
+pytestmark = pytest.mark.lab
+
+STATE = "/root/.spark-vllm"
+PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "components", "stacks")
+
+
+@dataclass
+class Stack:
+    lab: Lab
+    state: RealMocks
+    outputs: StackOutputs
+    config: dict[str, Any]
+    endpoint: str
+    api_key: str = API_KEY
+    project_dir: Path = REPO  # the spark-vllm release that deploys it
+    plans: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
+    lab = lab_factory("day2", hosts=2, topology="bastion")
+    first = RealMocks()
+    config = lab_config(lab)
+    try:
+        outputs = deploy(lab, first, config)
+    except BaseException:
+        first.teardown()
+        raise
+    tunnel, endpoint = forward_through_bastion(lab, outputs["endpointUrl"])
+    deployed = Stack(lab, first, outputs, config, endpoint)
+    try:
+        yield deployed
+    finally:
+        tunnel.terminate()
+        tunnel.wait(timeout=10)
+        deployed.state.teardown()  # idempotent: empty after the destroy test ran
+
+
+def next_up(
+    stack: Stack, scenario: str, config: dict[str, Any], project_dir: Path | None = None
+) -> NextUp:
+    """One `pulumi up` on the deployed stack while a client polls the endpoint."""
+    project_dir = project_dir or stack.project_dir
+    run = NextUp(stack.state)
+    started = time.monotonic()
+    new_key = config.get("spark-vllm:apiKey", stack.api_key)
+    with EndpointPoller(stack.endpoint, stack.api_key, new_key) as poller:
+        try:
+            stack.outputs = deploy(stack.lab, run, config, project_dir)
+        finally:
+            stack.state = run  # a failed run's state is the stack too
+        # The run returns once the new server answered a completion; let the poller see it.
+        time.sleep(1)
+    seconds = time.monotonic() - started
+    counts = ", ".join(f"{n} {op}" for op, n in run.counts().items() if n and op != "same")
+    record_day_two(scenario, counts or "no change", seconds, poller.downtime())
+    stack.plans.append(log_plan(f"day two: {scenario}", run))
+    stack.config = config
+    return run
+
+
+def assert_serves(stack: Stack) -> None:
+    status, reply = complete(stack.endpoint, stack.outputs["modelId"], key=stack.api_key)
+    assert status == 200 and reply["model"] == stack.outputs["modelId"]
+
+
+def assert_hosts_hold_the_deployment(stack: Stack) -> None:
+    lab = stack.lab
+    for host in ("spark1", "spark2"):
+        assert host_sh(lab, host, f"test -f {STATE}/bin/preflight.sh && echo ok") == "ok", host
+        marker = host_sh(lab, host, f"cat {STATE}/bin/.bundle-digest")
+        assert len(marker) == 64, f"{host}: the installed bundle is not recorded"
+        image = host_sh(
+            lab, host, "docker image inspect --format '{{.Id}}' " + stack.outputs["imageId"]
+        )
+        assert image == stack.outputs["imageId"], f"{host}: the image is missing"
+    running = host_sh(lab, "spark1", "docker ps --format '{{.Names}}' | sort").split()
+    assert running == [f"{PREFIX}-ray-head", f"{PREFIX}-vllm"]
+    assert host_sh(lab, "spark2", "docker ps --format '{{.Names}}'") == f"{PREFIX}-ray-worker"
+    assert host_sh(lab, "spark1", f"test -f {STATE}/fabric_ed25519 && echo ok") == "ok"
+    assert host_sh(lab, "spark2", "grep -c spark-vllm-fabric /root/.ssh/authorized_keys") == "1"
+    pins = host_sh(lab, "spark1", f"wc -l < {STATE}/fabric_known_hosts")
+    assert int(pins) >= 1
+    assert host_sh(lab, "spark1", f"stat -c %a {STATE}/api-key") == "600"
+
+
+def test_an_unchanged_stack_plans_nothing(stack: Stack) -> None:
+    run = next_up(stack, "nothing changed", stack.config)
+    assert run.changed() == {} and run.commands_run == 0
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_an_upgrade_of_spark_vllm_that_edits_a_host_script(stack: Stack, tmp_path: Path) -> None:
+    """The first release replaced `<host>-scripts` and then ran the old delete (`rm -rf bin`)."""
+    release = tmp_path / "spark-vllm-next"
+    release.mkdir()
+    for name in PROGRAM_FILES:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, release / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, release / name)
+    lib = release / "components" / "scripts" / "lib.sh"
+    lib.write_text(lib.read_text() + "# the next release changed this script\n")
+    before = host_sh(stack.lab, "spark1", f"cat {STATE}/bin/.bundle-digest")
+    run = next_up(stack, "upgrade of spark-vllm (a host script changed)", stack.config, release)
+    stack.project_dir = release  # the scenarios after this one run the new release
+    assert run.changed() == {"spark1-scripts": "update", "spark2-scripts": "update"}
+    assert host_sh(stack.lab, "spark1", f"cat {STATE}/bin/.bundle-digest") != before
+    assert "the next release changed" in host_sh(stack.lab, "spark2", f"tail -1 {STATE}/bin/lib.sh")
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:
+    config = {**stack.config}
+    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "gpuMemoryUtilization": 0.7}
+    run = next_up(stack, "serving flag (gpuMemoryUtilization)", config)
+    assert run.changed() == {"vllm-container": "replace", "vllm-ready": "replace"}
+    inspect = host_sh(
+        stack.lab, "spark1", f"docker inspect --format '{{{{json .Args}}}}' {PREFIX}-vllm"
+    )
+    assert '"--gpu-memory-utilization","0.7"' in inspect.replace(", ", ",")
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_rotating_the_api_key(stack: Stack) -> None:
+    old_key, new_key = stack.api_key, "rotated-7c0de"
+    config = {**stack.config, "spark-vllm:apiKey": new_key}
+    run = next_up(stack, "apiKey rotation", config)
+    stack.api_key = new_key
+    assert run.changed() == {
+        "vllm-api-key": "update",
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
+    assert complete(stack.endpoint, stack.outputs["modelId"], key=old_key)[0] == 401
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_destroy_leaves_nothing(stack: Stack) -> None:
+    lab = stack.lab
+    stack.state.teardown()
+    for host in ("spark1", "spark2"):
+        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
+        assert host_sh(lab, host, f"ls -A {STATE}/bin 2>/dev/null || true") == ""
+        authorized = host_sh(lab, host, "cat /root/.ssh/authorized_keys")
+        assert "spark-vllm-fabric" not in authorized
+    assert (
+        host_sh(lab, "spark1", f"ls {STATE}/api-key {STATE}/fabric_ed25519 2>/dev/null || true")
+        == ""
+    )
