@@ -35,7 +35,9 @@ class Node:
 
     @property
     def host_key_path(self) -> Path:
-        return self.hostdir / "ssh" / "ssh_host_ed25519_key"
+        # Where a real machine keeps it (the host's own /etc/ssh is bound over the machine's):
+        # what a step reads from /etc/ssh/ssh_host_*_key.pub is the key its sshd presents.
+        return self.hostdir / "etc" / "ssh" / "ssh_host_ed25519_key"
 
     @property
     def init_pid_file(self) -> Path:
@@ -96,11 +98,24 @@ def prepare_files(spec: LabSpec, node: Node, client_pubkey: str) -> None:
     (node.hostdir / "etc/hosts").write_text(etc_hosts(spec, node.name, node.listen[0]))
     (node.hostdir / "etc/hostname").write_text(node.name + "\n")
     (node.hostdir / "etc/docker/daemon.json").write_text("{}\n")
+    own_etc_ssh(node.hostdir / "etc/ssh")
     ensure_ed25519_key(node.host_key_path, f"{node.name}-host", f"{node.name}: host key")
     listen = "\n".join(f"ListenAddress {addr}" for addr in node.listen)
     config = (TEMPLATES_DIR / "sshd_config.in").read_text()
     config = config.format(name=node.name, listen=listen, hostdir=node.hostdir)
     (node.hostdir / "ssh/sshd_config").write_text(config)
+
+
+def own_etc_ssh(target: Path) -> None:
+    """The machine's /etc/ssh (client config, moduli) without its host keys: each host has one
+    key of its own there."""
+    shutil.copytree(
+        "/etc/ssh",
+        target,
+        ignore=shutil.ignore_patterns("ssh_host_*"),
+        dirs_exist_ok=True,
+        symlinks=True,
+    )
 
 
 def host_public_key(node: Node) -> str:

@@ -38,12 +38,13 @@ chmod 0755 /run/sshd
 # A sized /dev/shm, like a real host's (Ray's object store lives there).
 mount -t tmpfs -o "mode=1777,size=$shm_size" shm /dev/shm
 
-# The host's own home, hosts file, docker config and /tmp.
+# The host's own home, hosts file, docker and ssh config, and /tmp.
 mount --bind "$hostdir/root" /root
 mount --bind "$hostdir/etc/hosts" /etc/hosts
 mount --bind "$hostdir/etc/hostname" /etc/hostname
 mkdir -p /etc/docker
 mount --bind "$hostdir/etc/docker" /etc/docker
+mount --bind "$hostdir/etc/ssh" /etc/ssh  # its own host key, where sshd keeps it
 mount --bind "$hostdir/tmp" /tmp
 
 # The lab waits for this file (outside the private mounts, so the machine sees it).

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from lab import Lab
+from lab.spec import IMAGE_NAME
 from tests.lab.deploying import (
     API_KEY,
     PREFIX,
@@ -29,13 +30,14 @@ from tests.lab.deploying import (
     lab_config,
 )
 from tests.lab.engine import NextUp, log_plan
-from tests.lab.realmocks import RealMocks, StackOutputs
+from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER, RealMocks, StackOutputs
 from tests.lab.timings import record_day_two
 
 pytestmark = pytest.mark.lab
 
 STATE = "/root/.spark-vllm"
 PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "components", "stacks")
+IMAGE_V2 = "spark-vllm-lab:v2"
 
 
 @dataclass
@@ -54,7 +56,11 @@ class Stack:
 def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
     lab = lab_factory("day2", hosts=2, topology="bastion")
     first = RealMocks()
+    # Deployed first without pinned host keys: one scenario pins them.
     config = lab_config(lab)
+    config["spark-vllm:ssh"] = {
+        k: v for k, v in config["spark-vllm:ssh"].items() if k != "knownHostsFile"
+    }
     try:
         outputs = deploy(lab, first, config)
     except BaseException:
@@ -125,6 +131,21 @@ def test_an_unchanged_stack_plans_nothing(stack: Stack) -> None:
     assert_hosts_hold_the_deployment(stack)
 
 
+def test_pinning_host_keys_reruns_every_command_in_place(stack: Stack) -> None:
+    """A changed connection is an update of every command: each create runs again on hosts
+    that serve, so each must be idempotent there (preflight included)."""
+    config = {**stack.config, "spark-vllm:ssh": lab_config(stack.lab)["spark-vllm:ssh"]}
+    run = next_up(stack, "pinning host keys (ssh.knownHostsFile)", config)
+    changed = run.changed()
+    commands = {s.name for s in run.plan if s.type == TYPE_COMMAND}
+    assert {name: changed.get(name) for name in commands} == dict.fromkeys(commands, "update")
+    assert changed.get("spark1-docker") == changed.get("spark2-docker") == "update"
+    assert not [s.name for s in run.plan if s.type == TYPE_CONTAINER and s.op != "same"]
+    assert not [w for w in run.warnings if "NOT checked" in w], "every hop is checked now"
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
 def test_an_upgrade_of_spark_vllm_that_edits_a_host_script(stack: Stack, tmp_path: Path) -> None:
     """The first release replaced `<host>-scripts` and then ran the old delete (`rm -rf bin`)."""
     release = tmp_path / "spark-vllm-next"
@@ -171,6 +192,34 @@ def test_rotating_the_api_key(stack: Stack) -> None:
         "vllm-ready": "replace",
     }
     assert complete(stack.endpoint, stack.outputs["modelId"], key=old_key)[0] == 401
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
+    """A new image ID (an upgrade of vLLM): pulled on the head, copied to the worker, and every
+    container replaced, the old ones deleted first (their names are fixed)."""
+    commit = (
+        f"docker create --name day2-v2 {IMAGE_NAME} true >/dev/null && "
+        f"docker commit --change 'LABEL spark-vllm.lab=v2' day2-v2 {IMAGE_V2} >/dev/null && "
+        "docker rm day2-v2 >/dev/null"
+    )
+    stack.lab.sh("spark1", commit)
+    old_image = stack.outputs["imageId"]
+    config = {**stack.config}
+    config["spark-vllm:image"] = {**config["spark-vllm:image"], "ref": IMAGE_V2}
+    run = next_up(stack, "image change", config)
+    assert run.changed() == {
+        "image-pull": "replace",
+        "image-head-record": "update",
+        "image-spark2-sync": "update",
+        "ray-head": "replace",
+        "ray-spark2": "replace",
+        "ray-joined": "replace",
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
+    assert stack.outputs["imageId"] != old_image
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 
