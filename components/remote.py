@@ -144,17 +144,24 @@ def _client_opts(endpoint: SshEndpoint, auth: SshAuth, known_hosts_file: Path) -
 
 
 def write_known_hosts(path: Path, endpoints: list[SshEndpoint]) -> None:
-    """The pinned keys in known_hosts form, for OpenSSH clients spawned by the Docker provider."""
+    """The pinned keys in known_hosts form, for OpenSSH clients spawned by the Docker provider.
+
+    Pins written for hosts that are no longer configured are kept: a host removed from the
+    stack is still in its state, and its containers' deletes run through this file after the
+    program. Lines OpenSSH added itself (unpinned hosts, accept-new) are dropped each run.
+    """
     from stacks.known_hosts import known_hosts_name
 
-    lines = sorted(
-        {
-            f"{known_hosts_name(e.address, e.port)} {e.host_key}"
-            for e in endpoints
-            if e.host_key is not None
-        }
-    )
+    pinned = {
+        known_hosts_name(e.address, e.port): f"{known_hosts_name(e.address, e.port)} {e.host_key}"
+        for e in endpoints
+        if e.host_key is not None
+    }
+    record = path.with_name(path.name + ".pinned")  # the pins this function wrote before
+    earlier = record.read_text().splitlines() if record.exists() else []
+    kept = [line for line in earlier if line.split(" ", 1)[0] not in pinned]
+    content = "".join(f"{line}\n" for line in sorted({*kept, *pinned.values()}))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    content = "".join(f"{line}\n" for line in lines)
-    if not path.exists() or path.read_text() != content:
-        path.write_text(content)
+    for target in (path, record):
+        if not target.exists() or target.read_text() != content:
+            target.write_text(content)

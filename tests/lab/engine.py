@@ -50,6 +50,7 @@ from tests.lab.realmocks import (
     JournalEntry,
     RealMocks,
     connection_from_inputs,
+    delete_order,
     docker_host_from_provider_inputs,
     inspect_container,
     inspect_image,
@@ -251,8 +252,8 @@ class NextUp(RealMocks):
         for entry in gone:
             self.plan.append(PlannedStep("delete", entry.type, entry.name))
         order = {id(e): i for i, e in enumerate(self._state_order)}
-        doomed = [*self._delete_at_end, *gone]
-        for entry in sorted(doomed, key=lambda e: order.get(id(e), -1), reverse=True):
+        doomed = sorted([*self._delete_at_end, *gone], key=lambda e: order.get(id(e), -1))
+        for entry in delete_order(doomed):
             teardown_entry(entry, self.command_timeout_s)
             self._count_delete(entry)
         self._finished = True

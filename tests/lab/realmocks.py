@@ -1078,12 +1078,33 @@ def teardown_entry(entry: JournalEntry, command_timeout_s: float) -> None:
         remove_image(entry.docker_host, entry)
 
 
+def delete_order(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
+    """Each entry after every entry that depends on it (the engine deletes in reverse
+    dependency order, from the dependencies each registration named); otherwise newest first."""
+    by_urn = {e.options.urn: e for e in entries if e.options is not None}
+    dependents: dict[int, set[int]] = {id(e): set() for e in entries}
+    for entry in entries:
+        for urn in entry.options.dependencies if entry.options is not None else ():
+            target = by_urn.get(urn)
+            if target is not None and target is not entry:
+                dependents[id(target)].add(id(entry))
+    remaining, ordered = list(reversed(entries)), []
+    done: set[int] = set()
+    while remaining:
+        ready = next((e for e in remaining if dependents[id(e)] <= done), remaining[0])
+        ordered.append(ready)
+        done.add(id(ready))
+        remaining.remove(ready)
+    return ordered
+
+
 def teardown(
     journal: Sequence[JournalEntry], command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
 ) -> None:
-    """Undoes journaled creates, newest first; keeps going past failures, then raises them all."""
+    """Undoes journaled creates in reverse dependency order; keeps going past failures, then
+    raises them all."""
     failures: list[str] = []
-    for entry in reversed(journal):
+    for entry in delete_order(journal):
         try:
             teardown_entry(entry, command_timeout_s)
         except Exception as exc:  # collected, reported together below

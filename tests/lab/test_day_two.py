@@ -224,7 +224,20 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
     assert_hosts_hold_the_deployment(stack)
 
 
+def test_an_up_that_fails_midway(stack: Stack) -> None:
+    """A flag the server refuses: its old container is deleted first (fixed names), the new one
+    exits at once, the run stops there. What it did and did not reach stays in the state."""
+    config = {**stack.config}
+    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "extraArgs": ["--no-such-flag"]}
+    with pytest.raises(Exception, match="container exited unexpectedly") as caught:
+        next_up(stack, "an up that fails midway (a bad extraArgs)", config)
+    assert "unrecognized arguments: --no-such-flag" in str(caught.value)
+    names = {e.name for e in stack.state.state_entries()}
+    assert {"vllm-container", "ray-head", "spark2-scripts", "fabric-spark2-pin"} <= names
+
+
 def test_destroy_leaves_nothing(stack: Stack) -> None:
+    """Also after the failed up above: the state's every resource is deleted."""
     lab = stack.lab
     stack.state.teardown()
     for host in ("spark1", "spark2"):

@@ -117,3 +117,22 @@ def test_the_image_deletes_first_only_when_its_delete_removes_it(
     config["image"] = {**config["image"], "keepOnDestroy": keep}
     pull = evaluate(config, SECRETS).named("image-pull")
     assert pull.delete_before_replace is (not keep)
+
+
+def test_pins_of_a_removed_host_stay_for_its_deletes(tmp_path: Path) -> None:
+    """A host removed from the stack is deleted after the program: its Docker provider still
+    dials it through the derived known_hosts, so its pin must survive the run that removed it."""
+    from components.remote import write_known_hosts
+    from stacks.nodes import SshEndpoint
+
+    path = tmp_path / "known_hosts"
+    one = SshEndpoint("spark1", "10.0.0.1", 22, "u", "ssh-ed25519 AAAAone")
+    three = SshEndpoint("spark3", "10.0.0.3", 2222, "u", "ssh-ed25519 AAAAthree")
+    write_known_hosts(path, [one, three])
+    with path.open("a") as accepted:  # what OpenSSH's accept-new appends for an unpinned host
+        accepted.write("10.0.0.9 ssh-ed25519 AAAAnine\n")
+    write_known_hosts(path, [SshEndpoint("spark1", "10.0.0.1", 22, "u", "ssh-ed25519 AAAAnew")])
+    assert path.read_text().splitlines() == [
+        "10.0.0.1 ssh-ed25519 AAAAnew",
+        "[10.0.0.3]:2222 ssh-ed25519 AAAAthree",
+    ]
