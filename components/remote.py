@@ -148,7 +148,8 @@ def write_known_hosts(path: Path, endpoints: list[SshEndpoint]) -> None:
 
     Pins written for hosts that are no longer configured are kept: a host removed from the
     stack is still in its state, and its containers' deletes run through this file after the
-    program. Lines OpenSSH added itself (unpinned hosts, accept-new) are dropped each run.
+    program. A configured host has exactly today's pin, or none (unpinned: the lines OpenSSH
+    adds itself with accept-new are dropped each run, as are older pins for it).
     """
     from stacks.known_hosts import known_hosts_name
 
@@ -157,9 +158,11 @@ def write_known_hosts(path: Path, endpoints: list[SshEndpoint]) -> None:
         for e in endpoints
         if e.host_key is not None
     }
+    configured = {known_hosts_name(e.address, e.port) for e in endpoints}
     record = path.with_name(path.name + ".pinned")  # the pins this function wrote before
     earlier = record.read_text().splitlines() if record.exists() else []
-    kept = [line for line in earlier if line.split(" ", 1)[0] not in pinned]
+    # A configured host's pin is today's (or none, unpinned); only removed hosts keep theirs.
+    kept = [line for line in earlier if line.split(" ", 1)[0] not in configured]
     content = "".join(f"{line}\n" for line in sorted({*kept, *pinned.values()}))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     for target in (path, record):

@@ -693,6 +693,18 @@ class RegistrationOptions:
     delete_before_replace: bool
 
 
+def entry_for(
+    args: pulumi.runtime.MockResourceArgs,
+    inputs: dict[str, Any],
+    outputs: dict[str, Any],
+    docker_host: DockerHost | None = None,
+    resource_id: str = "",
+) -> JournalEntry:
+    """The state of one registration the mocks performed."""
+    key = f"{args.typ}::{args.name}"
+    return JournalEntry(args.typ, args.name, key, inputs, outputs, docker_host, resource_id)
+
+
 class TeardownError(Exception):
     """Every teardown step that failed, in the order they ran."""
 
@@ -760,10 +772,8 @@ class RealMocks(pulumi.runtime.Mocks):
             self._docker_hosts[provider_id] = docker_host
         # In the state like any resource (its delete does nothing), so a next run finds it.
         self._record(
-            JournalEntry(
-                args.typ,
-                args.name,
-                f"{args.typ}::{args.name}",
+            entry_for(
+                args,
                 dict(args.inputs),
                 dict(args.inputs),
                 resource_id=provider_id,
@@ -792,10 +802,8 @@ class RealMocks(pulumi.runtime.Mocks):
             outputs.update(stdout="", stderr="")
         command_id = f"{args.name}-{uuid.uuid4().hex[:12]}"
         self._record(
-            JournalEntry(
-                args.typ,
-                args.name,
-                f"{args.typ}::{args.name}",
+            entry_for(
+                args,
                 dict(inputs),
                 outputs,
                 resource_id=command_id,
@@ -850,10 +858,8 @@ class RealMocks(pulumi.runtime.Mocks):
         }
         image_resource_id = f"{image['Id']}{name}"  # the provider's id: image id + name
         self._record(
-            JournalEntry(
-                args.typ,
-                args.name,
-                f"{args.typ}::{args.name}",
+            entry_for(
+                args,
                 dict(inputs),
                 outputs,
                 docker_host,
@@ -886,10 +892,8 @@ class RealMocks(pulumi.runtime.Mocks):
         container_id = remote.stdout.strip().splitlines()[-1]
         outputs = {**args.inputs, "name": name, "image": args.inputs["image"]}
         self._record(
-            JournalEntry(
-                args.typ,
-                args.name,
-                f"{args.typ}::{args.name}",
+            entry_for(
+                args,
                 dict(args.inputs),
                 outputs,
                 docker_host,
@@ -918,10 +922,8 @@ class RealMocks(pulumi.runtime.Mocks):
             return
         if inspect_container(docker_host, name) is not None:
             self._record(
-                JournalEntry(
-                    args.typ,
-                    args.name,
-                    f"{args.typ}::{args.name}",
+                entry_for(
+                    args,
                     dict(args.inputs),
                     {**args.inputs, "name": name, "image": inputs.get("image")},
                     docker_host,

@@ -136,3 +136,6 @@ def test_pins_of_a_removed_host_stay_for_its_deletes(tmp_path: Path) -> None:
         "10.0.0.1 ssh-ed25519 AAAAnew",
         "[10.0.0.3]:2222 ssh-ed25519 AAAAthree",
     ]
+    # Configured again but unpinned (a reinstalled host): no old pin may contradict it.
+    write_known_hosts(path, [SshEndpoint("spark3", "10.0.0.3", 2222, "u", None)])
+    assert path.read_text().splitlines() == ["10.0.0.1 ssh-ed25519 AAAAnew"]
