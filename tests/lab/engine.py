@@ -172,12 +172,21 @@ class NextUp(RealMocks):
         elif args.typ == TYPE_CONTAINER and prior.docker_host is not None:
             self._update_container(prior, unwrap_secrets(dict(args.inputs)), prior.docker_host)
         elif args.typ == TYPE_DOCKER_PROVIDER:
-            with self._lock:
-                self._docker_hosts[prior.resource_id] = docker_host_from_provider_inputs(
-                    args.inputs, what
-                )
+            self._update_provider(
+                prior.resource_id, docker_host_from_provider_inputs(args.inputs, what)
+            )
         self._record(replace(prior, inputs=dict(args.inputs), outputs=outputs))
         return prior.resource_id, outputs
+
+    def _update_provider(self, provider_id: str, docker_host: DockerHost) -> None:
+        """Every resource of this provider is read, updated and deleted through its new settings
+        from now on (the state keeps one provider configuration, the latest)."""
+        with self._lock:
+            old = self._docker_hosts.get(provider_id)
+            self._docker_hosts[provider_id] = docker_host
+            for entry in [*self._state_order, *self.prior.values(), *self.journal]:
+                if old is not None and entry.docker_host == old:
+                    entry.docker_host = docker_host
 
     def _update_container(
         self, prior: JournalEntry, inputs: dict[str, Any], docker_host: DockerHost

@@ -1212,7 +1212,12 @@ def captured_program_log(sink: list[str]) -> Iterator[None]:
 @contextlib.contextmanager
 def program_imports(program_dir: Path) -> Iterator[None]:
     """The program's directory on sys.path and as cwd (as the language host runs it); the program's
-    own modules are forgotten afterwards so the next run imports them afresh."""
+    own modules are forgotten afterwards so the next run imports them afresh. Modules of the
+    same names imported from elsewhere (another copy of the project, as an upgrade test has)
+    are set aside for the run, so the program imports its own."""
+    shadowed = shadowed_modules(program_dir)
+    for module_name in shadowed:
+        del sys.modules[module_name]
     before = set(sys.modules)
     old_cwd = Path.cwd()
     sys.path.insert(0, str(program_dir))
@@ -1226,6 +1231,24 @@ def program_imports(program_dir: Path) -> Iterator[None]:
         for module_name in set(sys.modules) - before:
             if is_program_module(getattr(sys.modules[module_name], "__file__", None), program_dir):
                 del sys.modules[module_name]
+        sys.modules.update(shadowed)
+
+
+def shadowed_modules(program_dir: Path) -> dict[str, Any]:
+    """Loaded modules whose top-level name the program directory also provides, loaded from
+    another place."""
+    local = {p.stem for p in program_dir.iterdir() if p.is_dir() or p.suffix == ".py"}
+    local.discard("__main__")  # the test process's own entry point
+    found = {}
+    for module_name, module in list(sys.modules.items()):
+        module_file = getattr(module, "__file__", None)
+        if (
+            module_name.split(".")[0] in local
+            and module_file
+            and not Path(module_file).resolve().is_relative_to(program_dir)
+        ):
+            found[module_name] = module
+    return found
 
 
 def is_program_module(module_file: str | None, program_dir: Path) -> bool:

@@ -7,7 +7,9 @@ wall time and the downtime are printed in the "day two" section of the test summ
 
 from __future__ import annotations
 
+import shlex
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -142,6 +144,33 @@ def test_pinning_host_keys_reruns_every_command_in_place(stack: Stack) -> None:
     assert changed.get("spark1-docker") == changed.get("spark2-docker") == "update"
     assert not [s.name for s in run.plan if s.type == TYPE_CONTAINER and s.op != "same"]
     assert not [w for w in run.warnings if "NOT checked" in w], "every hop is checked now"
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_rotating_the_ssh_client_key(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A new key for this machine: every command and both Docker providers update in place;
+    once the old key is revoked, the deployment (and, at the end, its destroy) works with the
+    new key alone, because an update stores the new connection."""
+    key = tmp_path_factory.mktemp("rotated") / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rotated-client",
+                    "-f", str(key)], check=True, timeout=20)  # fmt: skip
+    public = shlex.quote(key.with_suffix(".pub").read_text().strip())
+    hosts = ("bastion", "spark1", "spark2")
+    for host in hosts:
+        stack.lab.sh(host, f"echo {public} >> /root/.ssh/authorized_keys")
+    config = {**stack.config}
+    config["spark-vllm:ssh"] = {**config["spark-vllm:ssh"], "privateKeyPath": str(key)}
+    run = next_up(stack, "SSH client key rotation", config)
+    changed = run.changed()
+    assert {s.name for s in run.plan if s.type == TYPE_COMMAND} <= set(changed)
+    assert set(changed.values()) == {"update"}
+    for host in hosts:  # revoke the old key; keep the new one and the head's fabric key
+        stack.lab.sh(host, "f=/root/.ssh/authorized_keys; grep -e rotated-client "
+                     "-e spark-vllm-fabric $f > $f.new; mv $f.new $f")  # fmt: skip
+    assert next_up(stack, "after the old key was revoked", config).changed() == {}
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 
