@@ -34,13 +34,12 @@ class VllmServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: VllmServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
         plan, head = args.plan, args.head
-        api_key = args.api_key
         key_file = remote.Command(
             f"{name}-api-key",
             connection=head.connection,
             create=script_call(head.node, "api-key-file.sh", "write", file=plan.api_key_file),
             delete=script_call(head.node, "api-key-file.sh", "remove", file=plan.api_key_file),
-            stdin=api_key,
+            stdin=args.api_key,
             logging=remote.Logging.NONE,
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
@@ -60,7 +59,7 @@ class VllmServer(pulumi.ComponentResource):
             # A new key must restart vLLM, but only its hash may appear in the container's config.
             docker.ContainerLabelArgs(
                 label="spark-vllm.api-key-sha256",
-                value=api_key.apply(_sha256),  # stays secret: derived from a secret
+                value=args.api_key.apply(_sha256),  # stays secret: derived from a secret
             ),
         ]
         # The driver finds its node's raylet among the processes it can see (Ray 2.x): share the
@@ -102,7 +101,7 @@ class VllmServer(pulumi.ComponentResource):
                     **args.fabric.flags,
                 )
             ),
-            stdin=api_key,  # read by the script, never printed: its diagnostics can be shown
+            stdin=args.api_key,  # read by the script, never printed: its diagnostics can be shown
             add_previous_output_in_env=False,
             triggers=[self.container.id],
             opts=pulumi.ResourceOptions(
