@@ -24,6 +24,7 @@ while :; do
     ready*) echo "ray: ${verdict#ready }"; exit 0 ;;
     stray*) give_up "a node joined Ray with a non-fabric IP ${verdict#stray } (expected only $ARG_EXPECT_IPS)" \
               "VLLM_HOST_IP/--node-ip-address resolved to another NIC on that node; check its hosts[].fabricIp" ;;
+    leaving*) echo "ray: stopped Ray on hosts no longer in the stack: ${verdict#leaving }" ;;
     waiting*) last="$verdict" ;;
   esac
   if [ "$SECONDS" -ge "$deadline" ]; then

@@ -100,13 +100,6 @@ def test_grow_adds_a_spark_without_restarting_ray(two_of_three: Grown) -> None:
     assert complete(grown.endpoint, grown.model)[0] == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="known defect (issue 8): the engine deletes a removed host's resources after the "
-    "program's last step, so spark3's Ray worker is still in the cluster when ray-wait runs "
-    "for the 2-node cluster (and vLLM could place a rank there)",
-)
 def test_shrink_removes_the_spark_again(two_of_three: Grown) -> None:
     grown, lab = two_of_three, two_of_three.lab
     run = up(

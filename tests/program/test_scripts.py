@@ -236,6 +236,8 @@ def test_ray_verdicts() -> None:
     assert verdict({"10.0.0.1": 1, "10.0.0.2": 1}, expected, 2).startswith("ready")
     assert verdict({"10.0.0.1": 1}, expected, 2) == "waiting missing=10.0.0.2 gpus=1/2"
     assert verdict({"10.0.0.1": 1, "192.168.1.5": 1}, expected, 2) == "stray 192.168.1.5"
+    # Every configured node is there: the extra one is a host removed from the stack.
+    assert verdict({"10.0.0.1": 1, "10.0.0.2": 1, "10.0.0.3": 1}, expected, 2) == "leaving 10.0.0.3"
     assert verdict({"10.0.0.1": 1, "10.0.0.2": 0}, expected, 2).startswith("waiting")
 
 
