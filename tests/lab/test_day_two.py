@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lab import Lab
+from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
 from tests.lab.deploying import (
     API_KEY,
@@ -249,6 +249,28 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "vllm-ready": "replace",
     }
     assert stack.outputs["imageId"] != old_image
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_a_model_change_replaces_the_server_and_copies_the_new_snapshot(stack: Stack) -> None:
+    """Another model in the head's cache (the lab has no hub): fetched there, copied to the
+    worker, served by a new server; Ray keeps running."""
+    model = "spark-vllm-lab/tiny-chat-2"
+    hfmodel.seed_cache(stack.lab.node("spark1").hostdir / "root/.cache/huggingface", model)
+    config = {**stack.config}
+    config["spark-vllm:model"] = {**config["spark-vllm:model"], "id": model,
+                                  "servedName": "tiny-chat-2"}  # fmt: skip
+    run = next_up(stack, "model change", config)
+    assert run.changed() == {
+        "weights-fetch": "update",
+        "weights-spark2-copy": "update",
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
+    assert stack.outputs["modelId"] == "tiny-chat-2"
+    worker_repo = "/root/.cache/huggingface/hub/models--spark-vllm-lab--tiny-chat-2/snapshots"
+    assert host_sh(stack.lab, "spark2", f"ls {worker_repo} | wc -l") == "1"
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 
