@@ -34,7 +34,6 @@ and the summary of `pulumi up` show them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -294,6 +293,11 @@ class NextUp(RealMocks):
             tally[step.op] += 1
         return tally
 
+    def summary(self) -> str:
+        """What changed, as counts ("2 update, 1 replace"), or "no change"."""
+        counts = [f"{n} {op}" for op, n in self.counts().items() if n and op != "same"]
+        return ", ".join(counts) or "no change"
+
     def changed(self) -> dict[str, str]:
         """name -> step, for every resource whose step is not "same"."""
         return {s.name: s.op for s in self.plan if s.op != "same"}
@@ -308,11 +312,11 @@ class NextUp(RealMocks):
         ]
 
 
-def log_plan(title: str, run: NextUp, extra: Iterable[str] = ()) -> str:
+def log_plan(title: str, run: NextUp) -> None:
+    """The run's plan in the test log, as `pulumi preview` would list it."""
     counts = ", ".join(f"{n} {op}" for op, n in run.counts().items() if n)
     text = "\n".join(
-        [f"{title}: {counts}; {run.commands_run} command(s) run", *run.preview_lines(), *extra]
+        [f"{title}: {counts}; {run.commands_run} command(s) run", *run.preview_lines()]
     )
     log.info(text)
     print(text)
-    return text

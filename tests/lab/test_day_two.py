@@ -10,30 +10,16 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
-from tests.lab.deploying import (
-    API_KEY,
-    PREFIX,
-    REPO,
-    EndpointPoller,
-    complete,
-    deploy,
-    forward_through_bastion,
-    host_sh,
-    lab_config,
-)
-from tests.lab.engine import NextUp, log_plan
-from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER, RealMocks, StackOutputs
-from tests.lab.timings import record_day_two
+from tests.lab.day_two import Stack, deployed, next_up
+from tests.lab.deploying import PREFIX, REPO, complete, host_sh, lab_config
+from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER
 
 pytestmark = pytest.mark.lab
 
@@ -42,63 +28,16 @@ PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "components", "stacks")
 IMAGE_V2 = "spark-vllm-lab:v2"
 
 
-@dataclass
-class Stack:
-    lab: Lab
-    state: RealMocks
-    outputs: StackOutputs
-    config: dict[str, Any]
-    endpoint: str
-    api_key: str = API_KEY
-    project_dir: Path = REPO  # the spark-vllm release that deploys it
-    plans: list[str] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
     lab = lab_factory("day2", hosts=2, topology="bastion")
-    first = RealMocks()
     # Deployed first without pinned host keys: one scenario pins them.
     config = lab_config(lab)
     config["spark-vllm:ssh"] = {
         k: v for k, v in config["spark-vllm:ssh"].items() if k != "knownHostsFile"
     }
-    try:
-        outputs = deploy(lab, first, config)
-    except BaseException:
-        first.teardown()
-        raise
-    tunnel, endpoint = forward_through_bastion(lab, outputs["endpointUrl"])
-    deployed = Stack(lab, first, outputs, config, endpoint)
-    try:
-        yield deployed
-    finally:
-        tunnel.terminate()
-        tunnel.wait(timeout=10)
-        deployed.state.teardown()  # idempotent: empty after the destroy test ran
-
-
-def next_up(
-    stack: Stack, scenario: str, config: dict[str, Any], project_dir: Path | None = None
-) -> NextUp:
-    """One `pulumi up` on the deployed stack while a client polls the endpoint."""
-    project_dir = project_dir or stack.project_dir
-    run = NextUp(stack.state)
-    started = time.monotonic()
-    new_key = config.get("spark-vllm:apiKey", stack.api_key)
-    with EndpointPoller(stack.endpoint, stack.api_key, new_key) as poller:
-        try:
-            stack.outputs = deploy(stack.lab, run, config, project_dir)
-        finally:
-            stack.state = run  # a failed run's state is the stack too
-        # The run returns once the new server answered a completion; let the poller see it.
-        time.sleep(1)
-    seconds = time.monotonic() - started
-    counts = ", ".join(f"{n} {op}" for op, n in run.counts().items() if n and op != "same")
-    record_day_two(scenario, counts or "no change", seconds, poller.downtime())
-    stack.plans.append(log_plan(f"day two: {scenario}", run))
-    stack.config = config
-    return run
+    with deployed(lab, config) as first:
+        yield first
 
 
 def assert_serves(stack: Stack) -> None:

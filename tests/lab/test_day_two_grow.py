@@ -3,26 +3,14 @@ again (3 -> 2), each as the next `pulumi up` the real engine would run (tests/la
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from lab import Lab
-from tests.lab.deploying import (
-    PREFIX,
-    EndpointPoller,
-    complete,
-    deploy,
-    forward_through_bastion,
-    host_sh,
-    lab_config,
-)
-from tests.lab.engine import NextUp, log_plan
-from tests.lab.realmocks import RealMocks
-from tests.lab.timings import record_day_two
+from tests.lab.day_two import Stack, deployed, next_up
+from tests.lab.deploying import PREFIX, complete, host_sh, lab_config
 
 pytestmark = pytest.mark.lab
 
@@ -36,47 +24,12 @@ def with_hosts(config: dict[str, Any], count: int) -> dict[str, Any]:
     return changed
 
 
-@dataclass
-class Grown:
-    lab: Lab
-    state: RealMocks
-    endpoint: str
-    model: str
-
-
 @pytest.fixture(scope="module")
-def two_of_three(lab_factory: Callable[..., Lab]) -> Iterator[Grown]:
+def two_of_three(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
     lab = lab_factory("grow3", hosts=3, topology="bastion")
-    first = RealMocks()
-    try:
-        outputs = deploy(lab, first, with_hosts(lab_config(lab), 2))
-    except BaseException:
-        first.teardown()
-        raise
-    tunnel, endpoint = forward_through_bastion(lab, outputs["endpointUrl"])
-    grown = Grown(lab, first, endpoint, outputs["modelId"])
-    try:
-        yield grown
-    finally:
-        tunnel.terminate()
-        tunnel.wait(timeout=10)
-        grown.state.teardown()
-        lab.down()  # free the machine for later modules; the factory checks for leftovers
-
-
-def up(grown: Grown, scenario: str, config: dict[str, Any]) -> NextUp:
-    run = NextUp(grown.state)
-    started = time.monotonic()
-    with EndpointPoller(grown.endpoint) as poller:
-        try:
-            deploy(grown.lab, run, config)
-        finally:
-            grown.state = run
-        time.sleep(1)
-    counts = ", ".join(f"{n} {op}" for op, n in run.counts().items() if n and op != "same")
-    record_day_two(scenario, counts, time.monotonic() - started, poller.downtime())
-    log_plan(f"day two: {scenario}", run)
-    return run
+    with deployed(lab, with_hosts(lab_config(lab), 2)) as stack:
+        yield stack
+    lab.down()  # free the machine for later modules; the factory checks for leftovers
 
 
 def ray_node_count(lab: Lab) -> int:
@@ -88,27 +41,27 @@ def ray_node_count(lab: Lab) -> int:
     return int(out.splitlines()[-1])
 
 
-def test_grow_adds_a_spark_without_restarting_ray(two_of_three: Grown) -> None:
+def test_grow_adds_a_spark_without_restarting_ray(two_of_three: Stack) -> None:
     grown, lab = two_of_three, two_of_three.lab
-    run = up(grown, "grow: a third Spark (2 -> 3 hosts)", with_hosts(lab_config(lab), 3))
+    run = next_up(grown, "grow: a third Spark (2 -> 3 hosts)", with_hosts(lab_config(lab), 3))
     created = {name for name, op in run.changed().items() if op == "create"}
     assert {f"{NEW_HOST}-scripts", f"{NEW_HOST}-preflight", f"ray-{NEW_HOST}",
             f"image-{NEW_HOST}-sync", f"weights-{NEW_HOST}-copy"} <= created  # fmt: skip
     assert run.changed()["vllm-container"] == "replace"  # TP 2 -> 3
     assert "ray-head" not in run.changed() and "ray-spark2" not in run.changed()  # Ray stays up
     assert ray_node_count(lab) == 3
-    assert complete(grown.endpoint, grown.model)[0] == 200
+    assert complete(grown.endpoint, grown.outputs["modelId"])[0] == 200
 
 
-def test_shrink_removes_the_spark_again(two_of_three: Grown) -> None:
+def test_shrink_removes_the_spark_again(two_of_three: Stack) -> None:
     grown, lab = two_of_three, two_of_three.lab
-    run = up(
+    run = next_up(
         grown, "shrink: the third Spark removed (3 -> 2 hosts)", with_hosts(lab_config(lab), 2)
     )
     deleted = {name for name, op in run.changed().items() if op == "delete"}
     assert {f"{NEW_HOST}-scripts", f"ray-{NEW_HOST}", f"fabric-{NEW_HOST}-authorize"} <= deleted
     assert not [name for name, op in run.changed().items() if op == "create"]
-    assert complete(grown.endpoint, grown.model)[0] == 200
+    assert complete(grown.endpoint, grown.outputs["modelId"])[0] == 200
     assert ray_node_count(lab) == 2
     # The removed host keeps nothing of the deployment.
     assert host_sh(lab, NEW_HOST, "docker ps -aq") == ""
