@@ -98,8 +98,9 @@ class Host(pulumi.ComponentResource):
 
         A changed bundle is an update (pulumi-command replaces only on `triggers`), which runs
         this create again over the installed files. The delete removes `bin` only while it
-        holds this bundle: a replacement (`pulumi up --replace`) is created before the old
-        resource is deleted, and must not lose its scripts to that delete.
+        holds this bundle, so the delete of an older bundle never removes a newer one. (A forced
+        `pulumi up --replace` of this resource with the same bundle would still lose `bin` to
+        the old half's delete: the delete cannot tell two installs of one bundle apart.)
         """
         bundle = scripts_bundle()
         node = self.node
