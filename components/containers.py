@@ -19,10 +19,17 @@ SCRIPTS_MOUNT = "/spark-vllm/bin"
 
 
 def service_container_args(
-    plan: DeploymentPlan, node: NodePlan, role: str, image_id: pulumi.Input[str]
+    plan: DeploymentPlan,
+    node: NodePlan,
+    role: str,
+    image_id: pulumi.Input[str],
+    mounts_token: str,
 ) -> dict[str, Any]:
     """Host network and IPC, --init, GPUs, RDMA (memlock, devices) when the node has HCAs, the
     HF cache and Ray's session dir.
+
+    `mounts_token` changes when a bound host directory was recreated (components/facts.py): the
+    label makes that a replacement, so no container stays bound to a directory that is gone.
 
     Restarts are bounded (on-failure, docker.maxRestarts): a crash loop ends as a stopped
     container that the wait steps and `pulumi refresh` report, instead of eating unified memory.
@@ -46,7 +53,12 @@ def service_container_args(
         "labels": [
             docker.ContainerLabelArgs(label=key, value=value)
             for key, value in sorted(
-                {**plan.labels, "spark-vllm.role": role, "spark-vllm.node": node.name}.items()
+                {
+                    **plan.labels,
+                    "spark-vllm.role": role,
+                    "spark-vllm.node": node.name,
+                    "spark-vllm.mounts": mounts_token,
+                }.items()
             )
         ],
         "destroy_grace_seconds": 30,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
+from components.facts import check
 from components.host import Host
 from components.remote import QUICK_STEP, script_call
 from stacks.known_hosts import known_hosts_name
@@ -46,10 +47,17 @@ class FabricTrust(pulumi.ComponentResource):
             return
         marker = f"spark-vllm-fabric:{plan.deployment_id}:{head.node.name}"
         key_flags = {"state_dir": head.node.state_dir, "comment": marker}
+        key_step = f"{name}-head-key"
+        key_file = f"{head.node.state_dir}/fabric_ed25519"
+        known_hosts = f"{head.node.state_dir}/fabric_known_hosts"
         head_key = remote.Command(
-            f"{name}-head-key",
+            key_step,
             connection=head.connection,
-            create=script_call(head.node, "fabric-key.sh", "ensure", **key_flags),
+            create=head.recorded(
+                script_call(head.node, "fabric-key.sh", "ensure", **key_flags),
+                key_step,
+                check("files", key_file, f"{key_file}.pub"),
+            ),
             delete=script_call(head.node, "fabric-key.sh", "remove", **key_flags),
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
@@ -58,24 +66,32 @@ class FabricTrust(pulumi.ComponentResource):
         )
         ready: list[pulumi.Resource] = []
         for worker in args.workers:
-            ready.append(self._trust_worker(name, head, worker, head_key, marker))
+            ready.append(self._trust_worker(name, head, worker, head_key, marker, known_hosts))
         self.access = FabricAccess(
-            flags={
-                "fabric_key": f"{head.node.state_dir}/fabric_ed25519",
-                "fabric_known_hosts": f"{head.node.state_dir}/fabric_known_hosts",
-            },
+            flags={"fabric_key": key_file, "fabric_known_hosts": known_hosts},
             ready=ready,
         )
         self.register_outputs({"managed": True, "headPublicKey": head_key.stdout})
 
     def _trust_worker(
-        self, name: str, head: Host, worker: Host, head_key: remote.Command, marker: str
+        self,
+        name: str,
+        head: Host,
+        worker: Host,
+        head_key: remote.Command,
+        marker: str,
+        known_hosts: str,
     ) -> remote.Command:
         node: NodePlan = worker.node
+        authorize_step = f"{name}-{node.name}-authorize"
         authorize = remote.Command(
-            f"{name}-{node.name}-authorize",
+            authorize_step,
             connection=worker.connection,
-            create=script_call(node, "authorize-key.sh", "add", marker=marker),
+            create=worker.recorded(
+                script_call(node, "authorize-key.sh", "add", marker=marker),
+                authorize_step,
+                check("authorized", marker),
+            ),
             delete=script_call(node, "authorize-key.sh", "remove", marker=marker),
             stdin=head_key.stdout,
             add_previous_output_in_env=False,
@@ -86,15 +102,20 @@ class FabricTrust(pulumi.ComponentResource):
         address = known_hosts_name(node.fabric_ip, node.ssh.port)
         pin_flags: dict[str, str] = {"state_dir": head.node.state_dir, "address": address}
         pinned = node.ssh.host_key
+        pin_step = f"{name}-{node.name}-pin"
         return remote.Command(
-            f"{name}-{node.name}-pin",
+            pin_step,
             connection=head.connection,
-            create=script_call(
-                head.node,
-                "pin-host-key.sh",
-                "add",
-                **pin_flags,
-                **({"key": pinned} if pinned else {}),
+            create=head.recorded(
+                script_call(
+                    head.node,
+                    "pin-host-key.sh",
+                    "add",
+                    **pin_flags,
+                    **({"key": pinned} if pinned else {}),
+                ),
+                pin_step,
+                check("known-host", known_hosts, address),
             ),
             delete=script_call(head.node, "pin-host-key.sh", "remove", **pin_flags),
             # The configured pin wins; otherwise the keys the worker printed over its own

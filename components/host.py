@@ -10,6 +10,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from components.facts import HostFacts, check, gather_facts, receipt_call
 from components.remote import (
     QUICK_STEP,
     SshAuth,
@@ -24,6 +25,7 @@ from stacks.nodes import DeploymentPlan, NodePlan, ray_listen_ports
 GIB = 1024**3
 # Which bundle `<stateDir>/bin` holds (its digest): the scripts' delete checks it.
 BUNDLE_MARKER = ".bundle-digest"
+FIREWALL_CHAIN = "SPARK-VLLM-RAY"  # firewall.sh's own chain
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Host(pulumi.ComponentResource):
     """Connection, Docker provider, installed scripts, and a preflight that fails early, clearly."""
 
     connection: remote.ConnectionArgs
+    facts: HostFacts  # read before anything is planned: which steps' work is still there
     provider: docker.Provider
     scripts: remote.Command
     preflight: remote.Command
@@ -49,6 +52,10 @@ class Host(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.node = node
         self.connection = connection_args(node, args.auth)
+        self.facts = gather_facts(node, args.auth, args.known_hosts_file, args.control_dir)
+        # Containers bind these directories: one recreated at the same path leaves them bound
+        # to the old one, so the containers carry this token and are replaced when it changes.
+        self.mounts_token = self.facts.token(f"{name}-mounts")
         self.provider = docker.Provider(
             f"{name}-docker",
             host=docker_host(node),
@@ -68,11 +75,22 @@ class Host(pulumi.ComponentResource):
                 custom_timeouts=pulumi.CustomTimeouts(create="5m"),
             ),
         )
-        self.facts = self.preflight.stdout
         self.ready: list[pulumi.Resource] = [self.preflight]
         if plan.config.fabric.firewall:
             self.ready.append(self._firewall(name, plan))
-        self.register_outputs({"facts": self.facts, "dockerHost": docker_host(node)})
+        self.register_outputs({"preflight": self.preflight.stdout, "dockerHost": docker_host(node)})
+
+    def recorded(self, command: str, step: str, *checks: str) -> str:
+        """`command`, then its receipt on this host (components/facts.py)."""
+        return f"{command} && {receipt_call(self.node, step, self.facts.token(step), list(checks))}"
+
+    def recorded_for(
+        self, worker: Host, command: str, step: str, fabric: dict[str, str], *checks: str
+    ) -> str:
+        """`command` run here (the head) for `worker`, then its receipt on the worker."""
+        token = worker.facts.token(step)
+        receipt = receipt_call(self.node, step, token, list(checks), on=worker.node, fabric=fabric)
+        return f"{command} && {receipt}"
 
     def _firewall(self, name: str, plan: DeploymentPlan) -> remote.Command:
         """Ray's ports reachable on lo and the fabric only (Ray cannot bind to one interface)."""
@@ -80,10 +98,15 @@ class Host(pulumi.ComponentResource):
             "fabric_interface": self.node.fabric_interface,
             "tcp_ports": ",".join(ray_listen_ports(plan, self.node)),
         }
+        step = f"{name}-firewall"
         return remote.Command(
-            f"{name}-firewall",
+            step,
             connection=self.connection,
-            create=script_call(self.node, "firewall.sh", "apply", **flags),
+            create=self.recorded(
+                script_call(self.node, "firewall.sh", "apply", **flags),
+                step,
+                check("firewall", FIREWALL_CHAIN),
+            ),
             delete=script_call(self.node, "firewall.sh", "remove", **flags),
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
@@ -104,21 +127,30 @@ class Host(pulumi.ComponentResource):
         """
         bundle = scripts_bundle()
         node = self.node
+        step = f"{name}-scripts"
         bin_dir = shlex.quote(node.bin_dir)
         marker = shlex.quote(f"{node.bin_dir}/{BUNDLE_MARKER}")
-        dirs = " ".join(
-            shlex.quote(d) for d in (node.bin_dir, node.ray_dir, plan.config.model.cache_dir)
+        bound = (node.bin_dir, node.ray_dir, plan.config.model.cache_dir)
+        install = (
+            f"umask 077 && mkdir -p {' '.join(shlex.quote(d) for d in bound)} && "
+            f"chmod 755 {bin_dir} && base64 -d | tar -xzf - -C {bin_dir} && "
+            f"echo {bundle.digest} > {marker}"
         )
+        mounts_step = f"{name}-mounts"
+        receipts = (
+            receipt_call(node, step, self.facts.token(step), [check("sha256sums", node.bin_dir)]),
+            receipt_call(node, mounts_step, self.mounts_token, [check("mark", d) for d in bound]),
+        )
+        marks = " ".join(shlex.quote(f"{d}/.spark-vllm-mark.{mounts_step}") for d in bound)
+        receipts_dir = shlex.quote(f"{node.state_dir}/receipts")
         return remote.Command(
-            f"{name}-scripts",
+            step,
             connection=self.connection,
-            create=(
-                f"umask 077 && mkdir -p {dirs} && chmod 755 {bin_dir} && "
-                f"base64 -d | tar -xzf - -C {bin_dir} && "
-                f"echo {bundle.digest} > {marker} && echo {bundle.digest}"
-            ),
+            create=" && ".join([install, *receipts, f"echo {bundle.digest}"]),
+            # The receipts go with the scripts (every other step of this host ran before).
             delete=(
-                f'if [ "$(cat {marker} 2>/dev/null)" = {bundle.digest} ]; then rm -rf {bin_dir}; fi'
+                f'if [ "$(cat {marker} 2>/dev/null)" = {bundle.digest} ]; then '
+                f"rm -rf {bin_dir} {receipts_dir} && rm -f {marks}; fi"
             ),
             stdin=bundle.archive_b64,
             logging=remote.Logging.STDERR,

@@ -10,6 +10,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from components.fabric_trust import FabricAccess
+from components.facts import check
 from components.host import Host
 from components.remote import QUICK_STEP, script_call
 from stacks.nodes import DeploymentPlan, NodePlan
@@ -56,19 +57,26 @@ class ImageDistribution(pulumi.ComponentResource):
             ),
         )
         self.image_id = pulled.image_id
+        record_step = f"{name}-head-record"
+        record_file = f"{head.node.state_dir}/image-id"
         recorded = remote.Command(
-            f"{name}-head-record",
+            record_step,
             connection=head.connection,
             create=self.image_id.apply(
-                lambda image_id: script_call(
-                    head.node,
-                    "image-record.sh",
-                    state_dir=head.node.state_dir,
-                    image_id=image_id,
-                    ref=image_cfg.ref,
+                lambda image_id: head.recorded(
+                    script_call(
+                        head.node,
+                        "image-record.sh",
+                        state_dir=head.node.state_dir,
+                        image_id=image_id,
+                        ref=image_cfg.ref,
+                    ),
+                    record_step,
+                    check("files", record_file),
+                    check("image", image_id),
                 )
             ),
-            delete=f"rm -f '{head.node.state_dir}/image-id'",
+            delete=f"rm -f '{record_file}'",
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[pulled], custom_timeouts=QUICK_STEP
@@ -78,11 +86,18 @@ class ImageDistribution(pulumi.ComponentResource):
         minutes = plan.config.timeouts.image_transfer_minutes
         for worker in args.workers:
             node = worker.node
+            sync_step = f"{name}-{node.name}-sync"
             self.ready[node.name] = remote.Command(
-                f"{name}-{node.name}-sync",
+                sync_step,
                 connection=head.connection,
                 create=self.image_id.apply(
-                    functools.partial(_sync_command, plan, head.node, node, args.fabric.flags)
+                    lambda image_id, worker=worker, step=sync_step: head.recorded_for(  # type: ignore[misc]
+                        worker,
+                        _sync_command(plan, head.node, worker.node, args.fabric.flags, image_id),
+                        step,
+                        args.fabric.flags,
+                        check("image", image_id),
+                    )
                 ),
                 delete=None
                 if image_cfg.keep_on_destroy

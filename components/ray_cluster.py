@@ -102,7 +102,7 @@ class RayCluster(pulumi.ComponentResource):
     ) -> docker.Container:
         node: NodePlan = host.node
         plan = args.plan
-        settings = service_container_args(plan, node, role, args.image_id)
+        settings = service_container_args(plan, node, role, args.image_id, host.mounts_token)
         if after:
             # Workers joined the old head: a replaced head must replace them too.
             settings["labels"] = [*settings["labels"], head_id_label(after[0])]

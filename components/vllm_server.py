@@ -10,8 +10,9 @@ from pulumi_command import remote
 
 from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
+from components.facts import check
 from components.host import Host
-from components.ray_cluster import RayCluster, head_id_label, log_specs, node_check_specs
+from components.ray_cluster import RayCluster, log_specs, node_check_specs
 from components.remote import QUICK_STEP, SCRIPTS_DIR, script_call
 from stacks.nodes import CONTAINER_API_KEY_FILE, DeploymentPlan, vllm_serve_args
 
@@ -34,10 +35,15 @@ class VllmServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: VllmServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
         plan, head = args.plan, args.head
+        key_step = f"{name}-api-key"
         key_file = remote.Command(
-            f"{name}-api-key",
+            key_step,
             connection=head.connection,
-            create=script_call(head.node, "api-key-file.sh", "write", file=plan.api_key_file),
+            create=head.recorded(
+                script_call(head.node, "api-key-file.sh", "write", file=plan.api_key_file),
+                key_step,
+                check("files", plan.api_key_file),
+            ),
             delete=script_call(head.node, "api-key-file.sh", "remove", file=plan.api_key_file),
             stdin=args.api_key,
             logging=remote.Logging.NONE,
@@ -46,7 +52,7 @@ class VllmServer(pulumi.ComponentResource):
                 parent=self, depends_on=[head.scripts], custom_timeouts=QUICK_STEP
             ),
         )
-        settings = service_container_args(plan, head.node, "vllm", args.image_id)
+        settings = service_container_args(plan, head.node, "vllm", args.image_id, head.mounts_token)
         settings["mounts"] = [
             *settings["mounts"],
             docker.ContainerMountArgs(
@@ -55,7 +61,9 @@ class VllmServer(pulumi.ComponentResource):
         ]
         settings["labels"] = [
             *settings["labels"],
-            head_id_label(args.ray.head_container),
+            # The cluster it joined: any Ray container replaced (a new head, or a worker
+            # recreated after a refresh found it gone) replaces the wait, and so the server.
+            docker.ContainerLabelArgs(label="spark-vllm.ray-cluster", value=args.ray.joined.id),
             # A new key must restart vLLM, but only its hash may appear in the container's config.
             docker.ContainerLabelArgs(
                 label="spark-vllm.api-key-sha256",

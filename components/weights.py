@@ -8,6 +8,7 @@ import pulumi
 from pulumi_command import remote
 
 from components.fabric_trust import FabricAccess
+from components.facts import check
 from components.host import Host
 from components.remote import script_call
 from stacks.nodes import DeploymentPlan
@@ -39,17 +40,22 @@ class ModelWeights(pulumi.ComponentResource):
         plan, head = args.plan, args.head
         model = plan.config.model
         minutes = plan.config.timeouts.weights_transfer_minutes
+        fetch_step = f"{name}-fetch"
         fetch = remote.Command(
-            f"{name}-fetch",
+            fetch_step,
             connection=head.connection,
-            create=script_call(
-                head.node,
-                "weights-fetch.sh",
-                state_dir=head.node.state_dir,
-                cache_dir=model.cache_dir,
-                model=model.id,
-                revision=model.revision,
-                timeout_minutes=minutes,
+            create=head.recorded(
+                script_call(
+                    head.node,
+                    "weights-fetch.sh",
+                    state_dir=head.node.state_dir,
+                    cache_dir=model.cache_dir,
+                    model=model.id,
+                    revision=model.revision,
+                    timeout_minutes=minutes,
+                ),
+                fetch_step,
+                check("snapshot", model.cache_dir, model.id, model.revision),
             ),
             # The token is read by the script and never printed (errors mask it), so its
             # diagnostics can be shown; progress bars are turned off in the container.
@@ -65,21 +71,28 @@ class ModelWeights(pulumi.ComponentResource):
         self.ready = {head.node.name: fetch}
         for worker in args.workers:
             node = worker.node
+            copy_step = f"{name}-{node.name}-copy"
             self.ready[node.name] = remote.Command(
-                f"{name}-{node.name}-copy",
+                copy_step,
                 connection=head.connection,
                 create=self.manifest.apply(
-                    lambda manifest, node=node: script_call(  # type: ignore[misc]
-                        head.node,
-                        "weights-sync.sh",
-                        worker=node.name,
-                        target=node.fabric_destination,
-                        worker_bin=node.bin_dir,
-                        cache_dir=model.cache_dir,
-                        model=model.id,
-                        manifest=manifest,
-                        timeout_minutes=minutes,
-                        **args.fabric.flags,
+                    lambda manifest, worker=worker, step=copy_step: head.recorded_for(  # type: ignore[misc]
+                        worker,
+                        script_call(
+                            head.node,
+                            "weights-sync.sh",
+                            worker=worker.node.name,
+                            target=worker.node.fabric_destination,
+                            worker_bin=worker.node.bin_dir,
+                            cache_dir=model.cache_dir,
+                            model=model.id,
+                            manifest=manifest,
+                            timeout_minutes=minutes,
+                            **args.fabric.flags,
+                        ),
+                        step,
+                        args.fabric.flags,
+                        check("snapshot", model.cache_dir, model.id, manifest.split()[0]),
                     )
                 ),
                 add_previous_output_in_env=False,

@@ -49,10 +49,15 @@ def deployed(lab: Lab, config: dict[str, Any]) -> Iterator[Stack]:
 
 
 def next_up(
-    stack: Stack, scenario: str, config: dict[str, Any], project_dir: Path | None = None
+    stack: Stack,
+    scenario: str,
+    config: dict[str, Any],
+    project_dir: Path | None = None,
+    *,
+    refresh: bool = False,
 ) -> NextUp:
-    """One `pulumi up` on the deployed stack while a client polls the endpoint."""
-    run = NextUp(stack.state)
+    """One `pulumi up` (`--refresh`) on the deployed stack while a client polls the endpoint."""
+    run = NextUp(stack.state, refresh=refresh)
     started = time.monotonic()
     new_key = config.get("spark-vllm:apiKey", stack.api_key)
     with EndpointPoller(stack.endpoint, stack.api_key, new_key) as poller:

@@ -60,6 +60,7 @@ from tests.mockvalues import unwrap_secrets
 log = logging.getLogger(__name__)
 
 TYPE_DOCKER_PROVIDER = "pulumi:providers:docker"
+TOKEN_LOCAL_RUN = "command:local:run"
 TYPE_COMMAND = "command:remote:Command"
 TYPE_REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
 TYPE_CONTAINER = "docker:index/container:Container"
@@ -741,7 +742,37 @@ class RealMocks(pulumi.runtime.Mocks):
     # -- pulumi.runtime.Mocks ------------------------------------------------------------------
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]] | None]:
+        if args.token == TOKEN_LOCAL_RUN:
+            return self._local_run(args)
         raise NotImplementedError(f"realmocks does not perform invokes: {args.token}")
+
+    def _local_run(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
+        """pulumi-command's `local.run` (provider/pkg/provider/local/commandOutputs.go): the
+        command under `/bin/sh -c` with this process's environment plus `environment`, stdin
+        when not empty; a non-zero exit is the invoke's error, with the output; stdout and
+        stderr lose one trailing newline."""
+        inputs = unwrap_secrets(dict(args.args))
+        command = str(inputs["command"])
+        if inputs.get("interpreter") or inputs.get("dir"):
+            raise NotImplementedError("realmocks: local.run with interpreter/dir")
+        env = {
+            **os.environ,
+            **{str(k): str(v) for k, v in (inputs.get("environment") or {}).items()},
+        }
+        stdin = inputs.get("stdin") or None
+        try:
+            result = run_process(["/bin/sh", "-c", command], stdin, self.command_timeout_s, env)
+        except TimeoutError as exc:
+            return {}, [("", f"running {command!r}: {exc}")]
+        if result.exit_code != 0:
+            output = result.stdout + result.stderr
+            return {}, [("", f"exit status {result.exit_code}: running {command!r}:\n{output}")]
+        outputs = {
+            **inputs,
+            "stdout": result.stdout.removesuffix("\n"),
+            "stderr": result.stderr.removesuffix("\n"),
+        }
+        return outputs, []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         what = f"{args.typ} {args.name!r}"

@@ -17,6 +17,7 @@ import pytest
 
 from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
+from components.facts import FACTS_HEADER, facts_script
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import PREFIX, REPO, complete, host_sh, lab_config
 from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.lab
 STATE = "/root/.spark-vllm"
 PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "components", "stacks")
 IMAGE_V2 = "spark-vllm-lab:v2"
+MODEL_SNAPSHOTS = "/root/.cache/huggingface/hub/models--spark-vllm-lab--tiny-chat-2/snapshots"
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,9 @@ def assert_hosts_hold_the_deployment(stack: Stack) -> None:
     pins = host_sh(lab, "spark1", f"wc -l < {STATE}/fabric_known_hosts")
     assert int(pins) >= 1
     assert host_sh(lab, "spark1", f"stat -c %a {STATE}/api-key") == "600"
+    for host in ("spark1", "spark2"):  # every receipt's checks hold: the next up plans nothing
+        facts = host_sh(lab, host, f"bash -s -- {STATE} <<'FACTS'\n{facts_script()}\nFACTS")
+        assert facts.startswith(FACTS_HEADER) and " - " not in facts, f"{host}: {facts}"
 
 
 def test_an_unchanged_stack_plans_nothing(stack: Stack) -> None:
@@ -208,10 +213,72 @@ def test_a_model_change_replaces_the_server_and_copies_the_new_snapshot(stack: S
         "vllm-ready": "replace",
     }
     assert stack.outputs["modelId"] == "tiny-chat-2"
-    worker_repo = "/root/.cache/huggingface/hub/models--spark-vllm-lab--tiny-chat-2/snapshots"
-    assert host_sh(stack.lab, "spark2", f"ls {worker_repo} | wc -l") == "1"
+    assert host_sh(stack.lab, "spark2", f"ls {MODEL_SNAPSHOTS} | wc -l") == "1"
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
+
+
+def test_drift_a_worker_image_pruned_is_repaired_by_up_refresh(stack: Stack) -> None:
+    """`docker system prune -a` on a worker whose Ray container had stopped: the container and
+    the image are gone. Refresh reads the container gone (pulumi-docker drops it from the
+    state); the facts show the image gone, so its copy alone runs again; the recreated worker
+    makes a new cluster, so a new server."""
+    stack.lab.sh("spark2", f"docker stop {PREFIX}-ray-worker >/dev/null; docker system prune -af")
+    run = next_up(stack, "drift: a worker's image pruned (up --refresh)", stack.config,
+                  refresh=True)  # fmt: skip
+    assert run.changed() == {
+        "image-spark2-sync": "update",
+        "ray-spark2": "create",
+        "ray-joined": "replace",
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_drift_a_worker_hf_cache_deleted_is_repaired_by_up(stack: Stack) -> None:
+    """`rm -rf ~/.cache/huggingface` on a worker: the snapshot is copied again, and the worker's
+    Ray container, bound to the deleted directory, is replaced (and with it the server)."""
+    stack.lab.sh("spark2", "rm -rf /root/.cache/huggingface")
+    run = next_up(stack, "drift: a worker's HF cache deleted", stack.config)
+    assert run.changed() == {
+        "spark2-scripts": "update",  # makes the directory again
+        "weights-spark2-copy": "update",
+        "ray-spark2": "replace",
+        "ray-joined": "replace",
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
+    assert host_sh(stack.lab, "spark2", f"ls {MODEL_SNAPSHOTS} | wc -l") == "1"
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_drift_the_head_state_dir_removed_is_repaired_by_up(stack: Stack) -> None:
+    """`rm -rf ~/.spark-vllm` on the head: scripts, fabric key (authorized again on the worker),
+    pins, image record, API key file and firewall are made again, and the containers bound to
+    its directories replaced. The run after plans nothing."""
+    stack.lab.sh("spark1", f"rm -rf {STATE}")
+    run = next_up(stack, "drift: the head's state directory removed", stack.config)
+    assert run.changed() == {
+        "spark1-scripts": "update",
+        "spark1-firewall": "update",
+        "fabric-head-key": "update",
+        "fabric-spark2-authorize": "update",
+        "fabric-spark2-pin": "update",
+        "image-head-record": "update",
+        "vllm-api-key": "update",
+        "ray-head": "replace",
+        "ray-spark2": "replace",
+        "ray-joined": "replace",
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+    after = next_up(stack, "after the repair", stack.config)
+    assert after.changed() == {} and after.commands_run == 0
 
 
 def test_an_up_that_fails_midway(stack: Stack) -> None:
@@ -233,6 +300,7 @@ def test_destroy_leaves_nothing(stack: Stack) -> None:
     for host in ("spark1", "spark2"):
         assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
         assert host_sh(lab, host, f"ls -A {STATE}/bin 2>/dev/null || true") == ""
+        assert host_sh(lab, host, f"ls -A {STATE}/receipts 2>/dev/null || true") == ""
         authorized = host_sh(lab, host, "cat /root/.ssh/authorized_keys")
         assert "spark-vllm-fabric" not in authorized
     assert (

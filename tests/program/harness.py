@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import runpy
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from components.facts import FACTS_HEADER
 from tests.cli import PulumiCli, handed_to_program
 from tests.engine.preview import PreviewMonitor, PriorResource
 from tests.mockvalues import is_secret, unwrap_secrets
@@ -95,20 +97,56 @@ def fake_id(*parts: str) -> str:
 
 
 class FakeHosts(pulumi.runtime.Mocks):
-    """Plausible outputs for every resource type the program declares, deterministic per input."""
+    """Plausible outputs for every resource type the program declares, deterministic per input.
+
+    Like real hosts they keep the receipts the steps' commands record (components/facts.py),
+    and answer the program's facts invoke with them: a second run plans nothing.
+    """
+
+    def __init__(self) -> None:
+        self.receipts: dict[str, str] = {}  # step -> token
+
+    def remember(self, state: dict[str, PriorResource]) -> None:
+        """The hosts as an earlier `up` left them: every recorded step's receipt."""
+        for prior in state.values():
+            if prior.type == "command:remote:Command":
+                self._keep_receipts(prior.inputs.get("create"))
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
         if args.typ == "command:remote:Command":
             outputs["stdout"] = _command_stdout(args.name, args.inputs)
             outputs["stderr"] = ""
+            self._keep_receipts(args.inputs.get("create"))
         elif args.typ == "docker:index/remoteImage:RemoteImage":
             outputs["imageId"] = "sha256:" + fake_id("image", args.inputs["name"])
             outputs["repoDigest"] = args.inputs["name"] + "@sha256:" + fake_id("digest")
         return fake_id(args.typ, args.name, json.dumps(args.inputs, sort_keys=True)), outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
-        raise NotImplementedError(args.token)
+        if args.token != "command:local:run":
+            raise NotImplementedError(args.token)
+        receipts = getattr(self, "receipts", {})
+        lines = [FACTS_HEADER, *(f"{step} {token}" for step, token in sorted(receipts.items()))]
+        return {**args.args, "stdout": "\n".join(lines) + "\n", "stderr": ""}, []
+
+    def _keep_receipts(self, create: Any) -> None:
+        if not hasattr(self, "receipts"):
+            self.receipts = {}
+        self.receipts.update(recorded_receipts(unwrap_secrets(create)))
+
+
+def recorded_receipts(create: Any) -> dict[str, str]:
+    """step -> token of each `receipt.sh --step S --token T` in a command line."""
+    if not isinstance(create, str) or "receipt.sh" not in create:
+        return {}
+    words = shlex.split(create)
+    found: dict[str, str] = {}
+    for i, word in enumerate(words):
+        if word.endswith("/receipt.sh"):
+            flags = dict(zip(words[i + 1 :: 2], words[i + 2 :: 2], strict=False))
+            found[flags["--step"]] = flags["--token"]
+    return found
 
 
 def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
@@ -204,6 +242,8 @@ def run_stack(
     program_config = cli.program_config(stack)
     mocks = mocks or FakeHosts()
     prior_state = prior.state if prior is not None else {}
+    if isinstance(mocks, FakeHosts):
+        mocks.remember(prior_state)
     monitor: RecordingMonitor | RecordingPreviewMonitor = (
         RecordingPreviewMonitor(mocks, prior_state) if preview else RecordingMonitor(mocks)
     )

@@ -311,3 +311,51 @@ def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Pat
     assert "likely cause: spark-vllm: spark1: hf-manifest: no snapshot of org/tiny@main" in (
         done.stdout
     )
+
+
+# --- receipts and facts (components/facts.py) ----------------------------------------------------
+
+
+def facts(state_dir: Path) -> dict[str, str]:
+    """facts.sh as the program runs it: from stdin after snapshot.sh, nothing installed."""
+    script = (SCRIPTS / "snapshot.sh").read_text() + (SCRIPTS / "facts.sh").read_text()
+    done = subprocess.run(["bash", "-s", "--", str(state_dir)], input=script,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "spark-vllm-facts 1"
+    return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in lines[1:]}
+
+
+def receipt(state_dir: Path, step: str, token: str, *checks: str) -> None:
+    run("receipt.sh", "--host", "node1", "--state-dir", str(state_dir), "--step", step,
+        "--token", token, "--checks", ";".join(checks), check=True)  # fmt: skip
+
+
+def test_receipts_hold_until_what_they_check_changes(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    bound, scripts = state / "ray", state / "bin"
+    bound.mkdir(parents=True)
+    scripts.mkdir()
+    (scripts / "a.sh").write_text("echo a\n")
+    cache = tmp_path / "hf"
+    snapshot = make_snapshot(cache, {"config.json": b"{}", "model.safetensors": b"x" * 64})
+    receipt(state, "s-scripts", "t1", f"sha256sums|{scripts}")
+    receipt(state, "s-mounts", "t2", f"mark|{bound}")
+    receipt(state, "s-key", "t3", f"files|{scripts / 'a.sh'}")
+    receipt(state, "s-fetch", "t4", f"snapshot|{cache}|org/tiny|main")
+    assert facts(state) == {"s-scripts": "t1", "s-mounts": "t2", "s-key": "t3", "s-fetch": "t4"}
+
+    (scripts / "a.sh").write_text("echo changed\n")
+    shutil.rmtree(bound)
+    bound.mkdir()  # the same path, a new directory: containers would still bind the old one
+    (snapshot / "model.safetensors").unlink()
+    found = facts(state)
+    assert found["s-scripts"] == f"- files in {scripts} were changed or removed"
+    assert found["s-mounts"] == f"- {bound} was removed or recreated"
+    assert found["s-key"] == "t3"
+    assert found["s-fetch"] == f"- model org/tiny: {COMMIT} 1 2 (was {COMMIT} 2 66)"
+
+
+def test_a_removed_state_dir_has_no_receipts(tmp_path: Path) -> None:
+    assert facts(tmp_path / "never-made") == {}

@@ -1,0 +1,140 @@
+"""What each host still has of the deployment: facts read on every run, receipts left by steps.
+
+A command has no read: `pulumi refresh` never sees a host change behind the program's back (a
+pruned image, a deleted snapshot, a removed state directory), and the next `up` would not
+repair it. So, as pyinfra does, the program reads the facts it needs before it plans:
+
+- A step that leaves something on a host records a receipt when it succeeds (receipt.sh): a
+  token, and the checks that must keep holding for its work to count as done.
+- On every run (preview included) the program reads each host's receipts over the host's own
+  SSH (facts.sh, through pulumi-command's `local.run` invoke). A receipt whose checks hold gives
+  back its token; one that is missing or failing gives none.
+- The token is a word of the step's command line. A step whose receipt holds runs with the same
+  token as before: no diff, nothing runs. A step whose receipt is gone gets a new token: its
+  `create` differs, which pulumi-command plans as an update (only `triggers` replace,
+  provider/pkg/provider/common/inputs.go) and performs by running `create` again when no
+  `update` is set (provider/pkg/provider/remote/commandController.go). Exactly that step re-runs,
+  and it writes the new token, so the run after plans nothing again.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pulumi
+from pulumi_command import local
+
+from components.remote import SCRIPTS_DIR, SshAuth, docker_ssh_opts, script_call
+from stacks.nodes import NodePlan
+
+FACTS_HEADER = "spark-vllm-facts 1"
+MISSING = "-"
+
+
+@dataclass
+class HostFacts:
+    """One host's receipts as read at the start of this run."""
+
+    host: str
+    holding: dict[str, str]  # step -> the token it ran with; its checks still hold
+    failing: dict[str, str]  # step -> why its checks no longer hold
+    _fresh: dict[str, str] = field(default_factory=dict)
+
+    def token(self, step: str) -> str:
+        """The token `step` runs with: its receipt's, or a new one (the same for this run)."""
+        if step in self.holding:
+            return self.holding[step]
+        if step not in self._fresh:
+            self._fresh[step] = secrets.token_hex(6)
+            if step in self.failing:
+                pulumi.log.info(f"{self.host}: re-running {step}: {self.failing[step]}")
+        return self._fresh[step]
+
+
+def parse_facts(host: str, stdout: str) -> HostFacts:
+    """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt."""
+    lines = stdout.splitlines()
+    if FACTS_HEADER not in lines:
+        raise ValueError(f"no facts in the answer: {stdout.strip()[-300:] or 'nothing'}")
+    holding: dict[str, str] = {}
+    failing: dict[str, str] = {}
+    for line in lines[lines.index(FACTS_HEADER) + 1 :]:
+        step, _, rest = line.partition(" ")
+        token, _, why = rest.partition(" ")
+        if token == MISSING:
+            failing[step] = why
+        elif step and token:
+            holding[step] = token
+    return HostFacts(host, holding, failing)
+
+
+def facts_command(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path) -> str:
+    """The local command that reads `node`'s facts: OpenSSH with the Docker provider's options."""
+    words = ["ssh", *docker_ssh_opts(node, auth, known_hosts, control_dir)]
+    words += ["-T", "-p", str(node.ssh.port), "--", node.ssh.destination]
+    words.append(shlex.join(["bash", "-s", "--", node.state_dir]))
+    return shlex.join(words)
+
+
+def facts_script() -> str:
+    """facts.sh after what it uses (snapshot.sh): it runs from stdin, needs nothing installed."""
+    return (SCRIPTS_DIR / "snapshot.sh").read_text() + (SCRIPTS_DIR / "facts.sh").read_text()
+
+
+def gather_facts(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path) -> HostFacts:
+    """Read `node`'s receipts now (a blocking invoke: the plan depends on them)."""
+    try:
+        result = local.run(
+            command=facts_command(node, auth, known_hosts, control_dir),
+            stdin=facts_script(),
+            logging=local.Logging.NONE,
+            add_previous_output_in_env=False,
+        )
+        return parse_facts(node.name, result.stdout)
+    except Exception as error:  # the invoke's error carries ssh's own message
+        detail = " ".join(str(error).split())[-400:]
+        raise pulumi.RunError(
+            f"spark-vllm: {node.name}: facts: cannot read the host's state over SSH: {detail}\n"
+            "  likely cause: the host is down or unreachable, its SSH host key changed, or "
+            "the SSH key is not authorized there"
+        ) from None
+
+
+def receipt_call(
+    node: NodePlan,
+    step: str,
+    token: str,
+    checks: list[str],
+    *,
+    on: NodePlan | None = None,
+    fabric: dict[str, str] | None = None,
+) -> str:
+    """`bash <bin>/receipt.sh ...` run on `node` after a step succeeded; with `on`, it records
+    the receipt on that worker over the fabric (the step ran on the head for it)."""
+    target = on or node
+    flags: dict[str, str] = {
+        "state_dir": target.state_dir,
+        "step": step,
+        "token": token,
+        "checks": ";".join(checks),
+    }
+    if on is not None:
+        flags |= {
+            "worker": on.name,
+            "target": on.fabric_destination,
+            "worker_bin": on.bin_dir,
+            **(fabric or {}),
+        }
+    return script_call(node, "receipt.sh", **flags)
+
+
+def check(kind: str, *args: str | int) -> str:
+    """One receipt check (see receipt.sh), fields joined by `|`."""
+    fields = [kind, *(str(a) for a in args)]
+    bad = [f for f in fields if "|" in f or ";" in f or "\n" in f]
+    if bad:
+        raise pulumi.RunError(f"spark-vllm: cannot record a check on {bad[0]!r}: '|' or ';'")
+    return "|".join(fields)

@@ -1,0 +1,61 @@
+# Facts about one host, read-only, gathered by the program on every run over the host's own SSH
+# connection (sent on stdin after snapshot.sh, so it needs nothing installed on the host):
+#   bash -s -- STATE_DIR
+# Prints "spark-vllm-facts 1", then one line per receipt (receipt.sh): "STEP TOKEN" when every
+# check recorded with it still holds, "STEP - WHY" when one does not. Every check is bounded.
+set -uo pipefail
+state_dir="$1"
+
+as_root=()
+[ "$(id -u)" = 0 ] || as_root=(sudo -n)
+
+# holds CHECK-FIELDS...: succeed silently, or print why the check fails.
+holds() {
+  case "$1" in
+    files)
+      shift
+      for path in "$@"; do [ -s "$path" ] || { echo "$path is gone or empty"; return 1; }; done ;;
+    sha256sums)
+      (cd "$2" 2>/dev/null && timeout 60 sha256sum --quiet --status -c .sha256sums 2>/dev/null) \
+        || { echo "files in $2 were changed or removed"; return 1; } ;;
+    mark)
+      [ "$(cat "$2/.spark-vllm-mark.$step" 2>/dev/null)" = "$3" ] \
+        || { echo "$2 was removed or recreated"; return 1; } ;;
+    image)
+      timeout 20 docker image inspect "$2" >/dev/null 2>&1 || { echo "image $2 is gone"; return 1; } ;;
+    snapshot)
+      local now
+      now="$(timeout 60 bash -c "$(declare -f snapshot_manifest); snapshot_manifest \"\$@\"" _ "$2" "$3" "$4")"
+      [ "$now" = "$4 $5 $6" ] || { echo "model $3: ${now:-no answer} (was $4 $5 $6)"; return 1; } ;;
+    known-host)
+      ssh-keygen -F "$3" -f "$2" >/dev/null 2>&1 || { echo "$2 no longer pins $3"; return 1; } ;;
+    authorized)
+      grep -qF -- "$2" "$HOME/.ssh/authorized_keys" 2>/dev/null \
+        || { echo "the key marked $2 is no longer authorized"; return 1; } ;;
+    firewall)
+      timeout 20 "${as_root[@]}" iptables -w 5 -C INPUT -j "$2" 2>/dev/null \
+        || { echo "the firewall chain $2 is not in INPUT"; return 1; } ;;
+    *) echo "unknown check $1"; return 1 ;;
+  esac
+}
+
+echo "spark-vllm-facts 1"
+for receipt in "$state_dir"/receipts/*; do
+  [ -f "$receipt" ] || continue
+  step="$(basename "$receipt")"
+  token=""; why=""
+  {
+    read -r token
+    while IFS='|' read -r -a fields; do
+      [ "${#fields[@]}" -gt 0 ] || continue
+      why="$(holds "${fields[@]}" </dev/null)" || break
+      why=""
+    done
+  } < "$receipt"
+  if [ -n "$token" ] && [ -z "$why" ]; then
+    echo "$step $token"
+  else
+    echo "$step - ${why:-the receipt is empty}"
+  fi
+done
+exit 0
