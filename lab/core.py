@@ -21,6 +21,7 @@ from pathlib import Path
 from lab import client, hfmodel, image, net
 from lab.hosts import (
     Node,
+    boot,
     bring_up,
     docker_ping,
     host_public_key,
@@ -30,6 +31,7 @@ from lab.hosts import (
     nodes_of,
     prepare_files,
     read_init_pid,
+    shut_down,
     stop_containers_and_dockerd,
     tcp_open_from,
     wait_ready,
@@ -415,6 +417,19 @@ class Lab:
                 f"stderr: {done.stderr[-2000:]}"
             )
         return done
+
+    def reboot(self, *hosts: str) -> None:
+        """Reboot these hosts together: every one shuts down (dockerd stops its containers,
+        sshd exits, firewall rules go), then every one boots (daemons start again; dockerd
+        restarts containers by their restart policy). Nothing else is done for them."""
+        nodes = [self.node(h) for h in hosts]
+        found = {n.name: read_init_pid(n) for n in nodes}
+        pids = {name: pid for name, pid in found.items() if pid is not None}
+        if len(pids) != len(nodes):
+            raise LabError(f"cannot reboot {sorted(set(found) - set(pids))}: not running")
+        with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+            list(pool.map(lambda n: shut_down(n, pids[n.name]), nodes))
+            list(pool.map(lambda n: boot(n, pids[n.name]), nodes))
 
     def ssh_options(self, host: str) -> list[str]:
         """OpenSSH client arguments that reach host (for pulumi_docker ssh_opts and the like)."""

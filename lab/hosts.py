@@ -330,6 +330,31 @@ def stop_containers_and_dockerd(node: Node, pid: int) -> None:
     )
 
 
+def shut_down(node: Node, pid: int) -> None:
+    """What a reboot's shutdown does to a host: dockerd stops its containers (their stop
+    signal, then SIGKILL after its shutdown timeout) and exits, sshd exits, and the firewall
+    rules, which live in the kernel, are gone. Files on disk stay."""
+    dockerd_pid = _read_pid(Path(f"/proc/{pid}/root/run/docker.pid")) if node.with_docker else None
+    if dockerd_pid is not None:
+        ok(in_host(pid, ["kill", "-TERM", str(dockerd_pid)]), timeout=10)
+        wait_until(
+            lambda: not ok(in_host(pid, ["kill", "-0", str(dockerd_pid)]), timeout=5),
+            timeout=90,
+            interval=0.5,
+            what=f"{node.name}: dockerd exit after SIGTERM (shutdown)",
+        )
+    sshd_pid = _read_pid(Path(f"/proc/{pid}/root/run/sshd.pid"))
+    if sshd_pid is not None:
+        ok(in_host(pid, ["kill", "-TERM", str(sshd_pid)]), timeout=10)
+    ok(in_host(pid, ["sh", "-c", "iptables -w 5 -F && iptables -w 5 -X"]), timeout=20)
+
+
+def boot(node: Node, pid: int) -> None:
+    """The daemons start again, as at boot; dockerd restarts containers by their policy."""
+    start_daemons(node, pid)
+    wait_ready(node, pid)
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from components.facts import FACTS_HEADER, facts_script
 from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
-from components.facts import FACTS_HEADER, facts_script
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import PREFIX, REPO, complete, host_sh, lab_config
 from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER
@@ -268,6 +268,7 @@ def test_drift_the_head_state_dir_removed_is_repaired_by_up(stack: Stack) -> Non
         "fabric-spark2-authorize": "update",
         "fabric-spark2-pin": "update",
         "image-head-record": "update",
+        "weights-fetch": "update",  # its receipt was there too; the snapshot is used as is
         "vllm-api-key": "update",
         "ray-head": "replace",
         "ray-spark2": "replace",
