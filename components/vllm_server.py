@@ -8,13 +8,13 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components.containers import service_container_args
+from components.containers import in_head_namespace, service_container_args
 from components.fabric_trust import FabricAccess
 from components.facts import check
 from components.host import Host
 from components.ray_cluster import RayCluster, log_specs, node_check_specs
 from components.remote import QUICK_STEP, SCRIPTS_DIR, script_call
-from stacks.nodes import CONTAINER_API_KEY_FILE, DeploymentPlan, vllm_serve_args
+from stacks.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan, vllm_launcher_args
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class VllmServer(pulumi.ComponentResource):
         settings["mounts"] = [
             *settings["mounts"],
             docker.ContainerMountArgs(
-                type="bind", source=plan.api_key_file, target=CONTAINER_API_KEY_FILE, read_only=True
+                type="bind", source=plan.api_key_dir, target=CONTAINER_API_KEY_DIR, read_only=True
             ),
         ]
         settings["labels"] = [
@@ -70,15 +70,15 @@ class VllmServer(pulumi.ComponentResource):
                 value=args.api_key.apply(_sha256),  # stays secret: derived from a secret
             ),
         ]
-        # The driver finds its node's raylet among the processes it can see (Ray 2.x): share the
-        # Ray head container's PID namespace, as well as its network, IPC and session dir.
-        settings["pid_mode"] = f"container:{plan.container_name('ray-head')}"
+        # The driver finds its node's raylet among the processes it can see (Ray 2.x): the
+        # server shares the head's PID namespace (components/containers.py), IPC and session dir.
+        settings = in_head_namespace(settings, args.ray.head_namespace)
         launcher = (SCRIPTS_DIR / "vllm-launcher.sh").read_text()
         self.container = docker.Container(
             f"{name}-container",
             name=plan.container_name("vllm"),
             entrypoints=["bash", "-c", launcher, "vllm-launcher"],
-            command=vllm_serve_args(plan),
+            command=vllm_launcher_args(plan),
             **settings,
             opts=pulumi.ResourceOptions(
                 parent=self,

@@ -34,7 +34,7 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
     }
     config["vllm"] = {"port": 8000, "tensorParallelSize": spec.hosts, "maxModelLen": 2048}
     config["ray"] = {"objectStoreMemoryBytes": 200_000_000}
-    config["docker"] = {"requestGpus": False, "maxRestarts": 2}
+    config["docker"] = {"requestGpus": False}
     config["fabric"] = {"firewall": True}  # Ray's ports only on the fabric (tests show it)
     config["preflight"] = {
         "unifiedMemory": False,

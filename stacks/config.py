@@ -185,7 +185,9 @@ class DockerConfig(ConfigModel):
     request_gpus: bool = True
     container_prefix: str = Field(default="spark-vllm", pattern=NAME_PATTERN)
     shm_size_mb: int | None = Field(default=None, ge=64)
-    max_restarts: int = Field(default=3, ge=0, le=20)
+    # Deprecated, ignored: Docker counts retries per container lifetime, so a bound made a
+    # container that had crashed N times over months stay down after the next reboot.
+    max_restarts: int | None = Field(default=None, ge=0, le=20)
 
 
 class FabricConfig(ConfigModel):

@@ -58,6 +58,11 @@ def build_deployment(settings: Settings) -> Deployment:
     except ValueError as error:
         raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
     _warn_unpinned(plan)
+    if config.docker.max_restarts is not None:
+        pulumi.log.warn(
+            "docker.maxRestarts is ignored and can be removed: Ray containers restart after "
+            "every crash and the server unless stopped, with Docker's backoff (README, Reboot)"
+        )
     auth = _ssh_auth(config.ssh)
     derived_known_hosts = settings.local_dir / "known_hosts"
     write_known_hosts(

@@ -23,7 +23,7 @@ from stacks.known_hosts import find_host_key
 # Paths inside every container (the host side comes from the config).
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 CONTAINER_RAY_DIR = "/tmp/ray"
-CONTAINER_API_KEY_FILE = "/run/spark-vllm/api-key"
+CONTAINER_API_KEY_DIR = "/run/spark-vllm"  # the launcher reads api-key in it
 
 # Environment keys the program owns; a user's vllm.env may not override them.
 DERIVED_ENV_KEYS = frozenset(
@@ -128,7 +128,9 @@ class DeploymentPlan:
     def ray_address(self) -> str:
         return f"{self.head.fabric_ip}:{self.config.ray.port}"
 
-    def container_name(self, purpose: Literal["ray-head", "ray-worker", "vllm"]) -> str:
+    def container_name(
+        self, purpose: Literal["head-namespace", "ray-head", "ray-worker", "vllm"]
+    ) -> str:
         return f"{self.config.docker.container_prefix}-{purpose}"
 
     @property
@@ -140,8 +142,15 @@ class DeploymentPlan:
         return f"http://{self.head.ssh.address}:{self.config.vllm.port}/v1"
 
     @property
+    def api_key_dir(self) -> str:
+        """Mounted, not the file: a file written again (a new inode) or written only after the
+        server's start is seen through a directory, and a missing file does not stop Docker
+        from starting the container (the launcher refuses to serve instead)."""
+        return f"{self.head.state_dir}/secrets"
+
+    @property
     def api_key_file(self) -> str:
-        return f"{self.head.state_dir}/api-key"
+        return f"{self.api_key_dir}/api-key"
 
 
 def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
@@ -194,6 +203,20 @@ def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
             *common,
         ]
     return ["start", f"--address={plan.ray_address}", *common]
+
+
+def vllm_launcher_args(plan: DeploymentPlan) -> list[str]:
+    """The launcher's flags (components/scripts/vllm-launcher.sh), then `--` and vLLM's."""
+    return [
+        "--expect-ips",
+        ",".join(n.fabric_ip for n in plan.nodes),
+        "--gpus",
+        str(plan.total_gpus),
+        "--wait-seconds",
+        str(plan.config.timeouts.ray_join_seconds),
+        "--",
+        *vllm_serve_args(plan),
+    ]
 
 
 def vllm_serve_args(plan: DeploymentPlan) -> list[str]:

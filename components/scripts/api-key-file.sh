@@ -15,6 +15,6 @@ case "$action" in
     mv "$ARG_FILE.tmp" "$ARG_FILE"
     if [ -n "$key" ]; then echo "API key file written"; else echo "no API key configured: the endpoint is open"; fi
     ;;
-  remove) rm -f "$ARG_FILE" ;;
+  remove) rm -f "$ARG_FILE"; rmdir "$(dirname "$ARG_FILE")" 2>/dev/null || true ;;
   *) fail "unknown action '$action'" "a bug in spark-vllm: please report it" ;;
 esac

@@ -1,8 +1,11 @@
 """Runs inside the Ray head container: compare the alive Ray nodes with the configured ones.
 
+    ray_probe.py EXPECTED_IPS GPUS [observe]
+
 Prints one line: `ready ...`, `stray <ips>` (a node joined with an unexpected IP while a
 configured one is missing: a wrong NIC), `leaving <ips>` (every configured node is there, and
-these are hosts removed from the stack, whose Ray this probe has just stopped) or `waiting ...`.
+these are hosts removed from the stack, whose Ray this probe has just stopped, unless told only
+to `observe`, as the server's launcher does) or `waiting ...`.
 
 A removed host's resources are deleted only after the whole `pulumi up` (the engine deletes
 what left the program last), so its Ray worker would still be in the cluster, and could be
@@ -31,6 +34,7 @@ def verdict(alive: dict[str, float], expected: set[str], gpus_needed: float) -> 
 def main() -> None:
     expected = set(sys.argv[1].split(","))
     gpus_needed = float(sys.argv[2])
+    observe_only = sys.argv[3:] == ["observe"]
     import ray  # only inside the Ray image; verdict() is testable without it
 
     # RAY_ADDRESS (set per node by spark-vllm) points at the head, so this joins, never starts Ray.
@@ -38,7 +42,7 @@ def main() -> None:
     nodes = [node for node in ray.nodes() if node["Alive"]]
     alive = {node["NodeManagerAddress"]: float(node["Resources"].get("GPU", 0.0)) for node in nodes}
     answer = verdict(alive, expected, gpus_needed)
-    if answer.startswith("leaving"):
+    if answer.startswith("leaving") and not observe_only:
         stop_ray_on(ray, [n["NodeID"] for n in nodes if n["NodeManagerAddress"] not in expected])
     print(answer)
 

@@ -1,7 +1,66 @@
-# The vLLM container's entrypoint (bash -c): read the API key from the mounted file into
-# VLLM_API_KEY, so it never appears in `docker inspect` or `ps`, then become `vllm serve`.
-if [ -s /run/spark-vllm/api-key ]; then
-  VLLM_API_KEY="$(cat /run/spark-vllm/api-key)"
-  export VLLM_API_KEY
+# The vLLM container's entrypoint (bash -c), PID 1's only child. Docker restarts this container
+# after a crash (with its own backoff) and after a reboot; each start goes through here:
+#   vllm-launcher --expect-ips IP,IP --gpus N --wait-seconds S -- <vllm serve arguments>
+# 1. Refuse to serve without the API key file: vLLM would start with no authentication.
+# 2. Back off when the previous start ended soon after it began (a crash loop whose every
+#    attempt runs past Docker's 10 s reset, such as a model load that fails late).
+# 3. Wait, bounded, until Ray has every configured node and GPU again (after a head restart the
+#    workers rejoin on their own), so the server never binds to a partial cluster.
+# 4. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server.
+set -uo pipefail
+say() { printf 'spark-vllm launcher: %s\n' "$*" >&2; }
+expect_ips="" gpus="" wait_seconds=600
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+  case "$1" in
+    --expect-ips) expect_ips="$2"; shift 2 ;;
+    --gpus) gpus="$2"; shift 2 ;;
+    --wait-seconds) wait_seconds="$2"; shift 2 ;;
+    *) say "unknown launcher flag $1"; exit 2 ;;
+  esac
+done
+[ "${1:-}" = -- ] && shift
+
+key_file=/run/spark-vllm/api-key
+if [ ! -s "$key_file" ]; then
+  say "no API key in $key_file: refusing to serve without authentication (run 'pulumi up' to write it again)"
+  sleep 5  # with Docker's own backoff: a slow loop until the key is back
+  exit 1
 fi
+
+# The container's own filesystem outlives its restarts: remember when each attempt began.
+record=/var/tmp/spark-vllm-launcher
+now=$(date +%s)
+delay=0
+if [ -s "$record" ]; then
+  read -r last_start last_delay < "$record"
+  if [ $(( now - last_start )) -lt 600 ]; then
+    delay=$(( last_delay > 0 ? last_delay * 2 : 5 ))
+    [ "$delay" -le 300 ] || delay=300
+  fi
+fi
+if [ "$delay" -gt 0 ]; then
+  say "the previous start ended after less than 10 minutes: waiting ${delay}s before this one"
+  sleep "$delay"
+fi
+echo "$(date +%s) $delay" > "$record"
+
+if [ -n "$expect_ips" ]; then
+  deadline=$(( SECONDS + wait_seconds ))
+  last=""
+  while :; do
+    verdict="$(timeout 60 python3 /spark-vllm/bin/ray_probe.py "$expect_ips" "$gpus" observe 2>/dev/null | tail -n 1)" || verdict=""
+    case "$verdict" in
+      ready*) say "Ray ${verdict}"; break ;;
+    esac
+    if [ "$verdict" != "$last" ]; then say "waiting for Ray: ${verdict:-no answer from the head}"; last="$verdict"; fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      say "Ray did not gather $gpus GPU(s) on $expect_ips within ${wait_seconds}s: exiting (Docker restarts this container)"
+      exit 1
+    fi
+    sleep 3
+  done
+fi
+
+VLLM_API_KEY="$(cat "$key_file")"
+export VLLM_API_KEY
 exec vllm serve "$@"

@@ -18,7 +18,8 @@ give_up() {
 while :; do
   state="$(container_state "$ARG_CONTAINER")"
   restarts="$(docker inspect --format '{{.RestartCount}}' "$ARG_CONTAINER" 2>/dev/null || echo 0)"
-  [ "$state" = running ] || [ "$state" = restarting ] || give_up \
+  # A new container that restarted has crashed: Docker would retry it forever (with backoff).
+  { [ "$state" = running ] && [ "$restarts" = 0 ]; } || give_up \
     "the vLLM container $ARG_CONTAINER is $state after $(( SECONDS - started ))s ($restarts restarts; last probe: $last)" \
     "vLLM exited during start-up; its log above shows why"
   line="$(printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \

@@ -25,7 +25,9 @@ deletes run in reverse of the order the resources were created (reverse dependen
 `refresh=True` is `pulumi up --refresh`: before the program runs, each container and image is
 read as pulumi-docker 5 reads it (`resourceDockerContainerRead`: a container that is gone leaves
 the state, one that is not running gets `mustRun` false, so the diff plans an update that starts
-it; `resourceDockerImageRead`: an image that is gone leaves the state). Commands have no Read.
+it; `network_mode`, and `pid_mode` when set, are stored as Docker reports them, which for
+`container:<name>` is `container:<ID>`; `resourceDockerImageRead`: an image that is gone leaves
+the state). Commands have no Read.
 
 Each run keeps its plan (`plan`, `preview_lines()`) and counts (`counts()`), as `pulumi preview`
 and the summary of `pulumi up` show them.
@@ -100,8 +102,13 @@ class NextUp(RealMocks):
                 found = inspect_container(entry.docker_host, entry.resource_id)
                 if found is None:
                     del self.prior[key]
-                elif not found["State"]["Running"]:
-                    self.prior[key] = replace(entry, inputs={**entry.inputs, "mustRun": False})
+                    continue
+                read = {"networkMode": found["HostConfig"]["NetworkMode"]}
+                if entry.inputs.get("pidMode"):  # funcs.go: set only when the state has one
+                    read["pidMode"] = found["HostConfig"]["PidMode"]
+                if not found["State"]["Running"]:
+                    read["mustRun"] = False
+                self.prior[key] = replace(entry, inputs={**entry.inputs, **read})
             elif entry.type == TYPE_REMOTE_IMAGE and (
                 inspect_image(entry.docker_host, str(entry.outputs["name"])) is None
             ):

@@ -7,9 +7,12 @@ wall time and the downtime are printed in the "day two" section of the test summ
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import shlex
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,8 +22,9 @@ from components.facts import FACTS_HEADER, facts_script
 from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
 from tests.lab.day_two import Stack, deployed, next_up
-from tests.lab.deploying import PREFIX, REPO, complete, host_sh, lab_config
+from tests.lab.deploying import PREFIX, REPO, EndpointPoller, complete, host_sh, lab_config
 from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER
+from tests.lab.timings import record_day_two, record_timing
 
 pytestmark = pytest.mark.lab
 
@@ -58,13 +62,13 @@ def assert_hosts_hold_the_deployment(stack: Stack) -> None:
         )
         assert image == stack.outputs["imageId"], f"{host}: the image is missing"
     running = host_sh(lab, "spark1", "docker ps --format '{{.Names}}' | sort").split()
-    assert running == [f"{PREFIX}-ray-head", f"{PREFIX}-vllm"]
+    assert running == [f"{PREFIX}-head-namespace", f"{PREFIX}-ray-head", f"{PREFIX}-vllm"]
     assert host_sh(lab, "spark2", "docker ps --format '{{.Names}}'") == f"{PREFIX}-ray-worker"
     assert host_sh(lab, "spark1", f"test -f {STATE}/fabric_ed25519 && echo ok") == "ok"
     assert host_sh(lab, "spark2", "grep -c spark-vllm-fabric /root/.ssh/authorized_keys") == "1"
     pins = host_sh(lab, "spark1", f"wc -l < {STATE}/fabric_known_hosts")
     assert int(pins) >= 1
-    assert host_sh(lab, "spark1", f"stat -c %a {STATE}/api-key") == "600"
+    assert host_sh(lab, "spark1", f"stat -c %a {STATE}/secrets/api-key") == "600"
     for host in ("spark1", "spark2"):  # every receipt's checks hold: the next up plans nothing
         facts = host_sh(lab, host, f"bash -s -- {STATE} <<'FACTS'\n{facts_script()}\nFACTS")
         assert facts.startswith(FACTS_HEADER) and " - " not in facts, f"{host}: {facts}"
@@ -186,6 +190,7 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "image-pull": "replace",
         "image-head-record": "update",
         "image-spark2-sync": "update",
+        "ray-head-namespace": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",
@@ -216,6 +221,106 @@ def test_a_model_change_replaces_the_server_and_copies_the_new_snapshot(stack: S
     assert host_sh(stack.lab, "spark2", f"ls {MODEL_SNAPSHOTS} | wc -l") == "1"
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
+
+
+def wait_until_it_serves(stack: Stack, timeout: float) -> float:
+    """Seconds until the endpoint completes a request again (through the bastion)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        with contextlib.suppress(OSError, ValueError):
+            if complete(stack.endpoint, stack.outputs["modelId"], key=stack.api_key)[0] == 200:
+                return time.monotonic() - started
+        time.sleep(1)
+    raise AssertionError(f"the endpoint did not serve again within {timeout:.0f} s")
+
+
+def launcher_log(stack: Stack) -> str:
+    return host_sh(stack.lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1 | grep 'launcher:'")
+
+
+def test_a_reboot_of_every_host_serves_again_without_pulumi(stack: Stack) -> None:
+    """Both Sparks shut down (dockerd stops the containers) and boot together. Docker brings
+    every container back by its policy, the namespace holder first; no pulumi command runs.
+    What a reboot loses, the firewall's rules, the next `pulumi up` restores (facts)."""
+    with EndpointPoller(stack.endpoint, stack.api_key) as poller:
+        started = time.monotonic()
+        stack.lab.reboot("spark1", "spark2")
+        booted = time.monotonic()
+        wait_until_it_serves(stack, timeout=300)
+        back = time.monotonic()
+    record_day_two("reboot of every host (no pulumi command)", "no command", back - started,
+                   poller.downtime())  # fmt: skip
+    record_timing("reboot: from boot to serving again", back - booted)
+    assert "Ray ready nodes=" in launcher_log(stack).splitlines()[-1]
+    run = next_up(stack, "pulumi up after the reboot", stack.config)
+    assert run.changed() == {"spark1-firewall": "update", "spark2-firewall": "update"}
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_a_ray_head_crash_brings_the_server_back_once_ray_has_every_gpu(stack: Stack) -> None:
+    """GCS killed on the head: Ray's `start --block` ends the head container, Docker restarts
+    it in the holder's namespaces; the worker's raylet loses the old head and its container
+    restarts into the new cluster; the server, bound to the dead cluster, exits, and its
+    launcher starts it again only once Ray has every node and GPU."""
+    restarts = restart_count(stack)
+    with EndpointPoller(stack.endpoint, stack.api_key) as poller:
+        started = time.monotonic()
+        stack.lab.sh("spark1", "pkill -KILL -x gcs_server")
+        deadline = started + 120
+        while restart_count(stack) == restarts:  # the server notices the dead cluster
+            assert time.monotonic() < deadline, "the server never left the dead cluster"
+            time.sleep(1)
+        wait_until_it_serves(stack, timeout=360)
+    record_day_two("Ray head crash (no pulumi command)", "no command",
+                   time.monotonic() - started, poller.downtime())  # fmt: skip
+    log = launcher_log(stack).splitlines()
+    last_start = max(
+        i for i, line in enumerate(log) if "waiting for Ray" in line or "ready" in line
+    )
+    assert any("waiting for Ray" in line for line in log), "it waited for the new cluster"
+    assert "Ray ready nodes=" in log[last_start] and "gpus=2" in log[last_start]
+    holder = host_sh(stack.lab, "spark1", f"docker inspect --format '{{{{.Id}}}}' "
+                     f"{PREFIX}-head-namespace")  # fmt: skip
+    joined = host_sh(stack.lab, "spark1", f"docker inspect --format '{{{{.HostConfig.PidMode}}}} "
+                     f"{{{{.State.Running}}}}' {PREFIX}-vllm")  # fmt: skip
+    assert joined == f"container:{holder} true"
+    run = next_up(stack, "pulumi up --refresh after a Ray head crash", stack.config, refresh=True)
+    assert run.changed() == {}, "nothing is left for pulumi to repair"
+
+
+def test_a_crash_looping_server_backs_off_and_comes_back_by_itself(stack: Stack) -> None:
+    """The API key file removed and the server killed: the launcher refuses to serve without
+    authentication, and Docker restarts it with a growing delay, never a busy loop. The next
+    `pulumi up` writes the key again (its receipt no longer held); the server comes back at its
+    next restart, without being replaced."""
+    lab = stack.lab
+    lab.sh("spark1", f"rm -f {STATE}/secrets/api-key && pkill -KILL -f 'vllm serve'")
+    restarts_at: list[float] = []
+    last = restart_count(stack)
+    started = time.monotonic()
+    while time.monotonic() - started < 45:
+        count = restart_count(stack)
+        if count > last:
+            restarts_at.append(time.monotonic() - started)
+            last = count
+        time.sleep(0.5)
+    gaps = [b - a for a, b in itertools.pairwise(restarts_at)]
+    record_timing(f"crash loop: {len(restarts_at)} restarts in 45 s, gaps "
+                  + " ".join(f"{g:.1f}" for g in gaps), 45)  # fmt: skip
+    assert 3 <= len(restarts_at) <= 9, restarts_at
+    assert gaps[-1] >= gaps[0] + 1.5, f"the delay grows: {gaps}"
+    assert "refusing to serve without authentication" in launcher_log(stack)
+    run = next_up(stack, "a crash-looping server: pulumi up writes the key", stack.config)
+    assert run.changed() == {"vllm-api-key": "update"}
+    record_timing("crash loop: from the key written to serving again",
+                  wait_until_it_serves(stack, timeout=180))  # fmt: skip
+    assert_hosts_hold_the_deployment(stack)
+
+
+def restart_count(stack: Stack) -> int:
+    return int(host_sh(stack.lab, "spark1", "docker inspect --format '{{.RestartCount}}' "
+                       f"{PREFIX}-vllm"))  # fmt: skip
 
 
 def test_drift_a_worker_image_pruned_is_repaired_by_up_refresh(stack: Stack) -> None:
@@ -305,6 +410,8 @@ def test_destroy_leaves_nothing(stack: Stack) -> None:
         authorized = host_sh(lab, host, "cat /root/.ssh/authorized_keys")
         assert "spark-vllm-fabric" not in authorized
     assert (
-        host_sh(lab, "spark1", f"ls {STATE}/api-key {STATE}/fabric_ed25519 2>/dev/null || true")
+        host_sh(
+            lab, "spark1", f"ls {STATE}/secrets/api-key {STATE}/fabric_ed25519 2>/dev/null || true"
+        )
         == ""
     )

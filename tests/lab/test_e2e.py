@@ -115,7 +115,7 @@ def test_each_worker_has_the_heads_image_and_model(deployed: Deployment) -> None
 def test_secrets_are_not_in_container_configuration(deployed: Deployment) -> None:
     inspect = host_sh(deployed.lab, "spark1", f"docker inspect {PREFIX}-vllm")
     assert API_KEY not in inspect
-    mode = host_sh(deployed.lab, "spark1", "stat -c %a /root/.spark-vllm/api-key")
+    mode = host_sh(deployed.lab, "spark1", "stat -c %a /root/.spark-vllm/secrets/api-key")
     assert mode == "600"
 
 
@@ -167,7 +167,10 @@ def test_teardown_leaves_the_hosts_clean(deployed: Deployment) -> None:
     assert host_sh(lab, "spark1", "ls /root/.spark-vllm/fabric_ed25519 2>&1 || true").endswith(
         "No such file or directory"
     )
-    assert host_sh(lab, "spark1", "test -e /root/.spark-vllm/api-key && echo left || true") == ""
+    assert (
+        host_sh(lab, "spark1", "test -e /root/.spark-vllm/secrets/api-key && echo left || true")
+        == ""
+    )
 
 
 def test_the_seeds_topology_with_three_hosts(lab_factory: Callable[..., Lab]) -> None:

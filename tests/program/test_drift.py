@@ -113,6 +113,7 @@ def test_a_recreated_state_dir_restarts_the_containers_bound_to_it(
         "fabric-head-key",
         "fabric-spark2-pin",
         "image-head-record",
+        "weights-fetch",
         "vllm-api-key",
     )
     assert changes == {
@@ -121,6 +122,8 @@ def test_a_recreated_state_dir_restarts_the_containers_bound_to_it(
         "fabric-spark2-authorize": "update",
         "fabric-spark2-pin": "update",
         "image-head-record": "update",
+        "weights-fetch": "update",  # the snapshot is used as is; preview cannot know that,
+        "weights-spark2-copy": "update",  # so the copy's manifest is unknown until the up
         "vllm-api-key": "update",
         "ray-head": "replace",
         "ray-spark2": "replace",  # joined the old head

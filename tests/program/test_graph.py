@@ -84,7 +84,8 @@ def test_one_image_transfer_and_one_weights_copy_per_worker(evaluation: Evaluati
     copies = [r.name for r in ev.by_type("command:remote:Command") if r.name.endswith("-copy")]
     assert len(syncs) == len(copies) == n - 1
     assert len(ev.by_type("docker:index/remoteImage:RemoteImage")) == 1  # pulled on the head only
-    assert len(ev.by_type("docker:index/container:Container")) == n + 1  # Ray per node + vLLM
+    # Ray per node, vLLM, and the head namespace holder
+    assert len(ev.by_type("docker:index/container:Container")) == n + 2
 
 
 def test_connections_use_the_bastion_for_via_hosts_only(evaluation: Evaluation) -> None:
@@ -126,21 +127,44 @@ def test_docker_providers_reach_each_host_over_pinned_ssh(evaluation: Evaluation
         assert "-docker::" in resource.provider
 
 
+RESTART = {"ray-head": "on-failure", "ray-worker": "on-failure", "vllm": "unless-stopped"}
+
+
 def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> None:
+    holder = evaluation.named("ray-head-namespace")
     for resource in evaluation.by_type("docker:index/container:Container"):
         inputs = resource.inputs
-        assert inputs["networkMode"] == "host"
-        assert inputs["ipcMode"] == "host"
+        assert resource.delete_before_replace, "fixed names: the old container must go first"
+        assert {"label": "spark-vllm.deployment", "value": "spark-vllm/dev"} in inputs["labels"]
         assert inputs["init"] is True
+        assert "maxRetryCount" not in inputs, "Docker counts retries per container lifetime"
+        if resource is holder:
+            continue
+        role = next(lb["value"] for lb in inputs["labels"] if lb["label"] == "spark-vllm.role")
+        assert inputs["restart"] == RESTART[role]
+        on_head = role in ("ray-head", "vllm")
+        # The head's Ray and server share the holder's namespaces (by its ID, as Docker stores
+        # it); the holder is on the host's network.
+        holder_id = next(r.id for r in evaluation.state.values() if r.name == holder.name)
+        joined = f"container:{holder_id}"
+        assert inputs["networkMode"] == (joined if on_head else "host")
+        assert inputs.get("pidMode") == (joined if on_head else None)
+        assert inputs["ipcMode"] == "host"
         assert inputs["gpus"] == "all"
-        assert inputs["restart"] == "on-failure" and inputs["maxRetryCount"] == 3
         assert {"name": "memlock", "soft": -1, "hard": -1} in inputs["ulimits"]
         targets = {m["target"]: m for m in inputs["mounts"]}
         assert targets["/root/.cache/huggingface"]["source"] == "/home/aurora/.cache/huggingface"
         assert targets["/tmp/ray"]["source"] == "/home/aurora/.spark-vllm/ray"
         assert inputs["image"].startswith("sha256:"), "containers run the image ID, not a tag"
-        assert resource.delete_before_replace, "fixed names: the old container must go first"
-        assert {"label": "spark-vllm.deployment", "value": "spark-vllm/dev"} in inputs["labels"]
+
+
+def test_the_head_namespace_holder_only_sleeps_and_comes_back_after_a_reboot(
+    evaluation: Evaluation,
+) -> None:
+    holder = evaluation.named("ray-head-namespace").inputs
+    assert holder["entrypoints"] == ["sleep", "infinity"] and holder["networkMode"] == "host"
+    assert holder["restart"] == "unless-stopped" and holder["mustRun"] is True
+    assert "mounts" not in holder and "gpus" not in holder
 
 
 def test_ray_containers_run_ray_bound_to_the_fabric(evaluation: Evaluation) -> None:
@@ -181,7 +205,9 @@ def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) ->
     server = ev.named("vllm-container").inputs
     assert server["entrypoints"][:2] == ["bash", "-c"]
     assert "exec vllm serve" in server["entrypoints"][2]
-    command = server["command"]
+    launcher_flags, command = server["command"][:7], server["command"][7:]
+    ips = ",".join(f"10.241.0.{10 + i}" for i in range(1, n + 1))
+    assert launcher_flags == ["--expect-ips", ips, "--gpus", str(n), "--wait-seconds", "300", "--"]
     assert command[0] == "Qwen/Qwen3.5-122B-A10B-FP8"
     flags = dict(zip(command[1::2], command[2::2], strict=False))
     assert flags["--served-model-name"] == "qwen"
@@ -190,7 +216,8 @@ def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) ->
     assert flags["--max-model-len"] == "32768"
     assert "--api-key" not in command
     mounts = {m["target"]: m for m in server["mounts"]}
-    assert mounts["/run/spark-vllm/api-key"]["readOnly"] is True
+    key_dir = mounts["/run/spark-vllm"]
+    assert key_dir["readOnly"] is True and key_dir["source"] == "/home/aurora/.spark-vllm/secrets"
 
 
 def test_waits_are_bounded(evaluation: Evaluation) -> None:
