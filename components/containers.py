@@ -20,14 +20,17 @@ SCRIPTS_MOUNT = "/spark-vllm/bin"
 # Ray: `on-failure` restarts a crash, and, after a reboot, the exit the shutdown caused (a
 # non-zero one: daemon/daemon.go restore restarts what ShouldRestart() accepts), but not the
 # clean exit of a `ray stop`, which is how a host leaving the stack leaves Ray.
-# The server and the PID-namespace holder: `unless-stopped`, because vLLM's clean exit on the
-# shutdown's SIGTERM is a 0, which `on-failure` would leave down after a reboot.
-RESTART_POLICY = {
-    "ray-head": "on-failure",
-    "ray-worker": "on-failure",
-    "vllm": "unless-stopped",
-    "head-namespace": "unless-stopped",
-}
+# The server: `unless-stopped`, because vLLM's clean exit on the shutdown's SIGTERM is a 0,
+# which `on-failure` would leave down after a reboot.
+RESTART_POLICY = {"ray-head": "on-failure", "ray-worker": "on-failure", "vllm": "unless-stopped"}
+
+# The server's Ray driver finds its node's raylet among the processes it can see (Ray 2.x), so
+# the server and the Ray head must share a PID namespace. The host's, not the Ray head
+# container's (`container:<head>`): joining a container's namespace fails while that container
+# is not running, and Docker then gives up on the joiner for good, both when a restart's start
+# fails (daemon/monitor.go) and at boot, where Docker before 29 starts containers in no order
+# (daemon/daemon.go restore waits for dependencies only since moby d4e026fe20, API 1.52).
+HOST_PID_ROLES = frozenset({"ray-head", "vllm"})
 
 
 def service_container_args(
@@ -57,6 +60,7 @@ def service_container_args(
         "ipc_mode": "host",
         "init": True,
         "restart": RESTART_POLICY[role],
+        **({"pid_mode": "host"} if role in HOST_PID_ROLES else {}),
         "must_run": True,
         "mounts": [
             _bind(cfg.model.cache_dir, CONTAINER_HF_HOME),
@@ -84,45 +88,6 @@ def service_container_args(
 
 def _bind(source: str, target: str, read_only: bool = False) -> docker.ContainerMountArgs:
     return docker.ContainerMountArgs(type="bind", source=source, target=target, read_only=read_only)
-
-
-def head_namespace_args(plan: DeploymentPlan, image_id: pulumi.Input[str]) -> dict[str, Any]:
-    """The head's namespace holder: a container that only sleeps, whose PID and network
-    namespaces the Ray head and the server join (the server's Ray driver finds the raylet among
-    the processes it can see).
-
-    Nothing in it crashes, so a Ray head that restarts does not take the server's namespace
-    down with it, and the server, restarting, always finds one to join (moby's restart gives up
-    for good when a start fails). Joining through the network mode too is what makes Docker
-    start the holder first after a reboot (daemon/daemon.go restore waits for a
-    `container:` network's container, not for a `container:` PID mode's).
-    """
-    return {
-        "image": image_id,
-        "entrypoints": ["sleep", "infinity"],
-        "network_mode": "host",
-        "init": True,  # the namespace's PID 1: it reaps what the Ray and vLLM processes orphan
-        "restart": RESTART_POLICY["head-namespace"],
-        "must_run": True,
-        "labels": _labels(plan, plan.head, "head-namespace", {}),
-        "destroy_grace_seconds": 10,
-        "stop_timeout": 10,
-    }
-
-
-def in_head_namespace(settings: dict[str, Any], holder: pulumi.Resource) -> dict[str, Any]:
-    """`settings` of a head container, moved into the holder's PID and network namespaces (the
-    holder is on the host network, so it still is).
-
-    By the holder's ID, not its name: Docker stores `container:<ID>` whatever it was given
-    (moby daemon/daemon_unix.go adaptSharedNamespaceContainer) and pulumi-docker's Read stores
-    what Docker reports (terraform-provider-docker resource_docker_container_funcs.go), so a
-    name would be a replacement at every `pulumi up --refresh`. A new holder is a new ID: the
-    containers that joined the old one are replaced with it.
-    """
-    assert isinstance(holder, docker.Container)
-    joined = holder.id.apply(lambda holder_id: f"container:{holder_id}")
-    return {**settings, "network_mode": joined, "pid_mode": joined}
 
 
 def _labels(

@@ -167,7 +167,7 @@ def _preflight_command(plan: DeploymentPlan, node: NodePlan) -> str:
     ports = [str(cfg.vllm.port), *single_ports] if node.is_head else single_ports
     containers = [plan.container_name("ray-head" if node.is_head else "ray-worker")]
     if node.is_head:
-        containers += [plan.container_name("vllm"), plan.container_name("head-namespace")]
+        containers.append(plan.container_name("vllm"))
     return script_call(
         node,
         "preflight.sh",

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components.containers import head_namespace_args, in_head_namespace, service_container_args
+from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
 from components.host import Host
 from components.remote import script_call
@@ -49,7 +49,6 @@ def head_id_label(head_container: pulumi.Resource) -> docker.ContainerLabelArgs:
 
 
 class RayCluster(pulumi.ComponentResource):
-    head_namespace: docker.Container  # the PID and network namespaces head and server share
     head_container: docker.Container
     worker_containers: list[docker.Container]
     joined: remote.Command
@@ -57,18 +56,6 @@ class RayCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: RayClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:RayCluster", name, None, opts)
         plan = args.plan
-        self.head_namespace = docker.Container(
-            f"{name}-head-namespace",
-            name=plan.container_name("head-namespace"),
-            **head_namespace_args(plan, args.image_id),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                provider=args.head.provider,
-                depends_on=[*args.head.ready, args.image_ready[args.head.node.name]],
-                delete_before_replace=True,  # a fixed name
-                custom_timeouts=pulumi.CustomTimeouts(create="5m", delete="5m"),
-            ),
-        )
         self.head_container = self._container(f"{name}-head", args, args.head, "ray-head", [])
         self.worker_containers = [
             self._container(f"{name}-{w.node.name}", args, w, "ray-worker", [self.head_container])
@@ -116,8 +103,6 @@ class RayCluster(pulumi.ComponentResource):
         node: NodePlan = host.node
         plan = args.plan
         settings = service_container_args(plan, node, role, args.image_id, host.mounts_token)
-        if node.is_head:
-            settings = in_head_namespace(settings, self.head_namespace)
         if after:
             # Workers joined the old head: a replaced head must replace them too.
             settings["labels"] = [*settings["labels"], head_id_label(after[0])]
@@ -130,12 +115,7 @@ class RayCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=host.provider,
-                depends_on=[
-                    *host.ready,
-                    args.image_ready[node.name],
-                    *after,
-                    *([self.head_namespace] if node.is_head else []),
-                ],
+                depends_on=[*host.ready, args.image_ready[node.name], *after],
                 # Fixed container names: the old container must go before its replacement starts.
                 delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="5m"),

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components.containers import in_head_namespace, service_container_args
+from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
 from components.facts import check
 from components.host import Host
@@ -70,9 +70,6 @@ class VllmServer(pulumi.ComponentResource):
                 value=args.api_key.apply(_sha256),  # stays secret: derived from a secret
             ),
         ]
-        # The driver finds its node's raylet among the processes it can see (Ray 2.x): the
-        # server shares the head's PID namespace (components/containers.py), IPC and session dir.
-        settings = in_head_namespace(settings, args.ray.head_namespace)
         launcher = (SCRIPTS_DIR / "vllm-launcher.sh").read_text()
         self.container = docker.Container(
             f"{name}-container",

@@ -128,9 +128,7 @@ class DeploymentPlan:
     def ray_address(self) -> str:
         return f"{self.head.fabric_ip}:{self.config.ray.port}"
 
-    def container_name(
-        self, purpose: Literal["head-namespace", "ray-head", "ray-worker", "vllm"]
-    ) -> str:
+    def container_name(self, purpose: Literal["ray-head", "ray-worker", "vllm"]) -> str:
         return f"{self.config.docker.container_prefix}-{purpose}"
 
     @property

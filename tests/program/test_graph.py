@@ -84,8 +84,7 @@ def test_one_image_transfer_and_one_weights_copy_per_worker(evaluation: Evaluati
     copies = [r.name for r in ev.by_type("command:remote:Command") if r.name.endswith("-copy")]
     assert len(syncs) == len(copies) == n - 1
     assert len(ev.by_type("docker:index/remoteImage:RemoteImage")) == 1  # pulled on the head only
-    # Ray per node, vLLM, and the head namespace holder
-    assert len(ev.by_type("docker:index/container:Container")) == n + 2
+    assert len(ev.by_type("docker:index/container:Container")) == n + 1  # Ray per node + vLLM
 
 
 def test_connections_use_the_bastion_for_via_hosts_only(evaluation: Evaluation) -> None:
@@ -131,24 +130,18 @@ RESTART = {"ray-head": "on-failure", "ray-worker": "on-failure", "vllm": "unless
 
 
 def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> None:
-    holder = evaluation.named("ray-head-namespace")
     for resource in evaluation.by_type("docker:index/container:Container"):
         inputs = resource.inputs
         assert resource.delete_before_replace, "fixed names: the old container must go first"
         assert {"label": "spark-vllm.deployment", "value": "spark-vllm/dev"} in inputs["labels"]
         assert inputs["init"] is True
         assert "maxRetryCount" not in inputs, "Docker counts retries per container lifetime"
-        if resource is holder:
-            continue
         role = next(lb["value"] for lb in inputs["labels"] if lb["label"] == "spark-vllm.role")
         assert inputs["restart"] == RESTART[role]
         on_head = role in ("ray-head", "vllm")
-        # The head's Ray and server share the holder's namespaces (by its ID, as Docker stores
-        # it); the holder is on the host's network.
-        holder_id = next(r.id for r in evaluation.state.values() if r.name == holder.name)
-        joined = f"container:{holder_id}"
-        assert inputs["networkMode"] == (joined if on_head else "host")
-        assert inputs.get("pidMode") == (joined if on_head else None)
+        # The head's Ray and server share the host's PID namespace (never a container's).
+        assert inputs["networkMode"] == "host"
+        assert inputs.get("pidMode") == ("host" if on_head else None)
         assert inputs["ipcMode"] == "host"
         assert inputs["gpus"] == "all"
         assert {"name": "memlock", "soft": -1, "hard": -1} in inputs["ulimits"]
@@ -156,15 +149,6 @@ def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> No
         assert targets["/root/.cache/huggingface"]["source"] == "/home/aurora/.cache/huggingface"
         assert targets["/tmp/ray"]["source"] == "/home/aurora/.spark-vllm/ray"
         assert inputs["image"].startswith("sha256:"), "containers run the image ID, not a tag"
-
-
-def test_the_head_namespace_holder_only_sleeps_and_comes_back_after_a_reboot(
-    evaluation: Evaluation,
-) -> None:
-    holder = evaluation.named("ray-head-namespace").inputs
-    assert holder["entrypoints"] == ["sleep", "infinity"] and holder["networkMode"] == "host"
-    assert holder["restart"] == "unless-stopped" and holder["mustRun"] is True
-    assert "mounts" not in holder and "gpus" not in holder
 
 
 def test_ray_containers_run_ray_bound_to_the_fabric(evaluation: Evaluation) -> None:

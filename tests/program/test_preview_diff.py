@@ -44,7 +44,6 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         "image-pull": "replace",
         "image-head-record": "update",
         "image-spark2-sync": "update",
-        "ray-head-namespace": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",  # a new cluster is waited for again
