@@ -18,10 +18,13 @@ give_up() {
 while :; do
   state="$(container_state "$ARG_CONTAINER")"
   restarts="$(docker inspect --format '{{.RestartCount}}' "$ARG_CONTAINER" 2>/dev/null || echo 0)"
-  # A new container that restarted has crashed: Docker would retry it forever (with backoff).
-  { [ "$state" = running ] && [ "$restarts" = 0 ]; } || give_up \
+  [ "$state" = running ] || [ "$state" = restarting ] || give_up \
     "the vLLM container $ARG_CONTAINER is $state after $(( SECONDS - started ))s ($restarts restarts; last probe: $last)" \
     "vLLM exited during start-up; its log above shows why"
+  # A new container that restarted has crashed: Docker would retry it forever (with backoff).
+  [ "$restarts" = 0 ] || give_up \
+    "vLLM exited during start-up and Docker restarted it $restarts time(s) (last probe: $last)" \
+    "vLLM refused its arguments or failed to load the model; its log above shows the first error"
   line="$(printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
     python3 /spark-vllm/bin/vllm_probe.py "$ARG_PORT" "$ARG_SERVED_NAME" 2>&1 | tail -n 1)" || true
   case "$line" in

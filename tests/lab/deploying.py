@@ -22,6 +22,9 @@ from tests.lab.realmocks import RealMocks, StackOutputs, run_program
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "lab-secret-3f9a"
 PREFIX = "spark-vllm"
+# A server that exits at start, as whichever sees it first reports it: the Docker provider's
+# mustRun check, or the readiness wait (Docker restarts the server, so it may be running again).
+EXITED_AT_START = "container exited unexpectedly|vLLM exited during start-up"
 RAY_NODES = (
     "import json, ray; ray.init(logging_level='ERROR'); "
     "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))"
