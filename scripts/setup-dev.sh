@@ -9,9 +9,7 @@ if ! command -v shellcheck >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends shellcheck \
     || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends shellcheck; }
 fi
+bash scripts/install-uv.sh
 # pip puts uv in the interpreter's scripts dir, which a fresh shell may not have on PATH.
-PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
-if ! command -v uv >/dev/null; then
-  python3 -m pip install --quiet uv
-fi
+PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):/usr/local/bin:$PATH"
 uv sync --frozen --quiet
