@@ -20,9 +20,8 @@ from components.remote import (
     script_call,
     scripts_bundle,
 )
-from stacks.nodes import DeploymentPlan, NodePlan, ray_listen_ports
+from stacks.nodes import DeploymentPlan, NodePlan, preflight_flags, ray_listen_ports
 
-GIB = 1024**3
 # Which bundle `<stateDir>/bin` holds (its digest): the scripts' delete checks it.
 BUNDLE_MARKER = ".bundle-digest"
 FIREWALL_CHAIN = "SPARK-VLLM-RAY"  # firewall.sh's own chain
@@ -162,26 +161,4 @@ class Host(pulumi.ComponentResource):
 
 
 def _preflight_command(plan: DeploymentPlan, node: NodePlan) -> str:
-    cfg = plan.config
-    single_ports = [p for p in ray_listen_ports(plan, node) if ":" not in p]
-    ports = [str(cfg.vllm.port), *single_ports] if node.is_head else single_ports
-    containers = [plan.container_name("ray-head" if node.is_head else "ray-worker")]
-    if node.is_head:
-        containers.append(plan.container_name("vllm"))
-    return script_call(
-        node,
-        "preflight.sh",
-        role=node.role,
-        fabric_interface=node.fabric_interface,
-        fabric_ip=node.fabric_ip,
-        head_fabric_ip=plan.head.fabric_ip,
-        ports=",".join(ports),
-        min_free_memory_bytes=int(cfg.preflight.min_free_memory_gib * GIB),
-        memory_fraction=cfg.vllm.gpu_memory_utilization if cfg.preflight.unified_memory else 0,
-        min_free_disk_bytes=int(cfg.preflight.min_free_disk_gib * GIB),
-        disk_paths=cfg.model.cache_dir,
-        require_gpus=node.gpus if cfg.docker.request_gpus else 0,
-        require_nvidia_runtime="yes" if cfg.preflight.require_nvidia_runtime else "no",
-        container_names=",".join(containers),
-        deployment=plan.deployment_id,
-    )
+    return script_call(node, "preflight.sh", **preflight_flags(plan, node))

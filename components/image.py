@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shlex
 from dataclasses import dataclass
 
 import pulumi
@@ -76,7 +77,7 @@ class ImageDistribution(pulumi.ComponentResource):
                     check("image", image_id),
                 )
             ),
-            delete=f"rm -f '{record_file}'",
+            delete=f"rm -f {shlex.quote(record_file)}",
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[pulled], custom_timeouts=QUICK_STEP

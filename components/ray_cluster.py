@@ -12,7 +12,7 @@ from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
 from components.host import Host
 from components.remote import script_call
-from stacks.nodes import DeploymentPlan, NodePlan, ray_start_args
+from stacks.nodes import DeploymentPlan, NodePlan, log_specs, node_check_specs, ray_start_args
 
 
 @dataclass(frozen=True)
@@ -25,25 +25,8 @@ class RayClusterArgs:
     fabric: FabricAccess
 
 
-def node_check_specs(plan: DeploymentPlan) -> str:
-    """`node|dest|bin` words: where the wait scripts re-check image, weights and memory."""
-    return " ".join(
-        f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}" for n in plan.nodes
-    )
-
-
-def log_specs(plan: DeploymentPlan, include_vllm: bool = False) -> str:
-    """`node|dest|container` words for the diagnostics in the wait scripts (head is local: `-`)."""
-    specs = [f"{plan.head.name}|-|{plan.container_name('ray-head')}"]
-    specs += [
-        f"{w.name}|{w.fabric_destination}|{plan.container_name('ray-worker')}" for w in plan.workers
-    ]
-    if include_vllm:
-        specs.append(f"{plan.head.name}|-|{plan.container_name('vllm')}")
-    return " ".join(specs)
-
-
-def head_id_label(head_container: pulumi.Resource) -> docker.ContainerLabelArgs:
+def _head_id_label(head_container: pulumi.Resource) -> docker.ContainerLabelArgs:
+    """Workers joined this head: a replaced head replaces them too."""
     assert isinstance(head_container, docker.Container)
     return docker.ContainerLabelArgs(label="spark-vllm.ray-head-id", value=head_container.id)
 
@@ -105,7 +88,7 @@ class RayCluster(pulumi.ComponentResource):
         settings = service_container_args(plan, node, role, args.image_id, host.mounts_token)
         if after:
             # Workers joined the old head: a replaced head must replace them too.
-            settings["labels"] = [*settings["labels"], head_id_label(after[0])]
+            settings["labels"] = [*settings["labels"], _head_id_label(after[0])]
         return docker.Container(
             resource_name,
             name=plan.container_name("ray-head" if node.is_head else "ray-worker"),

@@ -141,30 +141,3 @@ def _client_opts(endpoint: SshEndpoint, auth: SshAuth, known_hosts_file: Path) -
     if auth.private_key_path is not None:
         opts += ["-i", auth.private_key_path, "-o", "IdentitiesOnly=yes"]
     return opts
-
-
-def write_known_hosts(path: Path, endpoints: list[SshEndpoint]) -> None:
-    """The pinned keys in known_hosts form, for OpenSSH clients spawned by the Docker provider.
-
-    Pins written for hosts that are no longer configured are kept: a host removed from the
-    stack is still in its state, and its containers' deletes run through this file after the
-    program. A configured host has exactly today's pin, or none (unpinned: the lines OpenSSH
-    adds itself with accept-new are dropped each run, as are older pins for it).
-    """
-    from stacks.known_hosts import known_hosts_name
-
-    pinned = {
-        known_hosts_name(e.address, e.port): f"{known_hosts_name(e.address, e.port)} {e.host_key}"
-        for e in endpoints
-        if e.host_key is not None
-    }
-    configured = {known_hosts_name(e.address, e.port) for e in endpoints}
-    record = path.with_name(path.name + ".pinned")  # the pins this function wrote before
-    earlier = record.read_text().splitlines() if record.exists() else []
-    # A configured host's pin is today's (or none, unpinned); only removed hosts keep theirs.
-    kept = [line for line in earlier if line.split(" ", 1)[0] not in configured]
-    content = "".join(f"{line}\n" for line in sorted({*kept, *pinned.values()}))
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for target in (path, record):
-        if not target.exists() or target.read_text() != content:
-            target.write_text(content)

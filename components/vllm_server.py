@@ -12,9 +12,15 @@ from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
 from components.facts import check
 from components.host import Host
-from components.ray_cluster import RayCluster, log_specs, node_check_specs
+from components.ray_cluster import RayCluster
 from components.remote import QUICK_STEP, SCRIPTS_DIR, script_call
-from stacks.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan, vllm_launcher_args
+from stacks.nodes import (
+    CONTAINER_API_KEY_DIR,
+    DeploymentPlan,
+    log_specs,
+    node_check_specs,
+    vllm_launcher_args,
+)
 
 
 @dataclass(frozen=True)

@@ -244,14 +244,6 @@ class StackConfig(ConfigModel):
         marked = [h for h in self.hosts if h.head]
         return marked[0] if marked else self.hosts[0]
 
-    @property
-    def workers(self) -> list[HostConfig]:
-        head = self.head
-        return [h for h in self.hosts if h is not head]
-
-    def host(self, name: str) -> HostConfig:
-        return next(h for h in self.hosts if h.name == name)
-
 
 class ConfigError(ValueError):
     """One configuration problem, already phrased for the user (key path first)."""

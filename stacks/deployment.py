@@ -12,10 +12,11 @@ from components.fabric_trust import FabricTrust, FabricTrustArgs
 from components.host import Host, HostArgs
 from components.image import ImageDistribution, ImageDistributionArgs
 from components.ray_cluster import RayCluster, RayClusterArgs
-from components.remote import SshAuth, write_known_hosts
+from components.remote import SshAuth
 from components.vllm_server import VllmServer, VllmServerArgs
 from components.weights import ModelWeights, ModelWeightsArgs
 from stacks.config import SshConfig
+from stacks.known_hosts import write_known_hosts
 from stacks.nodes import DeploymentPlan, plan_deployment, unpinned_endpoints
 from stacks.settings import Settings
 

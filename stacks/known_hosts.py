@@ -1,4 +1,5 @@
-"""Look up a pinned host key in an OpenSSH known_hosts file (plain and hashed entries)."""
+"""Pinned host keys in OpenSSH known_hosts form: looked up in the user's file (plain and hashed
+entries), and written for the OpenSSH clients the Docker provider spawns."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import base64
 import hashlib
 import hmac
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the plan's type only: the plan itself reads pins through this module
+    from stacks.nodes import SshEndpoint
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -39,3 +44,28 @@ def _matches(pattern: str, name: str) -> bool:
         computed = hmac.new(salt, name.encode(), hashlib.sha1).digest()
         return hmac.compare_digest(computed, digest)
     return pattern == name
+
+
+def write_known_hosts(path: Path, endpoints: list[SshEndpoint]) -> None:
+    """The pinned keys in known_hosts form, for OpenSSH clients spawned by the Docker provider.
+
+    Pins written for hosts that are no longer configured are kept: a host removed from the
+    stack is still in its state, and its containers' deletes run through this file after the
+    program. A configured host has exactly today's pin, or none (unpinned: the lines OpenSSH
+    adds itself with accept-new are dropped each run, as are older pins for it).
+    """
+    pinned = {
+        known_hosts_name(e.address, e.port): f"{known_hosts_name(e.address, e.port)} {e.host_key}"
+        for e in endpoints
+        if e.host_key is not None
+    }
+    configured = {known_hosts_name(e.address, e.port) for e in endpoints}
+    record = path.with_name(path.name + ".pinned")  # the pins this function wrote before
+    earlier = record.read_text().splitlines() if record.exists() else []
+    # A configured host's pin is today's (or none, unpinned); only removed hosts keep theirs.
+    kept = [line for line in earlier if line.split(" ", 1)[0] not in configured]
+    content = "".join(f"{line}\n" for line in sorted({*kept, *pinned.values()}))
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for target in (path, record):
+        if not target.exists() or target.read_text() != content:
+            target.write_text(content)

@@ -21,6 +21,7 @@ from stacks.config import (
 from stacks.known_hosts import find_host_key
 
 # Paths inside every container (the host side comes from the config).
+GIB = 1024**3
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 CONTAINER_RAY_DIR = "/tmp/ray"
 CONTAINER_API_KEY_DIR = "/run/spark-vllm"  # the launcher reads api-key in it
@@ -201,6 +202,50 @@ def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
             *common,
         ]
     return ["start", f"--address={plan.ray_address}", *common]
+
+
+def node_check_specs(plan: DeploymentPlan) -> str:
+    """`node|dest|bin` words: where the wait scripts re-check image, weights and memory."""
+    return " ".join(
+        f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}" for n in plan.nodes
+    )
+
+
+def log_specs(plan: DeploymentPlan, include_vllm: bool = False) -> str:
+    """`node|dest|container` words for the diagnostics in the wait scripts (head is local: `-`)."""
+    specs = [f"{plan.head.name}|-|{plan.container_name('ray-head')}"]
+    specs += [
+        f"{w.name}|{w.fabric_destination}|{plan.container_name('ray-worker')}" for w in plan.workers
+    ]
+    if include_vllm:
+        specs.append(f"{plan.head.name}|-|{plan.container_name('vllm')}")
+    return " ".join(specs)
+
+
+def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | float]:
+    """preflight.sh's flags for `node`: the ports and container names it must find free, and
+    the memory, disk and GPUs it must find."""
+    cfg = plan.config
+    single_ports = [p for p in ray_listen_ports(plan, node) if ":" not in p]
+    ports = [str(cfg.vllm.port), *single_ports] if node.is_head else single_ports
+    containers = [plan.container_name("ray-head" if node.is_head else "ray-worker")]
+    if node.is_head:
+        containers.append(plan.container_name("vllm"))
+    return {
+        "role": node.role,
+        "fabric_interface": node.fabric_interface,
+        "fabric_ip": node.fabric_ip,
+        "head_fabric_ip": plan.head.fabric_ip,
+        "ports": ",".join(ports),
+        "min_free_memory_bytes": int(cfg.preflight.min_free_memory_gib * GIB),
+        "memory_fraction": cfg.vllm.gpu_memory_utilization if cfg.preflight.unified_memory else 0,
+        "min_free_disk_bytes": int(cfg.preflight.min_free_disk_gib * GIB),
+        "disk_paths": cfg.model.cache_dir,
+        "require_gpus": node.gpus if cfg.docker.request_gpus else 0,
+        "require_nvidia_runtime": "yes" if cfg.preflight.require_nvidia_runtime else "no",
+        "container_names": ",".join(containers),
+        "deployment": plan.deployment_id,
+    }
 
 
 def vllm_launcher_args(plan: DeploymentPlan) -> list[str]:

@@ -122,7 +122,7 @@ def test_the_image_deletes_first_only_when_its_delete_removes_it(
 def test_pins_of_a_removed_host_stay_for_its_deletes(tmp_path: Path) -> None:
     """A host removed from the stack is deleted after the program: its Docker provider still
     dials it through the derived known_hosts, so its pin must survive the run that removed it."""
-    from components.remote import write_known_hosts
+    from stacks.known_hosts import write_known_hosts
     from stacks.nodes import SshEndpoint
 
     path = tmp_path / "known_hosts"

@@ -1,0 +1,67 @@
+"""The committed stacks' resource graphs, pinned: URN, type, parent, dependencies, options and
+inputs of every resource of the dev and lab stacks, as the program registers them. A refactor
+must leave them as they are (an existing stack would otherwise see an update or a replacement);
+a deliberate change regenerates them with `SPARK_VLLM_UPDATE_GOLDEN=1 uv run pytest
+tests/program/test_graph_stability.py` and shows up, reviewable, in the diff."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from components.facts import HostFacts
+from tests.program.harness import evaluate, load_stack_config, unwrap
+
+GOLDEN = Path(__file__).parent / "golden"
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGoldenGoldenGoldenGoldenGoldenGolden0"
+
+
+def steady_token(facts: HostFacts, step: str) -> str:
+    """Receipt tokens are fresh per run on hosts that hold none (components/facts.py); here one
+    per step, so the graph (and every ID derived from inputs) is the same on every run."""
+    return hashlib.sha256(f"{facts.host}/{step}".encode()).hexdigest()[:12]
+
+
+def graph(stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    key = tmp_path / "id_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n")
+    known_hosts = tmp_path / "known_hosts"
+    config = load_stack_config(stack)
+    addresses = [h["address"] for h in config["hosts"]] + [config.get("bastion", {}).get("address")]
+    known_hosts.write_text("".join(f"{a} {HOST_KEY}\n" for a in addresses if a))
+    config["ssh"] = {"privateKeyPath": str(key), "knownHostsFile": str(known_hosts)}
+    monkeypatch.setenv("SPARK_VLLM_LOCAL_DIR", str(tmp_path / "local"))
+    monkeypatch.setattr(HostFacts, "token", steady_token)
+    evaluation = evaluate(config, {"apiKey": "golden-key", "hfToken": "hf_golden"}, stack=stack)
+    resources = [
+        {
+            "urn": r.urn,
+            "parent": r.parent,
+            "dependencies": sorted(r.dependencies),
+            "provider": r.provider.split("::")[-2] if r.provider else "",
+            "deleteBeforeReplace": r.delete_before_replace,
+            "replaceOnChanges": r.replace_on_changes,
+            "customTimeouts": r.custom_timeouts,
+            "inputs": unwrap(r.inputs),
+        }
+        for r in sorted(evaluation.registrations, key=lambda r: r.urn)  # order is async
+    ]
+    return json.dumps(resources, indent=1, sort_keys=True).replace(str(tmp_path), "<tmp>") + "\n"
+
+
+@pytest.mark.parametrize("stack", ["dev", "lab"])
+def test_the_committed_stacks_register_the_same_graph(
+    stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = graph(stack, tmp_path, monkeypatch)
+    golden = GOLDEN / f"{stack}.json"
+    if os.environ.get("SPARK_VLLM_UPDATE_GOLDEN") == "1":
+        golden.write_text(now)
+    assert golden.exists(), f"{golden} is missing: generate it (see this module's docstring)"
+    assert now == golden.read_text(), (
+        f"the {stack} stack's resource graph changed; if deliberate, regenerate {golden.name}"
+    )
