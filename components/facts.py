@@ -95,12 +95,25 @@ def gather_facts(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: 
         )
         return parse_facts(node.name, result.stdout)
     except Exception as error:  # the invoke's error carries ssh's own message
-        detail = " ".join(str(error).split())[-400:]
         raise pulumi.RunError(
-            f"spark-vllm: {node.name}: facts: cannot read the host's state over SSH: {detail}\n"
+            f"spark-vllm: {node.name}: facts: cannot read the host's state over SSH "
+            f"({_route(node)}): {_ssh_output(str(error))}\n"
             "  likely cause: the host is down or unreachable, its SSH host key changed, or "
             "the SSH key is not authorized there"
         ) from None
+
+
+def _route(node: NodePlan) -> str:
+    hop = f" via {node.jump.destination}:{node.jump.port}" if node.jump is not None else ""
+    return f"{node.ssh.destination}:{node.ssh.port}{hop}"
+
+
+def _ssh_output(error: str) -> str:
+    """What ssh said, without the long command line local.run's error repeats first
+    (`exit status N: running "...":\n<output>`, commandOutputs.go)."""
+    status = error.split(": running ", 1)[0].rsplit("failed: ", 1)[-1]
+    output = error.split('":\n', 1)[1] if '":\n' in error else error
+    return f"{status}: {' '.join(output.split())[-400:]}"
 
 
 def receipt_call(

@@ -88,9 +88,9 @@ def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
         lab.exec(WORKER, ["/usr/sbin/sshd", "-f", f"{hostdir}/ssh/sshd_config",
                           "-E", f"{hostdir}/log/sshd.log"])  # fmt: skip
     address = lab.spec.host_mgmt_ip(1)
-    # pulumi-command's own connection error (here: OpenSSH's through the bastion) names the
-    # resource, the host and the proxy it went through.
-    assert "spark2-scripts" in error and address in error and "cannot connect" in error, error
+    # The facts read, before anything is planned, names the host, its address and the bastion.
+    assert f"spark2: facts: cannot read the host's state over SSH (root@{address}:22 via" in error
+    assert "likely cause: the host is down or unreachable" in error, error
     successful_up(lab, stack)
 
 

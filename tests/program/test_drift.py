@@ -153,3 +153,5 @@ def test_an_unreachable_host_stops_the_run_with_one_clear_message(
     message = str(raised.value)
     assert "spark-vllm: spark1: facts: cannot read the host's state over SSH" in message
     assert "No route to host" in message and "likely cause" in message
+    assert "(aurora@10.240.1.11:22): exit status 255: ssh: connect to host" in message
+    assert 'running "ssh' not in message, "the long command line is left out"
