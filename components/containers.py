@@ -10,12 +10,11 @@ import pulumi_docker as docker
 from stacks.nodes import (
     CONTAINER_HF_HOME,
     CONTAINER_RAY_DIR,
+    CONTAINER_SCRIPTS_DIR,
     DeploymentPlan,
     NodePlan,
     node_env,
 )
-
-SCRIPTS_MOUNT = "/spark-vllm/bin"
 
 # Ray: `on-failure` restarts a crash, and, after a reboot, the exit the shutdown caused (a
 # non-zero one: daemon/daemon.go restore restarts what ShouldRestart() accepts), but not the
@@ -65,7 +64,7 @@ def service_container_args(
         "mounts": [
             _bind(cfg.model.cache_dir, CONTAINER_HF_HOME),
             _bind(node.ray_dir, CONTAINER_RAY_DIR),
-            _bind(node.bin_dir, SCRIPTS_MOUNT, read_only=True),
+            _bind(node.bin_dir, CONTAINER_SCRIPTS_DIR, read_only=True),
         ],
         "labels": _labels(plan, node, role, {"spark-vllm.mounts": mounts_token}),
         "destroy_grace_seconds": 30,

@@ -12,7 +12,14 @@ from components.containers import service_container_args
 from components.fabric_trust import FabricAccess
 from components.host import Host
 from components.remote import script_call
-from stacks.nodes import DeploymentPlan, NodePlan, log_specs, node_check_specs, ray_start_args
+from stacks.nodes import (
+    CONTAINER_SCRIPTS_DIR,
+    DeploymentPlan,
+    NodePlan,
+    log_specs,
+    node_check_specs,
+    ray_start_args,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class RayCluster(pulumi.ComponentResource):
                     args.head.node,
                     "ray-wait.sh",
                     container=plan.container_name("ray-head"),
+                    container_scripts=CONTAINER_SCRIPTS_DIR,
                     expect_ips=",".join(n.fabric_ip for n in plan.nodes),
                     gpus=plan.total_gpus,
                     timeout_seconds=plan.config.timeouts.ray_join_seconds,

@@ -16,6 +16,7 @@ from components.ray_cluster import RayCluster
 from components.remote import QUICK_STEP, SCRIPTS_DIR, script_call
 from stacks.nodes import (
     CONTAINER_API_KEY_DIR,
+    CONTAINER_SCRIPTS_DIR,
     DeploymentPlan,
     log_specs,
     node_check_specs,
@@ -100,6 +101,7 @@ class VllmServer(pulumi.ComponentResource):
                     head.node,
                     "vllm-ready.sh",
                     container=plan.container_name("vllm"),
+                    container_scripts=CONTAINER_SCRIPTS_DIR,
                     port=plan.config.vllm.port,
                     served_name=plan.config.model.name_served,
                     timeout_seconds=timeout,

@@ -24,7 +24,9 @@ from stacks.known_hosts import find_host_key
 GIB = 1024**3
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 CONTAINER_RAY_DIR = "/tmp/ray"
-CONTAINER_API_KEY_DIR = "/run/spark-vllm"  # the launcher reads api-key in it
+CONTAINER_API_KEY_DIR = "/run/spark-vllm"
+CONTAINER_API_KEY_FILE = f"{CONTAINER_API_KEY_DIR}/api-key"
+CONTAINER_SCRIPTS_DIR = "/spark-vllm/bin"  # the host's <stateDir>/bin, read-only: the probes
 
 # Environment keys the program owns; a user's vllm.env may not override them.
 DERIVED_ENV_KEYS = frozenset(
@@ -257,6 +259,10 @@ def vllm_launcher_args(plan: DeploymentPlan) -> list[str]:
         str(plan.total_gpus),
         "--wait-seconds",
         str(plan.config.timeouts.ray_join_seconds),
+        "--key-file",
+        CONTAINER_API_KEY_FILE,
+        "--scripts",
+        CONTAINER_SCRIPTS_DIR,
         "--",
         *vllm_serve_args(plan),
     ]

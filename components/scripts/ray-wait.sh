@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # On the head: wait, bounded, until every configured node has joined Ray with its fabric IP and
 # all GPUs are declared. On timeout or a dead container: every node's last logs and likely causes.
-#   ray-wait.sh --host H --container C --expect-ips ip1,ip2 --gpus G --timeout-seconds S
+#   ray-wait.sh --host H --container C --container-scripts DIR --expect-ips ip1,ip2 --gpus G
+#               --timeout-seconds S
 #               --nodes "name|dest|container name|dest|container ..." [--fabric-key ...]
 . "$(dirname "$0")/lib.sh"
 . "$SPARK_BIN/diagnose.sh"
 parse_flags "$@"
-require host container expect-ips gpus timeout-seconds nodes
+require host container container-scripts expect-ips gpus timeout-seconds nodes
 read -r -a node_specs <<<"$ARG_NODES"
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
 last=""
@@ -18,7 +19,7 @@ while :; do
   state="$(container_state "$ARG_CONTAINER")"
   [ "$state" = running ] || give_up "the Ray head container $ARG_CONTAINER is $state" \
     "Ray failed to start on the head (see its log above)"
-  verdict="$(timeout 60 docker exec "$ARG_CONTAINER" python3 /spark-vllm/bin/ray_probe.py \
+  verdict="$(timeout 60 docker exec "$ARG_CONTAINER" python3 "$ARG_CONTAINER_SCRIPTS/ray_probe.py" \
     "$ARG_EXPECT_IPS" "$ARG_GPUS" 2>/dev/null | tail -n 1)" || verdict=""
   case "$verdict" in
     ready*) echo "ray: ${verdict#ready }"; exit 0 ;;

@@ -1,6 +1,7 @@
 # The vLLM container's entrypoint (bash -c), PID 1's only child. Docker restarts this container
 # after a crash (with its own backoff) and after a reboot; each start goes through here:
-#   vllm-launcher --expect-ips IP,IP --gpus N --wait-seconds S -- <vllm serve arguments>
+#   vllm-launcher --expect-ips IP,IP --gpus N --wait-seconds S --key-file F --scripts DIR \
+#                 -- <vllm serve arguments>
 # 1. Refuse to serve without the API key file: vLLM would start with no authentication.
 # 2. Back off when the previous start ended soon after it began (a crash loop whose every
 #    attempt runs past Docker's 10 s reset, such as a model load that fails late).
@@ -9,18 +10,23 @@
 # 4. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server.
 set -uo pipefail
 say() { printf 'spark-vllm launcher: %s\n' "$*" >&2; }
-expect_ips="" gpus="" wait_seconds=600
+expect_ips="" gpus="" wait_seconds=600 key_file="" scripts=""
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     --expect-ips) expect_ips="$2"; shift 2 ;;
     --gpus) gpus="$2"; shift 2 ;;
     --wait-seconds) wait_seconds="$2"; shift 2 ;;
+    --key-file) key_file="$2"; shift 2 ;;
+    --scripts) scripts="$2"; shift 2 ;;
     *) say "unknown launcher flag $1"; exit 2 ;;
   esac
 done
 [ "${1:-}" = -- ] && shift
+if [ -z "$key_file" ] || [ -z "$scripts" ]; then
+  say "--key-file and --scripts are required (a bug in spark-vllm: please report it)"
+  exit 2
+fi
 
-key_file=/run/spark-vllm/api-key
 if [ ! -s "$key_file" ]; then
   say "no API key in $key_file: refusing to serve without authentication (run 'pulumi up' to write it again)"
   sleep 5  # with Docker's own backoff: a slow loop until the key is back
@@ -48,7 +54,7 @@ if [ -n "$expect_ips" ]; then
   deadline=$(( SECONDS + wait_seconds ))
   last=""
   while :; do
-    verdict="$(timeout 60 python3 /spark-vllm/bin/ray_probe.py "$expect_ips" "$gpus" observe 2>/dev/null | tail -n 1)" || verdict=""
+    verdict="$(timeout 60 python3 "$scripts/ray_probe.py" "$expect_ips" "$gpus" observe 2>/dev/null | tail -n 1)" || verdict=""
     case "$verdict" in
       ready*) say "Ray ${verdict}"; break ;;
     esac

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On the head: wait, bounded, until vLLM lists the served model and completes a real request.
-#   vllm-ready.sh --host H --container C --port P --served-name N --timeout-seconds S
+#   vllm-ready.sh --host H --container C --container-scripts DIR --port P --served-name N
+#                 --timeout-seconds S
 #                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
 . "$(dirname "$0")/lib.sh"
 . "$SPARK_BIN/diagnose.sh"
 parse_flags "$@"
-require host container port served-name timeout-seconds nodes
+require host container container-scripts port served-name timeout-seconds nodes
 read -r -a node_specs <<<"$ARG_NODES"
 IFS= read -r api_key || true
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
@@ -26,7 +27,7 @@ while :; do
     "vLLM exited during start-up and Docker restarted it $restarts time(s) (last probe: $last)" \
     "vLLM refused its arguments or failed to load the model; its log above shows the first error"
   line="$(printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
-    python3 /spark-vllm/bin/vllm_probe.py "$ARG_PORT" "$ARG_SERVED_NAME" 2>&1 | tail -n 1)" || true
+    python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" 2>&1 | tail -n 1)" || true
   case "$line" in
     ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }"; exit 0 ;;
     unauthorized*) give_up "vLLM rejects the configured API key (${line#unauthorized })" \
