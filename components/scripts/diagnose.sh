@@ -12,7 +12,7 @@ container_logs() {
     printf '%s\n' "$(container_status_line "$container")"
     docker logs --tail 50 "$container" 2>&1 || true
   else
-    fabric_ssh "$dest" "docker inspect --format '$STATUS_FORMAT' $container 2>/dev/null || echo missing; docker logs --tail 50 $container 2>&1" 2>&1 \
+    fabric_ssh "$dest" "$(words docker inspect --format "$STATUS_FORMAT" "$container") 2>/dev/null || echo missing; $(words docker logs --tail 50 "$container") 2>&1" 2>&1 \
       || echo "(could not reach $dest over the fabric to read its logs)"
   fi
 }
@@ -49,10 +49,11 @@ check_nodes() {
     fi
     printf '  %s: %s MiB of memory available\n' "$node" "$out"
     if [ -n "${ARG_IMAGE_ID:-}" ] \
-       && ! "${run[@]}" "docker image inspect '$ARG_IMAGE_ID' >/dev/null 2>&1"; then
+       && ! "${run[@]}" "$(words docker image inspect "$ARG_IMAGE_ID") >/dev/null 2>&1"; then
       printf '  likely cause: the image %s is missing on %s\n' "$ARG_IMAGE_ID" "$node"
     fi
-    if [ -n "${ARG_MODEL:-}" ] && ! out="$("${run[@]}" "bash '$bin/hf-manifest.sh' --host '$node' --cache-dir '$ARG_CACHE_DIR' --model '$ARG_MODEL' --revision '$ARG_REVISION'" 2>&1)"; then
+    if [ -n "${ARG_MODEL:-}" ] && ! out="$("${run[@]}" "$(words bash "$bin/hf-manifest.sh" --host "$node" \
+        --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL" --revision "$ARG_REVISION")" 2>&1)"; then
       printf '  likely cause: %s\n' "$(grep -m1 'spark-vllm:' <<<"$out" || echo "$out")"
     fi
   done

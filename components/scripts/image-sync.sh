@@ -9,11 +9,11 @@ parse_flags "$@"
 require host worker target image-id ref timeout-minutes
 if [ "${ARG_REMOVE:-no}" = yes ]; then
   # Destroy with image.keepOnDestroy false: untag and remove it on the worker (gone is fine).
-  fabric_ssh "$ARG_TARGET" "docker image rm '$ARG_REF' '$ARG_IMAGE_ID' >/dev/null 2>&1 || true"
+  fabric_ssh "$ARG_TARGET" "$(words docker image rm "$ARG_REF" "$ARG_IMAGE_ID") >/dev/null 2>&1 || true"
   exit 0
 fi
 remote_id() {
-  fabric_ssh "$ARG_TARGET" "docker image inspect --format '{{.Id}}' '$ARG_IMAGE_ID' 2>/dev/null || true"
+  fabric_ssh "$ARG_TARGET" "$(words docker image inspect --format '{{.Id}}' "$ARG_IMAGE_ID") 2>/dev/null || true"
 }
 check_fabric_ssh "$ARG_TARGET"
 if [ "$(remote_id)" = "$ARG_IMAGE_ID" ]; then

@@ -42,6 +42,14 @@ require() {
   done
 }
 
+# words WORD...: one command line for a remote shell, every word quoted (the one quoting rule for
+# what these scripts send over SSH: a path with a space or a quote stays one word).
+words() {
+  local quoted
+  printf -v quoted '%q ' "$@"
+  printf '%s' "${quoted% }"
+}
+
 # fabric_ssh DEST COMMAND...: the head reaching a worker over the fabric. Bounded: a dead peer is
 # noticed within ~30 s (ServerAlive) instead of hanging the transfer forever.
 fabric_ssh() {

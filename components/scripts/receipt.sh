@@ -23,7 +23,7 @@ if [ -n "${ARG_TARGET:-}" ]; then
   require worker worker-bin
   remote=(bash "$ARG_WORKER_BIN/receipt.sh" --host "$ARG_WORKER" --state-dir "$ARG_STATE_DIR"
           --step "$ARG_STEP" --token "$ARG_TOKEN" --checks "$ARG_CHECKS")
-  fabric_ssh "$ARG_TARGET" "$(printf '%q ' "${remote[@]}")" \
+  fabric_ssh "$ARG_TARGET" "$(words "${remote[@]}")" \
     || fail "cannot record step $ARG_STEP on $ARG_TARGET" "the fabric SSH session dropped"
   exit 0
 fi

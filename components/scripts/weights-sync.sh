@@ -8,7 +8,8 @@ parse_flags "$@"
 require host worker target worker-bin cache-dir model manifest timeout-minutes
 read -r commit files bytes <<<"$ARG_MANIFEST"
 worker_manifest() {
-  fabric_ssh "$ARG_TARGET" "bash '$ARG_WORKER_BIN/hf-manifest.sh' --host '$ARG_WORKER' --cache-dir '$ARG_CACHE_DIR' --model '$ARG_MODEL' --revision '$commit'" 2>&1
+  fabric_ssh "$ARG_TARGET" "$(words bash "$ARG_WORKER_BIN/hf-manifest.sh" --host "$ARG_WORKER" \
+    --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL" --revision "$commit")" 2>&1
 }
 check_fabric_ssh "$ARG_TARGET"
 if [ "$(worker_manifest)" = "$ARG_MANIFEST" ]; then
@@ -23,8 +24,9 @@ export ARG_FABRIC_KEY="${ARG_FABRIC_KEY:-}" ARG_FABRIC_KNOWN_HOSTS="${ARG_FABRIC
 started=$SECONDS
 set +e
 timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
-  'set -o pipefail; tar -C "$1" -cf - "$2/refs" "$2/blobs" "$2/snapshots/$3" | fabric_ssh "$4" "mkdir -p '"'"'$1'"'"' && tar -C '"'"'$1'"'"' -xf -"' \
-  weights-sync "$hub" "$repo" "$commit" "$ARG_TARGET" >&2
+  'set -o pipefail; tar -C "$1" -cf - "$2/refs" "$2/blobs" "$2/snapshots/$3" | fabric_ssh "$4" "$5"' \
+  weights-sync "$hub" "$repo" "$commit" "$ARG_TARGET" \
+  "$(words mkdir -p "$hub") && $(words tar -C "$hub" -xf -)" >&2
 status=$?
 set -e
 if [ "$status" -ne 0 ]; then

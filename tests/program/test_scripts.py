@@ -359,3 +359,19 @@ def test_receipts_hold_until_what_they_check_changes(tmp_path: Path) -> None:
 
 def test_a_removed_state_dir_has_no_receipts(tmp_path: Path) -> None:
     assert facts(tmp_path / "never-made") == {}
+
+
+# --- quoting for remote shells (lib.sh words) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+def test_words_survive_a_remote_shell_with_spaces_and_quotes(shell: str, tmp_path: Path) -> None:
+    """What the scripts send over SSH is one command line; paths with a space or a quote must
+    arrive as the same words (the remote login shell may be bash or a POSIX sh)."""
+    odd = str(tmp_path / "state dir" / "it's; $(here)")
+    line = subprocess.run(
+        ["bash", "-c", f'. "{SCRIPTS}/lib.sh"; words printf "%s\\n" "$1" plain', "t", odd],
+        capture_output=True, text=True, timeout=10, check=True,
+    ).stdout  # fmt: skip
+    done = subprocess.run([shell, "-c", line], capture_output=True, text=True, timeout=10)
+    assert done.stdout.splitlines() == [odd, "plain"], line
