@@ -95,7 +95,12 @@ def _secret_problems(config: pulumi.Config, project: str) -> list[str]:
 
 
 def _unknown_keys(project: str) -> list[str]:
-    """A typo in a top-level key (`spark-vllm:vlm`) must not be silently ignored."""
+    """A typo in a top-level key (`spark-vllm:vlm`) must not be silently ignored.
+
+    The one read outside `pulumi.Config`, which cannot list the keys that are set: the SDK's own
+    store of them. tests/program/test_validation.py (the `vlm` case, through the CLI's hand-over)
+    fails if the SDK changes underneath it.
+    """
     from pulumi.runtime.config import CONFIG, get_config_env
 
     known = {f"{project}:{key}" for key in (*CONFIG_KEYS, *SECRET_KEYS)}
