@@ -23,7 +23,7 @@ class FabricAccess:
     """What a head-side step needs to reach workers: flags for lib.sh's fabric_ssh."""
 
     flags: dict[str, str]
-    ready: list[pulumi.Resource]
+    ready: list[pulumi.Resource]  # every worker trusts the head's key, pinned on the head
 
 
 @dataclass(frozen=True)

@@ -74,9 +74,9 @@ class Host(pulumi.ComponentResource):
                 custom_timeouts=pulumi.CustomTimeouts(create="5m"),
             ),
         )
-        self.ready: list[pulumi.Resource] = [self.preflight]
+        self.prepared: list[pulumi.Resource] = [self.preflight]  # checked, firewalled
         if plan.config.fabric.firewall:
-            self.ready.append(self._firewall(name, plan))
+            self.prepared.append(self._firewall(name, plan))
         self.register_outputs({"preflight": self.preflight.stdout, "dockerHost": docker_host(node)})
 
     def recorded(self, command: str, step: str, *checks: str) -> str:

@@ -32,7 +32,7 @@ class ImageDistribution(pulumi.ComponentResource):
     """
 
     image_id: pulumi.Output[str]
-    ready: dict[str, pulumi.Resource]  # node name -> the step after which its image is present
+    present_on: dict[str, pulumi.Resource]  # node name -> the step after which it has the image
 
     def __init__(
         self, name: str, args: ImageDistributionArgs, opts: pulumi.ResourceOptions | None = None
@@ -83,12 +83,12 @@ class ImageDistribution(pulumi.ComponentResource):
                 parent=self, depends_on=[pulled], custom_timeouts=QUICK_STEP
             ),
         )
-        self.ready = {head.node.name: recorded}
+        self.present_on = {head.node.name: recorded}
         minutes = plan.config.timeouts.image_transfer_minutes
         for worker in args.workers:
             node = worker.node
             sync_step = f"{name}-{node.name}-sync"
-            self.ready[node.name] = remote.Command(
+            self.present_on[node.name] = remote.Command(
                 sync_step,
                 connection=head.connection,
                 create=self.image_id.apply(

@@ -106,7 +106,7 @@ class RayCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=host.provider,
-                depends_on=[*host.ready, args.image_ready[node.name], *after],
+                depends_on=[*host.prepared, args.image_ready[node.name], *after],
                 # Fixed container names: the old container must go before its replacement starts.
                 delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="5m"),

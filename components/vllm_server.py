@@ -37,7 +37,7 @@ class VllmServerArgs:
 
 class VllmServer(pulumi.ComponentResource):
     container: docker.Container
-    ready: remote.Command
+    readiness: remote.Command  # the served model answered a real completion
 
     def __init__(self, name: str, args: VllmServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
@@ -93,7 +93,7 @@ class VllmServer(pulumi.ComponentResource):
             ),
         )
         timeout = plan.config.timeouts.vllm_ready_seconds
-        self.ready = remote.Command(
+        self.readiness = remote.Command(
             f"{name}-ready",
             connection=head.connection,
             create=args.image_id.apply(
@@ -103,7 +103,7 @@ class VllmServer(pulumi.ComponentResource):
                     container=plan.container_name("vllm"),
                     container_scripts=CONTAINER_SCRIPTS_DIR,
                     port=plan.config.vllm.port,
-                    served_name=plan.config.model.name_served,
+                    served_name=plan.config.model.served_model_name,
                     timeout_seconds=timeout,
                     nodes=log_specs(plan, include_vllm=True),
                     node_checks=node_check_specs(plan),
@@ -123,7 +123,7 @@ class VllmServer(pulumi.ComponentResource):
                 custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout // 60 + 5}m"),
             ),
         )
-        self.register_outputs({"containerId": self.container.id, "ready": self.ready.stdout})
+        self.register_outputs({"containerId": self.container.id, "ready": self.readiness.stdout})
 
 
 def _sha256(value: str) -> str:

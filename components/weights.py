@@ -31,7 +31,7 @@ class ModelWeights(pulumi.ComponentResource):
     """
 
     manifest: pulumi.Output[str]  # "commit files bytes" as the head sees it
-    ready: dict[str, pulumi.Resource]
+    present_on: dict[str, pulumi.Resource]  # node name -> the step after which it has the snapshot
 
     def __init__(
         self, name: str, args: ModelWeightsArgs, opts: pulumi.ResourceOptions | None = None
@@ -68,11 +68,11 @@ class ModelWeights(pulumi.ComponentResource):
             ),
         )
         self.manifest = fetch.stdout.apply(lambda out: out.strip().splitlines()[-1])
-        self.ready = {head.node.name: fetch}
+        self.present_on = {head.node.name: fetch}
         for worker in args.workers:
             node = worker.node
             copy_step = f"{name}-{node.name}-copy"
-            self.ready[node.name] = remote.Command(
+            self.present_on[node.name] = remote.Command(
                 copy_step,
                 connection=head.connection,
                 create=self.manifest.apply(

@@ -122,7 +122,7 @@ class ModelConfig(ConfigModel):
         return value.rstrip("/") or "/"
 
     @property
-    def name_served(self) -> str:
+    def served_model_name(self) -> str:
         return self.served_name or self.id
 
 

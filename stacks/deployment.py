@@ -35,15 +35,15 @@ class Deployment:
         plan = self.plan
         outputs: dict[str, object] = {
             # Resolves only once the server answered a real completion.
-            "endpointUrl": self.server.ready.stdout.apply(lambda _: plan.endpoint_url),
-            "modelId": plan.config.model.name_served,
+            "endpointUrl": self.server.readiness.stdout.apply(lambda _: plan.endpoint_url),
+            "modelId": plan.config.model.served_model_name,
             "head": {"name": plan.head.name, "address": plan.head.ssh.address},
             "nodes": [
                 {"name": n.name, "role": n.role, "fabricIp": n.fabric_ip, "gpus": n.gpus}
                 for n in plan.nodes
             ],
             "imageId": self.image.image_id,
-            "readiness": self.server.ready.stdout.apply(lambda out: out.strip()),
+            "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
         }
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
@@ -86,10 +86,10 @@ def build_deployment(settings: Settings) -> Deployment:
     image = ImageDistribution("image", ImageDistributionArgs(plan, head, workers, trust.access))
     weights = ModelWeights(
         "weights",
-        ModelWeightsArgs(plan, head, workers, trust.access, image.ready, settings.hf_token),
+        ModelWeightsArgs(plan, head, workers, trust.access, image.present_on, settings.hf_token),
     )
     ray = RayCluster(
-        "ray", RayClusterArgs(plan, head, workers, image.image_id, image.ready, trust.access)
+        "ray", RayClusterArgs(plan, head, workers, image.image_id, image.present_on, trust.access)
     )
     server = VllmServer(
         "vllm",
@@ -98,7 +98,7 @@ def build_deployment(settings: Settings) -> Deployment:
             head,
             image.image_id,
             ray,
-            list(weights.ready.values()),
+            list(weights.present_on.values()),
             trust.access,
             settings.api_key,
         ),

@@ -274,7 +274,7 @@ def vllm_serve_args(plan: DeploymentPlan) -> list[str]:
     args = [
         cfg.model.id,
         "--served-model-name",
-        cfg.model.name_served,
+        cfg.model.served_model_name,
         "--revision",
         cfg.model.revision,
         "--host",

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import components.host as host_module
 from components.facts import HostFacts
+from components.remote import ScriptsBundle
 from tests.program.harness import evaluate, load_stack_config, unwrap
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -36,6 +38,11 @@ def graph(stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     config["ssh"] = {"privateKeyPath": str(key), "knownHostsFile": str(known_hosts)}
     monkeypatch.setenv("SPARK_VLLM_LOCAL_DIR", str(tmp_path / "local"))
     monkeypatch.setattr(HostFacts, "token", steady_token)
+    # The scripts' content is pinned by the upgrade scenario of the lab, not here: an edit to a
+    # host script is meant to be an update of `<host>-scripts`.
+    monkeypatch.setattr(
+        host_module, "scripts_bundle", lambda: ScriptsBundle("<archive>", "<digest>")
+    )
     evaluation = evaluate(config, {"apiKey": "golden-key", "hfToken": "hf_golden"}, stack=stack)
     resources = [
         {
