@@ -19,6 +19,7 @@ repair it. So, as pyinfra does, the program reads the facts it needs before it p
 
 from __future__ import annotations
 
+import re
 import secrets
 import shlex
 from dataclasses import dataclass, field
@@ -111,9 +112,10 @@ def _route(node: NodePlan) -> str:
 def _ssh_output(error: str) -> str:
     """What ssh said, without the long command line local.run's error repeats first
     (`exit status N: running "...":\n<output>`, commandOutputs.go)."""
-    status = error.split(": running ", 1)[0].rsplit("failed: ", 1)[-1]
+    status = re.search(r"exit status \d+", error)
     output = error.split('":\n', 1)[1] if '":\n' in error else error
-    return f"{status}: {' '.join(output.split())[-400:]}"
+    said = " ".join(output.split())[-400:]
+    return f"{status.group(0)}: {said}" if status else said
 
 
 def receipt_call(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
+
 # How the mock runtime marks a secret value (pulumi's rpc "special signature" for secrets).
 SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
 SECRET_SIG_VALUE = "1b47061264138c4ac30d75fd1eb44270"
@@ -22,3 +24,20 @@ def unwrap_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [unwrap_secrets(item) for item in value]
     return value
+
+
+class ProviderInvokeError(grpc.RpcError):
+    """A provider's invoke error as the engine hands it to the program: a gRPC error whose
+    details are `invocation of <token> returned an error: <error>` (pulumi/pulumi
+    pkg/resource/deploy/source_eval.go, resmon Invoke); the SDK raises it as
+    `invoke of <token> failed: <details>` (pulumi/runtime/invoke.py)."""
+
+    def __init__(self, token: str, error: str) -> None:
+        super().__init__(error)
+        self._details = f"invocation of {token} returned an error: {error}"
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNKNOWN
+
+    def details(self) -> str:
+        return self._details

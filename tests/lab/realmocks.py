@@ -55,7 +55,7 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import massage, run_in_stack
 
 from tests.cli import PulumiCli, handed_to_program
-from tests.mockvalues import unwrap_secrets
+from tests.mockvalues import ProviderInvokeError, unwrap_secrets
 
 log = logging.getLogger(__name__)
 
@@ -750,7 +750,8 @@ class RealMocks(pulumi.runtime.Mocks):
         """pulumi-command's `local.run` (provider/pkg/provider/local/commandOutputs.go): the
         command under `/bin/sh -c` with this process's environment plus `environment`, stdin
         when not empty; a non-zero exit is the invoke's error, with the output; stdout and
-        stderr lose one trailing newline."""
+        stderr lose one trailing newline. Its error reaches the program as the engine sends it.
+        """
         inputs = unwrap_secrets(dict(args.args))
         command = str(inputs["command"])
         if inputs.get("interpreter") or inputs.get("dir"):
@@ -763,10 +764,12 @@ class RealMocks(pulumi.runtime.Mocks):
         try:
             result = run_process(["/bin/sh", "-c", command], stdin, self.command_timeout_s, env)
         except TimeoutError as exc:
-            return {}, [("", f"running {command!r}: {exc}")]
+            raise ProviderInvokeError(args.token, f"running {json.dumps(command)}: {exc}") from None
         if result.exit_code != 0:
             output = result.stdout + result.stderr
-            return {}, [("", f"exit status {result.exit_code}: running {command!r}:\n{output}")]
+            # Go's %q is close to a JSON string for these commands.
+            error = f"exit status {result.exit_code}: running {json.dumps(command)}:\n{output}"
+            raise ProviderInvokeError(args.token, error)
         outputs = {
             **inputs,
             "stdout": result.stdout.removesuffix("\n"),

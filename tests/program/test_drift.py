@@ -11,6 +11,7 @@ from typing import Any
 import pulumi
 import pytest
 
+from tests.mockvalues import ProviderInvokeError
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import FakeHosts, evaluate, recorded_receipts, unwrap
 
@@ -134,15 +135,16 @@ def test_a_recreated_state_dir_restarts_the_containers_bound_to_it(
 
 
 class UnreachableHosts(FakeHosts):
-    """The invoke fails as pulumi-command's local.run fails (an error returned to the engine,
-    which the SDK raises as `invoke of command:local:run failed: ...`)."""
+    """The invoke fails as pulumi-command's local.run fails (commandOutputs.go: `exit status N:
+    running "<command>":\n<output>`), handed to the program as the engine hands it."""
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
         error = (
-            'exit status 255: running "ssh ...":\nssh: connect to host 10.240.1.11 port 22: '
-            "No route to host"
+            "exit status 255: running \"ssh -o BatchMode=yes ... -- aurora@10.240.1.11 'bash -s"
+            " -- /home/aurora/.spark-vllm'\":\nssh: connect to host 10.240.1.11 port 22: "
+            "No route to host\n"
         )
-        return {}, [("", error)]
+        raise ProviderInvokeError(args.token, error)
 
 
 def test_an_unreachable_host_stops_the_run_with_one_clear_message(
