@@ -317,6 +317,11 @@ def stop_containers_and_dockerd(node: Node, pid: int) -> None:
     ids = listing.stdout.decode().split()
     if ids:
         run(in_host(pid, ["docker", "rm", "-f", *ids]), timeout=60, check=False)
+    stop_dockerd(node, pid, timeout=20)
+
+
+def stop_dockerd(node: Node, pid: int, timeout: float) -> None:
+    """SIGTERM to the host's dockerd (it stops its containers first), then wait for its exit."""
     dockerd_pid = _read_pid(Path(f"/proc/{pid}/root/run/docker.pid"))
     if dockerd_pid is None:
         return
@@ -324,7 +329,7 @@ def stop_containers_and_dockerd(node: Node, pid: int) -> None:
     ok(in_host(pid, ["kill", "-TERM", str(dockerd_pid)]), timeout=10)
     wait_until(
         lambda: not ok(in_host(pid, ["kill", "-0", str(dockerd_pid)]), timeout=5),
-        timeout=20,
+        timeout=timeout,
         interval=0.2,
         what=f"{node.name}: dockerd exit after SIGTERM",
     )
@@ -334,15 +339,8 @@ def shut_down(node: Node, pid: int) -> None:
     """What a reboot's shutdown does to a host: dockerd stops its containers (their stop
     signal, then SIGKILL after its shutdown timeout) and exits, sshd exits, and the firewall
     rules, which live in the kernel, are gone. Files on disk stay."""
-    dockerd_pid = _read_pid(Path(f"/proc/{pid}/root/run/docker.pid")) if node.with_docker else None
-    if dockerd_pid is not None:
-        ok(in_host(pid, ["kill", "-TERM", str(dockerd_pid)]), timeout=10)
-        wait_until(
-            lambda: not ok(in_host(pid, ["kill", "-0", str(dockerd_pid)]), timeout=5),
-            timeout=90,
-            interval=0.5,
-            what=f"{node.name}: dockerd exit after SIGTERM (shutdown)",
-        )
+    if node.with_docker:
+        stop_dockerd(node, pid, timeout=90)
     sshd_pid = _read_pid(Path(f"/proc/{pid}/root/run/sshd.pid"))
     if sshd_pid is not None:
         ok(in_host(pid, ["kill", "-TERM", str(sshd_pid)]), timeout=10)
