@@ -243,7 +243,8 @@ def ray_worker_restarts(lab: Lab) -> int:
 
 def server_answers(lab: Lab) -> bool:
     """A real completion from inside the head, with the stack's API key."""
-    probe = (f"printf '%s\\n' {API_KEY} | docker exec -i {PREFIX}-vllm "
+    # Bounded: a server that lost a rank may hold a request until it notices.
+    probe = (f"printf '%s\\n' {API_KEY} | timeout 20 docker exec -i {PREFIX}-vllm "
              "python3 /spark-vllm/bin/vllm_probe.py 8000 tiny-chat 2>&1 | tail -n 1")  # fmt: skip
     return host_sh(lab, "spark1", f"{probe} || true").startswith("ready")
 
