@@ -54,7 +54,8 @@ class Host(pulumi.ComponentResource):
         self.facts = gather_facts(node, args.auth, args.known_hosts_file, args.control_dir)
         # Containers bind these directories: one recreated at the same path leaves them bound
         # to the old one, so the containers carry this token and are replaced when it changes.
-        self.mounts_token = self.facts.token(f"{name}-mounts")
+        self.mounts_step = f"{name}-mounts"
+        self.mounts_token = self.facts.token(self.mounts_step)
         self.provider = docker.Provider(
             f"{name}-docker",
             host=docker_host(node),
@@ -135,12 +136,13 @@ class Host(pulumi.ComponentResource):
             f"chmod 755 {bin_dir} && base64 -d | tar -xzf - -C {bin_dir} && "
             f"echo {bundle.digest} > {marker}"
         )
-        mounts_step = f"{name}-mounts"
         receipts = (
             receipt_call(node, step, self.facts.token(step), [check("sha256sums", node.bin_dir)]),
-            receipt_call(node, mounts_step, self.mounts_token, [check("mark", d) for d in bound]),
+            receipt_call(
+                node, self.mounts_step, self.mounts_token, [check("mark", d) for d in bound]
+            ),
         )
-        marks = " ".join(shlex.quote(f"{d}/.spark-vllm-mark.{mounts_step}") for d in bound)
+        marks = " ".join(shlex.quote(f"{d}/.spark-vllm-mark.{self.mounts_step}") for d in bound)
         receipts_dir = shlex.quote(f"{node.state_dir}/receipts")
         return remote.Command(
             step,

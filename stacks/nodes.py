@@ -20,8 +20,9 @@ from stacks.config import (
 )
 from stacks.known_hosts import find_host_key
 
-# Paths inside every container (the host side comes from the config).
 GIB = 1024**3
+
+# Paths inside every container (the host side comes from the config).
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 CONTAINER_RAY_DIR = "/tmp/ray"
 CONTAINER_API_KEY_DIR = "/run/spark-vllm"

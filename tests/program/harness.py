@@ -126,13 +126,11 @@ class FakeHosts(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
         if args.token != "command:local:run":
             raise NotImplementedError(args.token)
-        receipts = getattr(self, "receipts", {})
-        lines = [FACTS_HEADER, *(f"{step} {token}" for step, token in sorted(receipts.items()))]
+        receipts = sorted(self.receipts.items())
+        lines = [FACTS_HEADER, *(f"{step} {token}" for step, token in receipts)]
         return {**args.args, "stdout": "\n".join(lines) + "\n", "stderr": ""}, []
 
     def _keep_receipts(self, create: Any) -> None:
-        if not hasattr(self, "receipts"):
-            self.receipts = {}
         self.receipts.update(recorded_receipts(unwrap_secrets(create)))
 
 

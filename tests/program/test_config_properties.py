@@ -84,6 +84,7 @@ def test_any_config_is_accepted_or_rejected_with_keyed_lines(config: dict[str, A
 
 class RecordingHosts(FakeHosts):
     def __init__(self) -> None:
+        super().__init__()
         self.created: list[str] = []
 
     def new_resource(self, args):  # type: ignore[no-untyped-def]
