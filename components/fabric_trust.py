@@ -11,19 +11,10 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
-from components.facts import check
 from components.host import Host
-from components.remote import QUICK_STEP, script_call
-from stacks.known_hosts import known_hosts_name
-from stacks.nodes import DeploymentPlan, NodePlan
-
-
-@dataclass(frozen=True)
-class FabricAccess:
-    """What a head-side step needs to reach workers: flags for lib.sh's fabric_ssh."""
-
-    flags: dict[str, str]
-    ready: list[pulumi.Resource]  # every worker trusts the head's key, pinned on the head
+from components.steps import host_step
+from stacks.plan import steps
+from stacks.plan.nodes import DeploymentPlan
 
 
 @dataclass(frozen=True)
@@ -34,95 +25,44 @@ class FabricTrustArgs:
 
 
 class FabricTrust(pulumi.ComponentResource):
-    access: FabricAccess
+    ready: list[pulumi.Resource]  # every worker trusts the head's key, pinned on the head
 
     def __init__(
         self, name: str, args: FabricTrustArgs, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("spark-vllm:index:FabricTrust", name, None, opts)
         plan, head = args.plan, args.head
-        if plan.config.fabric.trust == "existing" or not args.workers:
-            self.access = FabricAccess(flags={}, ready=[])
+        self.ready = []
+        if not steps.fabric_trust_managed(plan):
             self.register_outputs({"managed": False})
             return
-        marker = f"spark-vllm-fabric:{plan.deployment_id}:{head.node.name}"
-        key_flags = {"state_dir": head.node.state_dir, "comment": marker}
-        key_step = f"{name}-head-key"
-        key_file = f"{head.node.state_dir}/fabric_ed25519"
-        known_hosts = f"{head.node.state_dir}/fabric_known_hosts"
-        head_key = remote.Command(
-            key_step,
-            connection=head.connection,
-            create=head.recorded(
-                script_call(head.node, "fabric-key.sh", "ensure", **key_flags),
-                key_step,
-                check("files", key_file, f"{key_file}.pub"),
-            ),
-            delete=script_call(head.node, "fabric-key.sh", "remove", **key_flags),
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[head.preflight], custom_timeouts=QUICK_STEP
-            ),
+        head_key = host_step(
+            steps.head_fabric_key(plan, name), [head], parent=self, after=[head.preflight]
         )
-        ready: list[pulumi.Resource] = []
         for worker in args.workers:
-            ready.append(self._trust_worker(name, head, worker, head_key, marker, known_hosts))
-        self.access = FabricAccess(
-            flags={"fabric_key": key_file, "fabric_known_hosts": known_hosts},
-            ready=ready,
-        )
+            authorize = host_step(
+                steps.authorize_head_key(plan, name, worker.node),
+                [worker],
+                parent=self,
+                after=[worker.preflight],
+                stdin={"head-public-key": head_key.stdout},
+            )
+            self.ready.append(self._pin(plan, name, head, worker, head_key, authorize))
         self.register_outputs({"managed": True, "headPublicKey": head_key.stdout})
 
-    def _trust_worker(
+    def _pin(
         self,
+        plan: DeploymentPlan,
         name: str,
         head: Host,
         worker: Host,
         head_key: remote.Command,
-        marker: str,
-        known_hosts: str,
+        authorize: remote.Command,
     ) -> remote.Command:
-        node: NodePlan = worker.node
-        authorize_step = f"{name}-{node.name}-authorize"
-        authorize = remote.Command(
-            authorize_step,
-            connection=worker.connection,
-            create=worker.recorded(
-                script_call(node, "authorize-key.sh", "add", marker=marker),
-                authorize_step,
-                check("authorized", marker),
-            ),
-            delete=script_call(node, "authorize-key.sh", "remove", marker=marker),
-            stdin=head_key.stdout,
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[worker.preflight], custom_timeouts=QUICK_STEP
-            ),
-        )
-        address = known_hosts_name(node.fabric_ip, node.ssh.port)
-        pin_flags: dict[str, str] = {"state_dir": head.node.state_dir, "address": address}
-        pinned = node.ssh.host_key
-        pin_step = f"{name}-{node.name}-pin"
-        return remote.Command(
-            pin_step,
-            connection=head.connection,
-            create=head.recorded(
-                script_call(
-                    head.node,
-                    "pin-host-key.sh",
-                    "add",
-                    **pin_flags,
-                    **({"key": pinned} if pinned else {}),
-                ),
-                pin_step,
-                check("known-host", known_hosts, address),
-            ),
-            delete=script_call(head.node, "pin-host-key.sh", "remove", **pin_flags),
-            # The configured pin wins; otherwise the keys the worker printed over its own
-            # authenticated connection (never a trust-on-first-use scan over the fabric).
-            stdin=None if pinned else authorize.stdout,
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[authorize, head_key], custom_timeouts=QUICK_STEP
-            ),
+        return host_step(
+            steps.pin_worker_key(plan, name, worker.node),
+            [head],
+            parent=self,
+            after=[authorize, head_key],
+            stdin={"worker-host-keys": authorize.stdout},
         )

@@ -28,8 +28,10 @@ from pathlib import Path
 import pulumi
 from pulumi_command import local
 
-from components.remote import SCRIPTS_DIR, SshAuth, docker_ssh_opts, script_call
-from stacks.nodes import NodePlan
+from components.bundle import facts_script
+from components.connection import docker_ssh_opts
+from stacks.plan.nodes import NodePlan
+from stacks.settings import SshAuth
 
 FACTS_HEADER = "spark-vllm-facts 1"
 MISSING = "-"
@@ -80,11 +82,6 @@ def facts_command(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir:
     return shlex.join(words)
 
 
-def facts_script() -> str:
-    """facts.sh after what it uses (snapshot.sh): it runs from stdin, needs nothing installed."""
-    return (SCRIPTS_DIR / "snapshot.sh").read_text() + (SCRIPTS_DIR / "facts.sh").read_text()
-
-
 def gather_facts(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path) -> HostFacts:
     """Read `node`'s receipts now (a blocking invoke: the plan depends on them)."""
     try:
@@ -116,40 +113,3 @@ def _ssh_output(error: str) -> str:
     output = error.split('":\n', 1)[1] if '":\n' in error else error
     said = " ".join(output.split())[-400:]
     return f"{status.group(0)}: {said}" if status else said
-
-
-def receipt_call(
-    node: NodePlan,
-    step: str,
-    token: str,
-    checks: list[str],
-    *,
-    on: NodePlan | None = None,
-    fabric: dict[str, str] | None = None,
-) -> str:
-    """`bash <bin>/receipt.sh ...` run on `node` after a step succeeded; with `on`, it records
-    the receipt on that worker over the fabric (the step ran on the head for it)."""
-    target = on or node
-    flags: dict[str, str] = {
-        "state_dir": target.state_dir,
-        "step": step,
-        "token": token,
-        "checks": ";".join(checks),
-    }
-    if on is not None:
-        flags |= {
-            "worker": on.name,
-            "target": on.fabric_destination,
-            "worker_bin": on.bin_dir,
-            **(fabric or {}),
-        }
-    return script_call(node, "receipt.sh", **flags)
-
-
-def check(kind: str, *args: str | int) -> str:
-    """One receipt check (see receipt.sh), fields joined by `|`."""
-    fields = [kind, *(str(a) for a in args)]
-    bad = [f for f in fields if "|" in f or ";" in f or "\n" in f]
-    if bad:
-        raise pulumi.RunError(f"spark-vllm: cannot record a check on {bad[0]!r}: '|' or ';'")
-    return "|".join(fields)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import functools
-import shlex
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import remote
 
-from components.fabric_trust import FabricAccess
-from components.facts import check
 from components.host import Host
-from components.remote import QUICK_STEP, script_call
-from stacks.nodes import DeploymentPlan, NodePlan
+from components.steps import Pending, head_to_workers, host_step
+from stacks.plan import steps
+from stacks.plan.nodes import DeploymentPlan
 
 
 @dataclass(frozen=True)
@@ -22,7 +19,7 @@ class ImageDistributionArgs:
     plan: DeploymentPlan
     head: Host
     workers: list[Host]
-    fabric: FabricAccess
+    fabric_ready: list[pulumi.Resource]
 
 
 class ImageDistribution(pulumi.ComponentResource):
@@ -39,99 +36,38 @@ class ImageDistribution(pulumi.ComponentResource):
     ):
         super().__init__("spark-vllm:index:ImageDistribution", name, None, opts)
         plan, head = args.plan, args.head
-        image_cfg = plan.config.image
+        pull = steps.image_pull(plan)
         pulled = docker.RemoteImage(
             f"{name}-pull",
-            name=image_cfg.ref,
-            platform=image_cfg.platform,
-            keep_locally=image_cfg.keep_on_destroy,
+            name=pull.ref,
+            platform=pull.platform,
+            keep_locally=pull.keep_locally,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=head.provider,
                 depends_on=[head.preflight],
                 # Its delete removes the image (keepLocally false): a replacement created first
                 # could be that very image (a tag moved to the same ID), so delete it first.
-                delete_before_replace=not image_cfg.keep_on_destroy,
-                custom_timeouts=pulumi.CustomTimeouts(
-                    create=f"{plan.config.timeouts.image_transfer_minutes}m"
-                ),
+                delete_before_replace=not pull.keep_locally,
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{pull.timeout_minutes}m"),
             ),
         )
         self.image_id = pulled.image_id
-        record_step = f"{name}-head-record"
-        record_file = f"{head.node.state_dir}/image-id"
-        recorded = remote.Command(
-            record_step,
-            connection=head.connection,
-            create=self.image_id.apply(
-                lambda image_id: head.recorded(
-                    script_call(
-                        head.node,
-                        "image-record.sh",
-                        state_dir=head.node.state_dir,
-                        image_id=image_id,
-                        ref=image_cfg.ref,
-                    ),
-                    record_step,
-                    check("files", record_file),
-                    check("image", image_id),
-                )
-            ),
-            delete=f"rm -f {shlex.quote(record_file)}",
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[pulled], custom_timeouts=QUICK_STEP
-            ),
+        recorded = host_step(
+            Pending(self.image_id, functools.partial(steps.record_image, plan, name)),
+            [head],
+            parent=self,
+            after=[pulled],
         )
-        self.present_on = {head.node.name: recorded}
-        minutes = plan.config.timeouts.image_transfer_minutes
-        for worker in args.workers:
-            node = worker.node
-            sync_step = f"{name}-{node.name}-sync"
-            self.present_on[node.name] = remote.Command(
-                sync_step,
-                connection=head.connection,
-                create=self.image_id.apply(
-                    lambda image_id, worker=worker, step=sync_step: head.recorded_for(  # type: ignore[misc]
-                        worker,
-                        _sync_command(plan, head.node, worker.node, args.fabric.flags, image_id),
-                        step,
-                        args.fabric.flags,
-                        check("image", image_id),
-                    )
-                ),
-                delete=None
-                if image_cfg.keep_on_destroy
-                else self.image_id.apply(
-                    functools.partial(_remove_command, plan, head.node, node, args.fabric.flags)
-                ),
-                add_previous_output_in_env=False,
-                opts=pulumi.ResourceOptions(
-                    parent=self,
-                    depends_on=[recorded, worker.preflight, *args.fabric.ready],
-                    custom_timeouts=pulumi.CustomTimeouts(create=f"{minutes + 5}m"),
-                ),
-            )
+        self.present_on = {
+            head.node.name: recorded,
+            **head_to_workers(
+                self.image_id,
+                functools.partial(steps.sync_image, plan, name),
+                head,
+                args.workers,
+                parent=self,
+                after=lambda worker: [recorded, worker.preflight, *args.fabric_ready],
+            ),
+        }
         self.register_outputs({"imageId": self.image_id})
-
-
-def _sync_command(
-    plan: DeploymentPlan, head: NodePlan, worker: NodePlan, fabric: dict[str, str], image_id: str
-) -> str:
-    return script_call(
-        head,
-        "image-sync.sh",
-        worker=worker.name,
-        target=worker.fabric_destination,
-        image_id=image_id,
-        ref=plan.config.image.ref,
-        timeout_minutes=plan.config.timeouts.image_transfer_minutes,
-        compress="zstd",
-        **fabric,
-    )
-
-
-def _remove_command(
-    plan: DeploymentPlan, head: NodePlan, worker: NodePlan, fabric: dict[str, str], image_id: str
-) -> str:
-    return _sync_command(plan, head, worker, fabric, image_id) + " --remove yes"

@@ -27,6 +27,41 @@ IFNAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including th
 BASTION = "bastion"
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+
+# Environment keys spark-vllm derives per node (stacks/plan/nodes.py); vllm.env may not set them.
+DERIVED_ENV_KEYS = frozenset(
+    {
+        "VLLM_HOST_IP",
+        "RAY_NODE_IP_ADDRESS",
+        "RAY_ADDRESS",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "TP_SOCKET_IFNAME",
+        "UCX_NET_DEVICES",
+        "NCCL_IB_HCA",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "VLLM_API_KEY",
+        "HF_TOKEN",
+    }
+)
+# vLLM flags the program sets itself; repeating them in extraArgs would be ambiguous or leak.
+OWNED_VLLM_FLAGS = frozenset(
+    {
+        "--api-key",
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--tensor-parallel-size",
+        "-tp",
+        "--pipeline-parallel-size",
+        "-pp",
+        "--distributed-executor-backend",
+        "--revision",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+    }
+)
 RAY_CLIENT_SERVER_PORT = 10001
 
 
@@ -57,6 +92,16 @@ SshAddress = Annotated[str, AfterValidator(_check_address)]
 HostKey = Annotated[str | None, AfterValidator(_check_host_key)]
 
 
+def _host_path(value: str) -> str:
+    """An absolute path on the hosts. Spaces and quotes are fine (every shell word is quoted);
+    `|`, `;` and line breaks are not: receipts (receipt.sh) separate their fields with them."""
+    if not value.startswith("/"):
+        raise ValueError("must be an absolute path on the hosts")
+    if any(c in value for c in "|;\n\r"):
+        raise ValueError("must not contain '|', ';' or a line break")
+    return value
+
+
 class HostConfig(ConfigModel):
     name: str = Field(pattern=NAME_PATTERN)
     address: SshAddress
@@ -74,9 +119,7 @@ class HostConfig(ConfigModel):
     @field_validator("state_dir")
     @classmethod
     def _absolute_state_dir(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError("must be an absolute path on the host")
-        return value
+        return _host_path(value) if value is not None else None
 
 
 class BastionConfig(ConfigModel):
@@ -117,9 +160,7 @@ class ModelConfig(ConfigModel):
     @field_validator("cache_dir")
     @classmethod
     def _absolute_cache_dir(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path on the hosts")
-        return value.rstrip("/") or "/"
+        return _host_path(value).rstrip("/") or "/"
 
     @property
     def served_model_name(self) -> str:
@@ -235,6 +276,7 @@ class StackConfig(ConfigModel):
             _via_targets_exist,
             _gpus_match_parallelism,
             _ports_distinct,
+            _no_user_overrides,
         ):
             check(self)
         return self
@@ -327,6 +369,24 @@ def _ports_distinct(cfg: StackConfig) -> None:
                 f"({ray.min_worker_port}-{ray.max_worker_port})"
             )
         owners[port] = key
+
+
+def _no_user_overrides(cfg: StackConfig) -> None:
+    for key in cfg.vllm.env:
+        if key in DERIVED_ENV_KEYS:
+            raise ConfigError(
+                f"vllm.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "
+                "fabricInterface, rdmaHcas, model and secrets); remove it from vllm.env"
+            )
+    for index, arg in enumerate(cfg.vllm.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_VLLM_FLAGS:
+            hint = (
+                "set the apiKey secret instead (pulumi config set --secret apiKey ...)"
+                if flag == "--api-key"
+                else "it is set from the typed vllm/model settings"
+            )
+            raise ConfigError(f"vllm.extraArgs[{index}]: {flag} is managed by spark-vllm; {hint}")
 
 
 def describe_validation_error(error: ValidationError) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the plan's type only: the plan itself reads pins through this module
-    from stacks.nodes import SshEndpoint
+    from stacks.plan.nodes import SshEndpoint
 
 
 def known_hosts_name(address: str, port: int) -> str:

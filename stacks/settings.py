@@ -9,7 +9,7 @@ from typing import Any
 
 import pulumi
 
-from stacks.config import ConfigError, StackConfig, parse_stack_config
+from stacks.config import ConfigError, SshConfig, StackConfig, parse_stack_config
 
 SECRET_KEYS = ("hfToken", "apiKey")
 CONFIG_KEYS = (
@@ -28,15 +28,30 @@ CONFIG_KEYS = (
 
 
 @dataclass(frozen=True)
+class SshAuth:
+    """This machine's credentials. The key's content is a secret; its path is not."""
+
+    private_key: pulumi.Output[str] | None
+    private_key_path: str | None
+    agent_socket: str | None
+    dial_error_limit: int
+    per_dial_timeout: int
+
+
+@dataclass(frozen=True)
 class Settings:
     config: StackConfig
     deployment_id: str
     hf_token: pulumi.Output[str] | None  # None: not set (models that are not gated)
     api_key: pulumi.Output[str]
+    ssh_auth: SshAuth
+    known_hosts: Path | None  # ssh.knownHostsFile, expanded; it exists
     local_dir: Path  # this machine's derived files: known_hosts for Docker, SSH control sockets
 
 
 def load_settings() -> Settings:
+    """Every configuration problem is reported from here, as keyed lines: the typed config's
+    (stacks/config.py), the secrets', and those of the files the config names on this machine."""
     config = pulumi.Config()
     raw, problems = _structured_values(config)
     problems += _unknown_keys(pulumi.get_project())
@@ -45,6 +60,8 @@ def load_settings() -> Settings:
         if problems:
             raise ConfigError("\n".join(problems))
         stack_config = parse_stack_config(raw)
+        known_hosts = _known_hosts_file(stack_config.ssh)
+        ssh_auth = _ssh_auth(stack_config.ssh)
     except ConfigError as error:
         raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
     project, stack = pulumi.get_project(), pulumi.get_stack()
@@ -55,7 +72,45 @@ def load_settings() -> Settings:
         deployment_id=f"{project}/{stack}",
         hf_token=pulumi.Output.secret(hf_token) if hf_token else None,
         api_key=pulumi.Output.secret(config.get("apiKey") or ""),
+        ssh_auth=ssh_auth,
+        known_hosts=known_hosts,
         local_dir=base / f"{project}-{stack}",
+    )
+
+
+def _known_hosts_file(ssh: SshConfig) -> Path | None:
+    if ssh.known_hosts_file is None:
+        return None
+    path = Path(ssh.known_hosts_file).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"ssh.knownHostsFile: {path} does not exist")
+    return path
+
+
+def _ssh_auth(ssh: SshConfig) -> SshAuth:
+    """The key file's content (a secret), or the running agent's socket."""
+    if ssh.use_agent:
+        socket = os.environ.get("SSH_AUTH_SOCK")
+        if not socket:
+            raise ConfigError(
+                "ssh.useAgent: true, but SSH_AUTH_SOCK is not set: start ssh-agent and ssh-add "
+                "your key, or set ssh.privateKeyPath"
+            )
+        return SshAuth(None, None, socket, ssh.dial_error_limit, ssh.per_dial_timeout_seconds)
+    assert ssh.private_key_path is not None  # SshConfig guarantees one auth method
+    key_path = Path(ssh.private_key_path).expanduser()
+    try:
+        key = key_path.read_text()
+    except OSError as error:
+        raise ConfigError(
+            f"ssh.privateKeyPath: cannot read {key_path} ({error.strerror})"
+        ) from None
+    return SshAuth(
+        pulumi.Output.secret(key),
+        str(key_path),
+        None,
+        ssh.dial_error_limit,
+        ssh.per_dial_timeout_seconds,
     )
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from components.facts import FACTS_HEADER, facts_script
+from components.bundle import facts_script
+from components.facts import FACTS_HEADER
 from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
 from tests.lab.day_two import Stack, deployed, next_up

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import components.host as host_module
+from components.bundle import ScriptsBundle
 from components.facts import HostFacts
-from components.remote import ScriptsBundle
 from tests.program.harness import evaluate, load_stack_config, unwrap
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -40,9 +40,7 @@ def graph(stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(HostFacts, "token", steady_token)
     # The scripts' content is pinned by the upgrade scenario of the lab, not here: an edit to a
     # host script is meant to be an update of `<host>-scripts`.
-    monkeypatch.setattr(
-        host_module, "scripts_bundle", lambda: ScriptsBundle("<archive>", "<digest>")
-    )
+    monkeypatch.setattr(host_module, "scripts_bundle", lambda: ScriptsBundle("<archive>", "d" * 64))
     evaluation = evaluate(config, {"apiKey": "golden-key", "hfToken": "hf_golden"}, stack=stack)
     resources = [
         {

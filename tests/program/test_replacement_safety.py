@@ -70,7 +70,7 @@ def test_an_upgrade_that_changes_a_script_updates_only_the_scripts(
 ) -> None:
     """The preview of the next `up` after a new spark-vllm release edited a host script."""
     import components.host
-    from components.remote import ScriptsBundle, scripts_bundle
+    from components.bundle import ScriptsBundle, scripts_bundle
 
     config = make_config(hosts=2)
     up = evaluate(config, SECRETS)
@@ -123,7 +123,7 @@ def test_pins_of_a_removed_host_stay_for_its_deletes(tmp_path: Path) -> None:
     """A host removed from the stack is deleted after the program: its Docker provider still
     dials it through the derived known_hosts, so its pin must survive the run that removed it."""
     from stacks.known_hosts import write_known_hosts
-    from stacks.nodes import SshEndpoint
+    from stacks.plan.nodes import SshEndpoint
 
     path = tmp_path / "known_hosts"
     one = SshEndpoint("spark1", "10.0.0.1", 22, "u", "ssh-ed25519 AAAAone")

@@ -118,7 +118,10 @@ def test_several_problems_are_all_listed(make_config: ConfigFactory) -> None:
 
 def test_an_unreadable_key_file_is_named(make_config: ConfigFactory) -> None:
     text = error_of({**make_config(hosts=2), "ssh": {"privateKeyPath": "/nonexistent/key"}})
-    assert text == "ssh.privateKeyPath: cannot read /nonexistent/key (No such file or directory)"
+    assert text == (
+        "invalid spark-vllm configuration:\n"
+        "ssh.privateKeyPath: cannot read /nonexistent/key (No such file or directory)"
+    )
 
 
 def test_agent_auth_needs_a_running_agent(
@@ -169,4 +172,7 @@ def test_known_hosts_file_pins_keys(make_config: ConfigFactory, tmp_path) -> Non
 def test_a_missing_known_hosts_file_is_named(make_config: ConfigFactory) -> None:
     config = make_config(hosts=2)
     config["ssh"]["knownHostsFile"] = "/nonexistent/known_hosts"
-    assert error_of(config) == "ssh.knownHostsFile: /nonexistent/known_hosts does not exist"
+    assert error_of(config) == (
+        "invalid spark-vllm configuration:\n"
+        "ssh.knownHostsFile: /nonexistent/known_hosts does not exist"
+    )

@@ -1,77 +1,16 @@
-"""How the program reaches hosts: SSH connections for commands, SSH options for Docker, and the
-step scripts (components/scripts/) that commands run once installed on each host."""
+"""How this machine reaches a host: pulumi-command's SSH connection, and the OpenSSH options
+of the Docker provider (and of the facts read, which uses the same route)."""
 
 from __future__ import annotations
 
-import base64
-import gzip
-import hashlib
-import io
 import shlex
-import tarfile
-from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pulumi
 from pulumi_command import remote
 
-from stacks.nodes import NodePlan, SshEndpoint
-
-SCRIPTS_DIR = Path(__file__).parent / "scripts"
-# Steps that only edit a file or two on a host: anything slower is a hung connection.
-QUICK_STEP = pulumi.CustomTimeouts(create="3m", update="3m", delete="3m")
-
-
-@dataclass(frozen=True)
-class SshAuth:
-    """This machine's credentials. The key's content is a secret; its path is not."""
-
-    private_key: pulumi.Output[str] | None
-    private_key_path: str | None
-    agent_socket: str | None
-    dial_error_limit: int
-    per_dial_timeout: int
-
-
-@dataclass(frozen=True)
-class ScriptsBundle:
-    archive_b64: str  # deterministic tar.gz of SCRIPTS_DIR, base64
-    digest: str
-
-
-@cache
-def scripts_bundle() -> ScriptsBundle:
-    """The step scripts as one reproducible archive: same files, same bytes, no spurious diff."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(SCRIPTS_DIR.iterdir()):
-            if not path.is_file() or path.name.startswith("."):
-                continue
-            data = path.read_bytes()
-            info = tarfile.TarInfo(path.name)
-            info.size = len(data)
-            info.mode = 0o755 if path.suffix == ".sh" else 0o644
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    packed = gzip.compress(raw.getvalue(), mtime=0)
-    return ScriptsBundle(
-        archive_b64=base64.b64encode(packed).decode(),
-        digest=hashlib.sha256(packed).hexdigest(),
-    )
-
-
-def script_call(node: NodePlan, script: str, *positional: str, **flags: str | float) -> str:
-    """`bash <bin>/<script> [positional] --flag value ...`, every word shell-quoted.
-
-    Commands stay short (the script lives on the host), so a failure message shows a readable
-    command line, and no secret is ever among the words: secrets travel on stdin.
-    """
-    words = ["bash", f"{node.bin_dir}/{script}", *positional, "--host", node.name]
-    for key, value in flags.items():
-        words += [f"--{key.replace('_', '-')}", str(value)]
-    return " ".join(shlex.quote(word) for word in words)
+from stacks.plan.nodes import NodePlan, SshEndpoint
+from stacks.settings import SshAuth
 
 
 def connection_args(node: NodePlan, auth: SshAuth) -> remote.ConnectionArgs:

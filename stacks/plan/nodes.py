@@ -14,7 +14,6 @@ from typing import Literal
 from stacks.config import (
     BASTION,
     RAY_CLIENT_SERVER_PORT,
-    ConfigError,
     HostConfig,
     StackConfig,
 )
@@ -28,41 +27,6 @@ CONTAINER_RAY_DIR = "/tmp/ray"
 CONTAINER_API_KEY_DIR = "/run/spark-vllm"
 CONTAINER_API_KEY_FILE = f"{CONTAINER_API_KEY_DIR}/api-key"
 CONTAINER_SCRIPTS_DIR = "/spark-vllm/bin"  # the host's <stateDir>/bin, read-only: the probes
-
-# Environment keys the program owns; a user's vllm.env may not override them.
-DERIVED_ENV_KEYS = frozenset(
-    {
-        "VLLM_HOST_IP",
-        "RAY_NODE_IP_ADDRESS",
-        "RAY_ADDRESS",
-        "NCCL_SOCKET_IFNAME",
-        "GLOO_SOCKET_IFNAME",
-        "TP_SOCKET_IFNAME",
-        "UCX_NET_DEVICES",
-        "NCCL_IB_HCA",
-        "HF_HOME",
-        "HF_HUB_OFFLINE",
-        "VLLM_API_KEY",
-        "HF_TOKEN",
-    }
-)
-# vLLM flags the program sets itself; repeating them in extraArgs would be ambiguous or leak.
-OWNED_VLLM_FLAGS = frozenset(
-    {
-        "--api-key",
-        "--host",
-        "--port",
-        "--served-model-name",
-        "--tensor-parallel-size",
-        "-tp",
-        "--pipeline-parallel-size",
-        "-pp",
-        "--distributed-executor-backend",
-        "--revision",
-        "--max-model-len",
-        "--gpu-memory-utilization",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -299,8 +263,7 @@ def vllm_serve_args(plan: DeploymentPlan) -> list[str]:
 def plan_deployment(
     config: StackConfig, deployment_id: str, known_hosts: Path | None
 ) -> DeploymentPlan:
-    """Resolve routes, pinned keys and roles for every host; raise ConfigError on conflicts."""
-    _check_user_overrides(config)
+    """Resolve routes, pinned keys and roles for every host (the config is already consistent)."""
     head = config.head
     endpoints = {
         h.name: _endpoint(h.name, h.address, h.port, h.user, h.host_key, known_hosts)
@@ -361,24 +324,6 @@ def _state_dir(host: HostConfig) -> str:
         return host.state_dir
     home = "/root" if host.user == "root" else f"/home/{host.user}"
     return f"{home}/.spark-vllm"
-
-
-def _check_user_overrides(config: StackConfig) -> None:
-    for key in config.vllm.env:
-        if key in DERIVED_ENV_KEYS:
-            raise ConfigError(
-                f"vllm.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "
-                "fabricInterface, rdmaHcas, model and secrets); remove it from vllm.env"
-            )
-    for index, arg in enumerate(config.vllm.extra_args):
-        flag = arg.split("=", 1)[0]
-        if flag in OWNED_VLLM_FLAGS:
-            hint = (
-                "set the apiKey secret instead (pulumi config set --secret apiKey ...)"
-                if flag == "--api-key"
-                else "it is set from the typed vllm/model settings"
-            )
-            raise ConfigError(f"vllm.extraArgs[{index}]: {flag} is managed by spark-vllm; {hint}")
 
 
 def ray_listen_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:

@@ -1,0 +1,53 @@
+"""The step scripts (components/scripts/) as one reproducible archive, installed on each host by
+its `<host>-scripts` step, and the one script that runs elsewhere: the server's launcher."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import io
+import tarfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+SCRIPTS_DIR = Path(__file__).parent / "scripts"
+
+
+@dataclass(frozen=True)
+class ScriptsBundle:
+    archive_b64: str  # deterministic tar.gz of SCRIPTS_DIR, base64
+    digest: str
+
+
+@cache
+def scripts_bundle() -> ScriptsBundle:
+    """The step scripts as one reproducible archive: same files, same bytes, no spurious diff."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(SCRIPTS_DIR.iterdir()):
+            if not path.is_file() or path.name.startswith("."):
+                continue
+            data = path.read_bytes()
+            info = tarfile.TarInfo(path.name)
+            info.size = len(data)
+            info.mode = 0o755 if path.suffix == ".sh" else 0o644
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    packed = gzip.compress(raw.getvalue(), mtime=0)
+    return ScriptsBundle(
+        archive_b64=base64.b64encode(packed).decode(),
+        digest=hashlib.sha256(packed).hexdigest(),
+    )
+
+
+def launcher_script() -> str:
+    """vllm-launcher.sh's text: the server container's entrypoint (`bash -c`), which must work
+    before and without the host's installed scripts."""
+    return (SCRIPTS_DIR / "vllm-launcher.sh").read_text()
+
+
+def facts_script() -> str:
+    """facts.sh after what it uses (snapshot.sh): it runs from stdin, needs nothing installed."""
+    return (SCRIPTS_DIR / "snapshot.sh").read_text() + (SCRIPTS_DIR / "facts.sh").read_text()

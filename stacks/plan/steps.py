@@ -1,0 +1,519 @@
+"""Every command the program runs on a host, as a pure spec: where it runs, its command line, what
+it leaves behind (its receipts), how it is undone, what it reads on stdin, and how long it may take.
+
+The components turn these into pulumi-command resources through one helper
+(components/steps.py) and add only the graph's edges: what a step runs after, and which
+resource's output it reads on stdin. Nothing here performs I/O: the facts a command depends on
+(the image ID, the model's manifest, the scripts bundle's digest, each receipt's token) come in
+as arguments, so each spec is tested as a function, facts in and commands out
+(tests/program/test_steps.py), the way pyinfra tests its operations.
+
+One quoting rule: every word of every command line is `shlex.quote`d (`words`), and the scripts
+quote what they send onward with lib.sh's `words`. A state or cache directory holding a space or
+a quote stays one word.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from stacks.known_hosts import known_hosts_name
+from stacks.plan.nodes import (
+    CONTAINER_SCRIPTS_DIR,
+    DeploymentPlan,
+    NodePlan,
+    log_specs,
+    node_check_specs,
+    preflight_flags,
+    ray_listen_ports,
+)
+
+# Which bundle `<stateDir>/bin` holds (its digest): the scripts' delete checks it.
+BUNDLE_MARKER = ".bundle-digest"
+FIREWALL_CHAIN = "SPARK-VLLM-RAY"  # firewall.sh's own chain
+
+# What a step reads on stdin; the component wires the resource (or secret) that provides it.
+Stdin = Literal["scripts-bundle", "hf-token", "api-key", "head-public-key", "worker-host-keys"]
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Minutes the engine waits before it calls a step hung (pulumi.CustomTimeouts)."""
+
+    create: int
+    update: int | None = None
+    delete: int | None = None
+
+
+# Steps that only edit a file or two on a host: anything slower is a hung connection.
+QUICK = Timeouts(create=3, update=3, delete=3)
+
+
+def words(command: Iterable[str]) -> str:
+    """One command line for a POSIX shell, every word quoted: the one quoting rule."""
+    return " ".join(shlex.quote(word) for word in command)
+
+
+def script_call(node: NodePlan, script: str, *positional: str, **flags: str | float) -> str:
+    """`bash <bin>/<script> [positional] --host <node> --flag value ...`.
+
+    Command lines stay short (the script lives on the host), so a failure shows a readable one,
+    and no secret is ever among the words: secrets travel on stdin.
+    """
+    command = ["bash", f"{node.bin_dir}/{script}", *positional, "--host", node.name]
+    for key, value in flags.items():
+        command += [f"--{key.replace('_', '-')}", str(value)]
+    return words(command)
+
+
+def check(kind: str, *args: str | int) -> str:
+    """One receipt check (see receipt.sh), fields joined by `|`."""
+    fields = [kind, *(str(a) for a in args)]
+    bad = [f for f in fields if "|" in f or ";" in f or "\n" in f]
+    if bad:
+        raise ValueError(f"spark-vllm: cannot record a check on {bad[0]!r}: '|' or ';'")
+    return "|".join(fields)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What a step leaves on `node`, as receipt.sh records it once the step succeeded: its token
+    (from that node's facts) and the checks that must keep holding (components/facts.py)."""
+
+    step: str
+    node: NodePlan
+    checks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str  # the resource's name, and its receipt's step
+    node: NodePlan  # whose connection runs it
+    create: str  # the command line, without its receipts
+    receipts: tuple[Receipt, ...] = ()
+    delete: str | None = None
+    stdin: Stdin | None = None
+    timeouts: Timeouts = QUICK
+    quiet: Literal["stderr", "none"] | None = None  # what the engine may show; None: both
+    prints: str | None = None  # echoed after the receipts: the step's output
+    fabric: tuple[tuple[str, str], ...] = ()  # how the head reaches workers (receipts there)
+
+
+TokenOf = Callable[[Receipt], str]
+
+
+def create_command(spec: StepSpec, token_of: TokenOf) -> str:
+    """The step's `create`: its command, then each receipt with the token the facts give it."""
+    receipts = [_receipt_call(spec, receipt, token_of(receipt)) for receipt in spec.receipts]
+    echo = [f"echo {shlex.quote(spec.prints)}"] if spec.prints is not None else []
+    return " && ".join([spec.create, *receipts, *echo])
+
+
+def _receipt_call(spec: StepSpec, receipt: Receipt, token: str) -> str:
+    """receipt.sh run where the step ran; for a worker's receipt, written there over the fabric
+    (the step ran on the head for it)."""
+    target = receipt.node
+    flags: dict[str, str] = {
+        "state_dir": target.state_dir,
+        "step": receipt.step,
+        "token": token,
+        "checks": ";".join(receipt.checks),
+    }
+    if target != spec.node:
+        flags |= {
+            "worker": target.name,
+            "target": target.fabric_destination,
+            "worker_bin": target.bin_dir,
+            **dict(spec.fabric),
+        }
+    return script_call(spec.node, "receipt.sh", **flags)
+
+
+def _undoable(
+    name: str,
+    node: NodePlan,
+    script: str,
+    actions: tuple[str, str],
+    flags: dict[str, str],
+    checks: tuple[str, ...],
+    *,
+    create_flags: dict[str, str] | None = None,
+    stdin: Stdin | None = None,
+    quiet: Literal["stderr", "none"] | None = None,
+) -> StepSpec:
+    """A quick step whose script both does (`actions[0]`) and undoes (`actions[1]`) its work on
+    `node` with the same flags; its receipt is kept there."""
+    do, undo = actions
+    return StepSpec(
+        name=name,
+        node=node,
+        create=script_call(node, script, do, **flags, **(create_flags or {})),
+        receipts=(Receipt(name, node, checks),),
+        delete=script_call(node, script, undo, **flags),
+        stdin=stdin,
+        quiet=quiet,
+    )
+
+
+# -- hosts -------------------------------------------------------------------------------------
+
+
+def mounts_step(name: str) -> str:
+    """The receipt of the host directories containers bind (a recreated one replaces them)."""
+    return f"{name}-mounts"
+
+
+def bound_dirs(plan: DeploymentPlan, node: NodePlan) -> tuple[str, ...]:
+    return (node.bin_dir, node.ray_dir, plan.config.model.cache_dir)
+
+
+def install_scripts(
+    plan: DeploymentPlan, name: str, node: NodePlan, scripts_digest: str
+) -> StepSpec:
+    """Unpack the step scripts (a tarball on stdin) into `<stateDir>/bin`.
+
+    A changed bundle is an update (pulumi-command replaces only on `triggers`), which runs this
+    create again over the installed files. The delete removes `bin` only while it holds this
+    bundle, so the delete of an older bundle never removes a newer one. (A forced `pulumi up
+    --replace` of this resource with the same bundle would still lose `bin` to the old half's
+    delete: the delete cannot tell two installs of one bundle apart.) The receipts go with the
+    scripts: every other step of this host ran before this delete.
+    """
+    bound = bound_dirs(plan, node)
+    digest = shlex.quote(scripts_digest)  # hex: the same word quoted or not
+    bin_dir = shlex.quote(node.bin_dir)
+    marker = shlex.quote(f"{node.bin_dir}/{BUNDLE_MARKER}")
+    marks = words(f"{d}/.spark-vllm-mark.{mounts_step(name)}" for d in bound)
+    receipts_dir = shlex.quote(f"{node.state_dir}/receipts")
+    return StepSpec(
+        name=f"{name}-scripts",
+        node=node,
+        create=(
+            f"umask 077 && mkdir -p {words(bound)} && "
+            f"chmod 755 {bin_dir} && base64 -d | tar -xzf - -C {bin_dir} && "
+            f"echo {digest} > {marker}"
+        ),
+        receipts=(
+            Receipt(f"{name}-scripts", node, (check("sha256sums", node.bin_dir),)),
+            Receipt(mounts_step(name), node, tuple(check("mark", d) for d in bound)),
+        ),
+        delete=(
+            f'if [ "$(cat {marker} 2>/dev/null)" = {digest} ]; then '
+            f"rm -rf {bin_dir} {receipts_dir} && rm -f {marks}; fi"
+        ),
+        stdin="scripts-bundle",
+        timeouts=Timeouts(create=2),
+        quiet="stderr",
+        prints=scripts_digest,
+    )
+
+
+def preflight(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
+    """Fails early and clearly: ports, memory, disk, GPUs, the fabric interface (preflight.sh)."""
+    return StepSpec(
+        name=f"{name}-preflight",
+        node=node,
+        create=script_call(node, "preflight.sh", **preflight_flags(plan, node)),
+        timeouts=Timeouts(create=5),
+    )
+
+
+def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None:
+    """Ray's ports reachable on lo and the fabric only (Ray cannot bind to one interface)."""
+    if not plan.config.fabric.firewall:
+        return None
+    flags = {
+        "fabric_interface": node.fabric_interface,
+        "tcp_ports": ",".join(ray_listen_ports(plan, node)),
+    }
+    checks = (check("firewall", FIREWALL_CHAIN),)
+    return _undoable(f"{name}-firewall", node, "firewall.sh", ("apply", "remove"), flags, checks)
+
+
+# -- fabric trust ------------------------------------------------------------------------------
+
+
+def fabric_trust_managed(plan: DeploymentPlan) -> bool:
+    """The program makes the head's fabric key and authorizes it (`fabric.trust: managed`)."""
+    return plan.config.fabric.trust != "existing" and bool(plan.workers)
+
+
+def fabric_key_file(plan: DeploymentPlan) -> str:
+    return f"{plan.head.state_dir}/fabric_ed25519"
+
+
+def fabric_known_hosts(plan: DeploymentPlan) -> str:
+    return f"{plan.head.state_dir}/fabric_known_hosts"
+
+
+def fabric_flags(plan: DeploymentPlan) -> dict[str, str]:
+    """What a head-side step needs to reach workers: flags for lib.sh's fabric_ssh."""
+    if not fabric_trust_managed(plan):
+        return {}
+    return {"fabric_key": fabric_key_file(plan), "fabric_known_hosts": fabric_known_hosts(plan)}
+
+
+def fabric_marker(plan: DeploymentPlan) -> str:
+    """The comment that names this deployment's head key in a worker's authorized_keys."""
+    return f"spark-vllm-fabric:{plan.deployment_id}:{plan.head.name}"
+
+
+def head_fabric_key(plan: DeploymentPlan, name: str) -> StepSpec:
+    head = plan.head
+    flags = {"state_dir": head.state_dir, "comment": fabric_marker(plan)}
+    key_file = fabric_key_file(plan)
+    checks = (check("files", key_file, f"{key_file}.pub"),)
+    return _undoable(f"{name}-head-key", head, "fabric-key.sh", ("ensure", "remove"), flags, checks)
+
+
+def authorize_head_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+    """The head's public key (stdin) authorized on `worker`, over the worker's own connection;
+    it prints the worker's host keys, which the head then pins."""
+    marker = fabric_marker(plan)
+    return _undoable(
+        f"{name}-{worker.name}-authorize",
+        worker,
+        "authorize-key.sh",
+        ("add", "remove"),
+        {"marker": marker},
+        (check("authorized", marker),),
+        stdin="head-public-key",
+    )
+
+
+def pin_worker_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+    """`worker`'s host key pinned on the head under its fabric address. The configured pin wins;
+    otherwise the keys the worker printed over its own authenticated connection (stdin), never a
+    trust-on-first-use scan over the fabric."""
+    head = plan.head
+    address = known_hosts_name(worker.fabric_ip, worker.ssh.port)
+    flags: dict[str, str] = {"state_dir": head.state_dir, "address": address}
+    pinned = worker.ssh.host_key
+    return _undoable(
+        f"{name}-{worker.name}-pin",
+        head,
+        "pin-host-key.sh",
+        ("add", "remove"),
+        flags,
+        (check("known-host", fabric_known_hosts(plan), address),),
+        create_flags={"key": pinned} if pinned else None,
+        stdin=None if pinned else "worker-host-keys",
+    )
+
+
+# -- image -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImagePull:
+    """The head's Docker daemon pulls the image (pulumi-docker RemoteImage)."""
+
+    ref: str
+    platform: str | None
+    keep_locally: bool
+    timeout_minutes: int
+
+
+def image_pull(plan: DeploymentPlan) -> ImagePull:
+    image = plan.config.image
+    return ImagePull(
+        ref=image.ref,
+        platform=image.platform,
+        keep_locally=image.keep_on_destroy,
+        timeout_minutes=plan.config.timeouts.image_transfer_minutes,
+    )
+
+
+def image_id_file(plan: DeploymentPlan) -> str:
+    return f"{plan.head.state_dir}/image-id"
+
+
+def record_image(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+    """The pulled image's ID, written on the head (what the waits compare workers with)."""
+    head = plan.head
+    step = f"{name}-head-record"
+    record_file = image_id_file(plan)
+    return StepSpec(
+        name=step,
+        node=head,
+        create=script_call(
+            head,
+            "image-record.sh",
+            state_dir=head.state_dir,
+            image_id=image_id,
+            ref=plan.config.image.ref,
+        ),
+        receipts=(Receipt(step, head, (check("files", record_file), check("image", image_id))),),
+        delete=f"rm -f {shlex.quote(record_file)}",
+    )
+
+
+def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str) -> StepSpec:
+    """The head streams the image to `worker` over the fabric unless it has that ID already;
+    the delete removes it there unless `image.keepOnDestroy`."""
+    minutes = plan.config.timeouts.image_transfer_minutes
+    flags: dict[str, str | float] = {
+        "image_id": image_id,
+        "ref": plan.config.image.ref,
+        "timeout_minutes": minutes,
+        "compress": "zstd",
+    }
+    return _head_to_worker(
+        plan,
+        f"{name}-{worker.name}-sync",
+        worker,
+        "image-sync.sh",
+        flags,
+        check("image", image_id),
+        minutes,
+        removable=not plan.config.image.keep_on_destroy,
+    )
+
+
+def _head_to_worker(
+    plan: DeploymentPlan,
+    step: str,
+    worker: NodePlan,
+    script: str,
+    flags: dict[str, str | float],
+    done: str,
+    minutes: int,
+    removable: bool = False,
+) -> StepSpec:
+    """A transfer the head runs for `worker` over the fabric; its receipt (the check `done`) is
+    kept on the worker. With `removable`, the delete runs the script again with `--remove yes`."""
+    head, fabric = plan.head, fabric_flags(plan)
+    flags = {"worker": worker.name, "target": worker.fabric_destination, **flags, **fabric}
+    return StepSpec(
+        name=step,
+        node=head,
+        create=script_call(head, script, **flags),
+        receipts=(Receipt(step, worker, (done,)),),
+        delete=script_call(head, script, **flags, remove="yes") if removable else None,
+        timeouts=Timeouts(create=minutes + 5),
+        fabric=tuple(fabric.items()),
+    )
+
+
+# -- model weights -----------------------------------------------------------------------------
+
+
+def fetch_weights(plan: DeploymentPlan, name: str) -> StepSpec:
+    """The snapshot fetched on the head with the serving image's HF client; the token on stdin is
+    read by the script and never printed (errors mask it), so its diagnostics can be shown."""
+    head, model = plan.head, plan.config.model
+    minutes = plan.config.timeouts.weights_transfer_minutes
+    step = f"{name}-fetch"
+    return StepSpec(
+        name=step,
+        node=head,
+        create=script_call(
+            head,
+            "weights-fetch.sh",
+            state_dir=head.state_dir,
+            cache_dir=model.cache_dir,
+            model=model.id,
+            revision=model.revision,
+            timeout_minutes=minutes,
+        ),
+        receipts=(
+            Receipt(step, head, (check("snapshot", model.cache_dir, model.id, model.revision),)),
+        ),
+        stdin="hf-token",
+        timeouts=Timeouts(create=minutes + 5),
+    )
+
+
+def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan, manifest: str) -> StepSpec:
+    """The head's snapshot (`commit files bytes`) copied to `worker` over the fabric, verified."""
+    model, minutes = plan.config.model, plan.config.timeouts.weights_transfer_minutes
+    commit = manifest.split()[0] if manifest.split() else manifest
+    flags: dict[str, str | float] = {
+        "worker_bin": worker.bin_dir,
+        "cache_dir": model.cache_dir,
+        "model": model.id,
+        "manifest": manifest,
+        "timeout_minutes": minutes,
+    }
+    done = check("snapshot", model.cache_dir, model.id, commit)
+    return _head_to_worker(
+        plan, f"{name}-{worker.name}-copy", worker, "weights-sync.sh", flags, done, minutes
+    )
+
+
+# -- Ray and the server: the waits -------------------------------------------------------------
+
+
+def ray_wait(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+    """Every node joined Ray over its fabric IP with its GPUs, within the join timeout."""
+    seconds = plan.config.timeouts.ray_join_seconds
+    awaited: dict[str, str | float] = {
+        "expect_ips": ",".join(n.fabric_ip for n in plan.nodes),
+        "gpus": plan.total_gpus,
+        "timeout_seconds": seconds,
+    }
+    return _wait(plan, f"{name}-joined", "ray-wait.sh", "ray-head", awaited, image_id, seconds)
+
+
+def _wait(
+    plan: DeploymentPlan,
+    step: str,
+    script: str,
+    container: Literal["ray-head", "vllm"],
+    awaited: dict[str, str | float],
+    image_id: str,
+    seconds: int,
+    model: dict[str, str] | None = None,
+    stdin: Stdin | None = None,
+) -> StepSpec:
+    """A bounded wait on the head for `container`; on a timeout, its diagnostics: every node's
+    log (the server's too once it runs) and its image, weights and memory checks."""
+    flags: dict[str, str | float] = {
+        "container": plan.container_name(container),
+        "container_scripts": CONTAINER_SCRIPTS_DIR,
+        **awaited,
+        "nodes": log_specs(plan, include_vllm=container == "vllm"),
+        "node_checks": node_check_specs(plan),
+        "image_id": image_id,
+        **(model or {}),
+        **fabric_flags(plan),
+    }
+    return StepSpec(
+        name=step,
+        node=plan.head,
+        create=script_call(plan.head, script, **flags),
+        stdin=stdin,
+        timeouts=Timeouts(create=seconds // 60 + 5),
+    )
+
+
+def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
+    """The API key (stdin) written to the file the server's launcher reads; nothing is logged."""
+    return _undoable(
+        f"{name}-api-key",
+        plan.head,
+        "api-key-file.sh",
+        ("write", "remove"),
+        {"file": plan.api_key_file},
+        (check("files", plan.api_key_file),),
+        stdin="api-key",
+        quiet="none",
+    )
+
+
+def vllm_ready(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+    """The served model answers a real completion (the API key on stdin), within the timeout."""
+    cfg = plan.config
+    seconds = cfg.timeouts.vllm_ready_seconds
+    awaited: dict[str, str | float] = {
+        "port": cfg.vllm.port,
+        "served_name": cfg.model.served_model_name,
+        "timeout_seconds": seconds,
+    }
+    model = cfg.model
+    snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}
+    step, script = f"{name}-ready", "vllm-ready.sh"
+    return _wait(plan, step, script, "vllm", awaited, image_id, seconds, snapshot, "api-key")

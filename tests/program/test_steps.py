@@ -1,0 +1,228 @@
+"""The plan's step and container specs as pure functions: facts in, commands out (no Pulumi
+runtime), the way pyinfra tests its operations. The mocks tests check how they become a graph."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stacks.config import parse_stack_config
+from stacks.plan import steps
+from stacks.plan.containers import ray_container, vllm_container
+from stacks.plan.nodes import DeploymentPlan, plan_deployment
+from stacks.plan.steps import Receipt, StepSpec, create_command
+from tests.program.conftest import ConfigFactory
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_ID = "sha256:" + "ab" * 32
+MANIFEST = "c0ffee1234 7 123456"
+
+
+def plan_of(config: dict[str, Any]) -> DeploymentPlan:
+    return plan_deployment(parse_stack_config(config), "spark-vllm/test", None)
+
+
+def tokens(prefix: str = "t") -> Callable[[Receipt], str]:
+    return lambda receipt: f"{prefix}-{receipt.node.name}-{receipt.step}"
+
+
+def every_step(plan: DeploymentPlan) -> list[StepSpec]:
+    """Every host step of `plan`, as the components register them."""
+    specs: list[StepSpec] = []
+    for node in plan.nodes:
+        specs += [steps.install_scripts(plan, node.name, node, "d" * 64)]
+        specs += [steps.preflight(plan, node.name, node)]
+        firewall = steps.firewall(plan, node.name, node)
+        specs += [firewall] if firewall is not None else []
+    specs += [steps.head_fabric_key(plan, "fabric")]
+    for worker in plan.workers:
+        specs += [steps.authorize_head_key(plan, "fabric", worker)]
+        specs += [steps.pin_worker_key(plan, "fabric", worker)]
+        specs += [steps.sync_image(plan, "image", worker, IMAGE_ID)]
+        specs += [steps.copy_weights(plan, "weights", worker, MANIFEST)]
+    specs += [steps.record_image(plan, "image", IMAGE_ID), steps.fetch_weights(plan, "weights")]
+    specs += [steps.ray_wait(plan, "ray", IMAGE_ID), steps.api_key_file(plan, "vllm")]
+    specs += [steps.vllm_ready(plan, "vllm", IMAGE_ID)]
+    return specs
+
+
+def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactory) -> None:
+    """A failing receipt gives a fresh token (components/facts.py): the create differs, so
+    pulumi-command plans an update that re-runs it; its delete, stdin and timeouts do not."""
+    plan = plan_of(make_config(hosts=2))
+    spec = steps.sync_image(plan, "image", plan.workers[0], IMAGE_ID)
+    held, fresh = create_command(spec, tokens("held")), create_command(spec, tokens("fresh"))
+    assert held != fresh
+    assert held.replace("held-", "fresh-") == fresh
+    assert "--token held-spark2-image-spark2-sync" in held
+
+
+def test_a_workers_receipt_is_written_there_over_the_fabric(make_config: ConfigFactory) -> None:
+    plan = plan_of(make_config(hosts=2))
+    worker = plan.workers[0]
+    spec = steps.copy_weights(plan, "weights", worker, MANIFEST)
+    assert spec.node == plan.head and [r.node for r in spec.receipts] == [worker]
+    receipt = create_command(spec, tokens()).split(" && ")[-1]
+    assert receipt.startswith(f"bash {plan.head.bin_dir}/receipt.sh --host spark1 ")
+    assert f"--worker spark2 --target {worker.fabric_destination}" in receipt
+    assert f"--worker-bin {worker.bin_dir}" in receipt
+    assert f"--fabric-key {steps.fabric_key_file(plan)}" in receipt
+    assert "'snapshot|/home/aurora/.cache/huggingface|Qwen/Qwen3.5-122B-A10B-FP8|c0ffee1234'" in (
+        receipt
+    )
+
+
+def test_a_steps_receipts_are_only_on_the_node_it_runs_on_or_its_worker(
+    make_config: ConfigFactory,
+) -> None:
+    plan = plan_of(make_config(hosts=3))
+    elsewhere = 0
+    for spec in every_step(plan):
+        for receipt in spec.receipts:
+            if receipt.node != spec.node:  # the head ran it for a worker: it needs the fabric
+                assert spec.node == plan.head, spec.name
+                assert dict(spec.fabric) == steps.fabric_flags(plan) != {}, spec.name
+                elsewhere += 1
+    assert elsewhere == 4  # image and weights, on each of two workers
+
+
+def test_the_image_stays_on_workers_unless_asked(make_config: ConfigFactory) -> None:
+    keep = plan_of(make_config(hosts=2))
+    drop = plan_of(make_config(hosts=2, image={"ref": "x/y:1", "keepOnDestroy": False}))
+    assert steps.sync_image(keep, "image", keep.workers[0], IMAGE_ID).delete is None
+    delete = steps.sync_image(drop, "image", drop.workers[0], IMAGE_ID).delete
+    assert delete is not None and delete.endswith(" --remove yes")
+    assert steps.image_pull(drop).keep_locally is False
+
+
+def test_a_configured_pin_is_passed_and_nothing_is_read_on_stdin(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config(hosts=2)
+    pinned = plan_of(config)
+    del config["hosts"][1]["hostKey"]
+    learned = plan_of(config)
+    with_pin = steps.pin_worker_key(pinned, "fabric", pinned.workers[0])
+    without = steps.pin_worker_key(learned, "fabric", learned.workers[0])
+    assert with_pin.stdin is None and "--key 'ssh-ed25519 " in with_pin.create
+    assert without.stdin == "worker-host-keys" and "--key" not in without.create
+
+
+def test_secrets_are_read_on_stdin_only(make_config: ConfigFactory) -> None:
+    """No spec takes a secret: the steps that need one declare it as their stdin."""
+    plan = plan_of(make_config(hosts=2))
+    readers = {spec.name: spec.stdin for spec in every_step(plan) if spec.stdin is not None}
+    assert readers["vllm-api-key"] == "api-key" and readers["vllm-ready"] == "api-key"
+    assert readers["weights-fetch"] == "hf-token"
+    assert steps.api_key_file(plan, "vllm").quiet == "none"  # nothing it prints is logged
+
+
+def test_no_fabric_flags_when_the_user_manages_fabric_trust(make_config: ConfigFactory) -> None:
+    plan = plan_of(make_config(hosts=2, fabric={"trust": "existing"}))
+    assert not steps.fabric_trust_managed(plan) and steps.fabric_flags(plan) == {}
+    assert "--fabric-key" not in steps.ray_wait(plan, "ray", IMAGE_ID).create
+
+
+def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
+    make_config: ConfigFactory,
+) -> None:
+    plan = plan_of(make_config(hosts=2, timeouts={"imageTransferMinutes": 50}))
+    for spec in every_step(plan):
+        assert spec.timeouts.create >= 2, spec.name
+    assert steps.sync_image(plan, "image", plan.workers[0], IMAGE_ID).timeouts.create == 55
+    assert steps.head_fabric_key(plan, "fabric").timeouts == steps.QUICK
+
+
+def test_a_check_refuses_its_separators() -> None:
+    with pytest.raises(ValueError, match="cannot record a check"):
+        steps.check("files", "/a|b")
+
+
+def test_containers_share_one_shape_and_differ_only_where_the_role_does(
+    make_config: ConfigFactory,
+) -> None:
+    plan = plan_of(make_config(hosts=2))
+    head = ray_container(plan, plan.head, "m1")
+    worker = ray_container(plan, plan.workers[0], "m2")
+    server = vllm_container(plan, "m1", "echo launcher")
+    assert (head.restart, worker.restart, server.restart) == (
+        "on-failure",
+        "on-failure",
+        "unless-stopped",
+    )
+    assert (head.host_pid, worker.host_pid, server.host_pid) == (True, False, True)
+    assert head.mounts == worker.mounts == server.mounts[:3]  # same user: same state dir
+    assert server.mounts[-1].source == plan.api_key_dir and server.mounts[-1].read_only
+    assert server.entrypoint == ("bash", "-c", "echo launcher", "vllm-launcher")
+    assert ("spark-vllm.mounts", "m2") in worker.labels
+    assert list(worker.labels) == sorted(worker.labels)
+    assert f"VLLM_HOST_IP={plan.workers[0].fabric_ip}" in worker.env
+    assert worker.rdma and "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in worker.env
+    no_rdma = make_config(hosts=2)
+    for host in no_rdma["hosts"]:
+        host["rdmaHcas"] = []
+    assert not ray_container(plan_of(no_rdma), plan_of(no_rdma).head, "m").rdma
+
+
+# -- one quoting rule: every command line, run by bash, hands each script its words intact ----
+
+ODD = "spark vllm/it's"  # a space and a quote
+
+
+def test_every_command_line_keeps_odd_paths_one_word(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """Each step's create and delete run for real with bash; the step scripts are stand-ins that
+    record the words they were given. State and cache dirs hold a space and a quote."""
+    state_root, cache = tmp_path / ODD, tmp_path / "hf cache" / "o'neil"
+    config = make_config(hosts=2, fabric={"firewall": True})
+    for host in config["hosts"]:
+        host["stateDir"] = f"{state_root}/{host['name']}"
+    config["model"]["cacheDir"] = str(cache)
+    plan = plan_of(config)
+    log = tmp_path / "calls.jsonl"
+    dump = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    recorder = f'python3 -c "{dump}" "$0" "$@" >> "{log}"\n'
+    scripts = {p.name for p in (REPO / "components" / "scripts").iterdir()}
+    for node in plan.nodes:
+        Path(node.bin_dir).mkdir(parents=True)
+        for script in scripts:
+            (Path(node.bin_dir) / script).write_text(recorder)
+    specs = [s for s in every_step(plan) if not s.name.endswith("-scripts")]
+    checked = 0
+    for spec in specs:
+        for line in (create_command(spec, tokens()), spec.delete):
+            if line is None or not line.startswith("bash "):
+                continue
+            log.unlink(missing_ok=True)
+            subprocess.run(["bash", "-c", line], check=True, timeout=30)
+            calls = [json.loads(c) for c in log.read_text().splitlines()]
+            assert calls and all(Path(c[0]).parent == Path(spec.node.bin_dir) for c in calls)
+            for call in calls:
+                # A receipt's checks and a node list join several paths in one word.
+                fields = [f for w in call for f in re.split(r"[|;,]", w)]
+                odd = [f for f in fields if "it's" in f or "o'neil" in f]
+                for field in odd:
+                    assert field.startswith((str(state_root), str(cache))), (spec.name, field)
+                checked += len(odd)
+    assert len(specs) >= 14 and checked >= 50
+
+
+def test_components_never_read_the_config() -> None:
+    """The components turn specs into resources; what a setting means is decided in the plan.
+    (The import contract keeps them from importing stacks.config; this catches `plan.config`.)"""
+    for path in sorted((REPO / "components").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        reads = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr == "config"
+        ]
+        assert not reads, f"{path.name} reads the config at lines {reads}"
