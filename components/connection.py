@@ -3,6 +3,7 @@ of the Docker provider (and of the facts read, which uses the same route)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def docker_ssh_opts(
     opts = _client_opts(node.ssh, auth, known_hosts_file)
     opts += [
         "-o", "ControlMaster=auto",
-        "-o", f"ControlPath={control_dir}/%C",
+        "-o", ssh_option("ControlPath", f"{control_dir}/%C"),
         "-o", "ControlPersist=60",
         "-o", "ServerAliveInterval=15",
         "-o", "ServerAliveCountMax=4",
@@ -68,6 +69,16 @@ def docker_ssh_opts(
     return opts
 
 
+def ssh_option(name: str, value: object) -> str:
+    """`name=value` as OpenSSH reads an option (`-o`): a value holding a space, a quote or a
+    backslash is double-quoted with `\\` and `"` escaped (misc.c argv_split), so it stays one
+    word (lib.sh's ssh_option_value does the same on the hosts)."""
+    text = str(value)
+    if re.search(r"[\s\"'\\]", text):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f"{name}={text}"
+
+
 def _client_opts(endpoint: SshEndpoint, auth: SshAuth, known_hosts_file: Path) -> list[str]:
     checking = "yes" if endpoint.host_key is not None else "accept-new"
     opts = [
@@ -75,7 +86,7 @@ def _client_opts(endpoint: SshEndpoint, auth: SshAuth, known_hosts_file: Path) -
         "-o", f"ConnectTimeout={auth.per_dial_timeout}",
         "-o", f"ConnectionAttempts={auth.dial_error_limit}",
         "-o", f"StrictHostKeyChecking={checking}",
-        "-o", f"UserKnownHostsFile={known_hosts_file}",
+        "-o", ssh_option("UserKnownHostsFile", known_hosts_file),
     ]  # fmt: skip
     if auth.private_key_path is not None:
         opts += ["-i", auth.private_key_path, "-o", "IdentitiesOnly=yes"]

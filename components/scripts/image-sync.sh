@@ -30,8 +30,7 @@ if [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null \
    && fabric_ssh "$ARG_TARGET" "command -v zstd" >/dev/null 2>&1; then
   compress="zstd -1 -T0 -q"; decompress="zstd -d -q"
 fi
-export -f fabric_ssh
-export ARG_FABRIC_KEY="${ARG_FABRIC_KEY:-}" ARG_FABRIC_KNOWN_HOSTS="${ARG_FABRIC_KNOWN_HOSTS:-}"
+export_fabric_ssh
 started=$SECONDS
 set +e
 timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \

@@ -50,6 +50,14 @@ words() {
   printf '%s' "${quoted% }"
 }
 
+# ssh_option_value VALUE: VALUE as OpenSSH reads an option's value (`ssh -o`), one word even
+# with a space or a quote: double-quoted, `\` and `"` escaped (misc.c argv_split).
+ssh_option_value() {
+  local value="${1//\\/\\\\}"
+  value="${value//\"/\\\"}"
+  printf '"%s"' "$value"
+}
+
 # fabric_ssh DEST COMMAND...: the head reaching a worker over the fabric. Bounded: a dead peer is
 # noticed within ~30 s (ServerAlive) instead of hanging the transfer forever.
 fabric_ssh() {
@@ -57,9 +65,17 @@ fabric_ssh() {
               -o ServerAliveCountMax=3 -o LogLevel=ERROR)
   if [ -n "${ARG_FABRIC_KEY:-}" ]; then
     opts+=(-i "$ARG_FABRIC_KEY" -o IdentitiesOnly=yes
-           -o UserKnownHostsFile="$ARG_FABRIC_KNOWN_HOSTS" -o StrictHostKeyChecking=yes)
+           -o "UserKnownHostsFile=$(ssh_option_value "$ARG_FABRIC_KNOWN_HOSTS")"
+           -o StrictHostKeyChecking=yes)
   fi
   ssh "${opts[@]}" "$@"
+}
+
+# export_fabric_ssh: make fabric_ssh (and what it uses) callable from a `bash -c` child, which a
+# `timeout` around a pipeline needs.
+export_fabric_ssh() {
+  export -f fabric_ssh ssh_option_value
+  export ARG_FABRIC_KEY="${ARG_FABRIC_KEY:-}" ARG_FABRIC_KNOWN_HOSTS="${ARG_FABRIC_KNOWN_HOSTS:-}"
 }
 
 # check_fabric_ssh DEST: fail clearly when the head cannot open a session to a worker.

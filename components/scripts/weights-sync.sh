@@ -19,8 +19,7 @@ fi
 repo="models--${ARG_MODEL//\//--}"
 hub="$ARG_CACHE_DIR/hub"
 [ -d "$hub/$repo/snapshots/$commit" ] || fail "the head has no snapshot $commit of $ARG_MODEL" "the fetch step did not complete"
-export -f fabric_ssh
-export ARG_FABRIC_KEY="${ARG_FABRIC_KEY:-}" ARG_FABRIC_KNOWN_HOSTS="${ARG_FABRIC_KNOWN_HOSTS:-}"
+export_fabric_ssh
 started=$SECONDS
 set +e
 timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from shlex import quote as q
 
 import pytest
 
@@ -175,17 +176,26 @@ def test_teardown_leaves_the_hosts_clean(deployed: Deployment) -> None:
 
 def test_the_seeds_topology_with_three_hosts(lab_factory: Callable[..., Lab]) -> None:
     """No bastion: this machine reaches only the head; workers only through the head. Three
-    hosts with different fabric interface names, TP x PP = 3."""
+    hosts with different fabric interface names, TP x PP = 3. The state and cache directories
+    hold a space and a quote (every shell word is quoted, here and in the scripts)."""
     lab = lab_factory(
         "seeds3",
         hosts=3,
         topology="jump",
         fabric_ifnames=("enp1s0f1np1", "enP2p1s0f1np1", "fab0"),
     )
+    state_dir, cache_dir = "/root/spark vllm/it's", "/root/hf cache/o'neil"
+    host_sh(
+        lab, "spark1", f"mkdir -p {q(cache_dir)} && cp -a /root/.cache/huggingface/. {q(cache_dir)}"
+    )
+    config = lab_config(lab)
+    for host in config["spark-vllm:hosts"]:
+        host["stateDir"] = state_dir
+    config["spark-vllm:model"]["cacheDir"] = cache_dir
     mocks = RealMocks()
     started = time.monotonic()
     try:
-        outputs = deploy(lab, mocks, lab_config(lab))
+        outputs = deploy(lab, mocks, config)
         record_timing("e2e up (seeds' topology, 3 hosts)", time.monotonic() - started)
         assert outputs["endpointUrl"] == f"http://{lab.spec.outside_far_ip}:8000/v1"
         status, reply = complete(outputs["endpointUrl"].removesuffix("/"), outputs["modelId"])
@@ -198,7 +208,14 @@ def test_the_seeds_topology_with_three_hosts(lab_factory: Callable[..., Lab]) ->
             env = host_sh(lab, host, f"docker inspect --format '{{{{json .Config.Env}}}}' "
                                      f"{PREFIX}-ray-worker")  # fmt: skip
             assert f"GLOO_SOCKET_IFNAME={lab.spec.fabric_ifname(index)}" in env
+            # The weights reached the odd cache path, and every step's receipt the odd state dir.
+            assert host_sh(lab, host, f"ls {q(cache_dir)}/hub").strip().startswith("models--")
+            receipts = host_sh(lab, host, f"ls {q(state_dir)}/receipts").split()
+            assert {f"{host}-scripts", f"image-{host}-sync", f"weights-{host}-copy"} <= set(
+                receipts
+            )
     finally:
         mocks.teardown()
     for host in ("spark1", "spark2", "spark3"):
         assert host_sh(lab, host, "docker ps -aq") == ""
+        assert host_sh(lab, host, f"test -e {q(state_dir)}/bin && echo left || true") == ""
