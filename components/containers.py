@@ -67,11 +67,12 @@ def _container_args(spec: ContainerSpec, image_id: pulumi.Input[str]) -> dict[st
         args["gpus"] = "all"
     if spec.shm_size_mb is not None:
         args["shm_size"] = spec.shm_size_mb
-    if spec.rdma:
-        args["ulimits"] = [docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1)]
+    if spec.ulimits:
+        args["ulimits"] = [
+            docker.ContainerUlimitArgs(name=u.name, soft=u.soft, hard=u.hard) for u in spec.ulimits
+        ]
+    if spec.devices:
         args["devices"] = [
-            docker.ContainerDeviceArgs(
-                host_path="/dev/infiniband", container_path="/dev/infiniband"
-            )
+            docker.ContainerDeviceArgs(host_path=path, container_path=path) for path in spec.devices
         ]
     return args

@@ -32,7 +32,6 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 DERIVED_ENV_KEYS = frozenset(
     {
         "VLLM_HOST_IP",
-        "RAY_NODE_IP_ADDRESS",
         "RAY_ADDRESS",
         "NCCL_SOCKET_IFNAME",
         "GLOO_SOCKET_IFNAME",

@@ -50,6 +50,27 @@ API_KEY_HASH_LABEL = "spark-vllm.api-key-sha256"  # a new key restarts vLLM; onl
 MOUNTS_LABEL = "spark-vllm.mounts"
 
 
+# The verbs devices RoCE needs (with HCAs only; without them NCCL uses sockets).
+RDMA_DEVICES = ("/dev/infiniband",)
+# The main thread's stack: 64 MiB, as both two-Spark references run their containers (NVIDIA
+# dgx-spark-playbooks nvidia/vllm, eugr/spark-vllm-docker run-cluster-node.sh), the setting
+# NVIDIA gives for its PyTorch containers; Docker's default is the daemon's (8 MiB).
+STACK_BYTES = 67108864
+
+
+@dataclass(frozen=True)
+class Ulimit:
+    name: str
+    soft: int  # -1: unlimited
+    hard: int
+
+
+def _ulimits(node: NodePlan) -> tuple[Ulimit, ...]:
+    """RoCE registers (pins) the buffers it sends from: memlock unlimited with HCAs."""
+    stack = Ulimit("stack", STACK_BYTES, STACK_BYTES)
+    return (Ulimit("memlock", -1, -1), stack) if node.rdma_hcas else (stack,)
+
+
 @dataclass(frozen=True)
 class Mount:
     source: str
@@ -73,7 +94,8 @@ class ContainerSpec:
     labels: tuple[tuple[str, str], ...]  # sorted
     gpus: bool  # `--gpus all`
     shm_size_mb: int | None
-    rdma: bool  # memlock unlimited and /dev/infiniband: RoCE needs pinned memory and the verbs
+    ulimits: tuple[Ulimit, ...]
+    devices: tuple[str, ...]  # host device paths, at the same path inside
     stop_seconds: int = 30
 
 
@@ -140,5 +162,6 @@ def _service(
         labels=tuple(sorted(labels.items())),
         gpus=cfg.docker.request_gpus,
         shm_size_mb=cfg.docker.shm_size_mb,
-        rdma=bool(node.rdma_hcas),
+        ulimits=_ulimits(node),
+        devices=RDMA_DEVICES if node.rdma_hcas else (),
     )

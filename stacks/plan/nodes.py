@@ -120,12 +120,16 @@ class DeploymentPlan:
 
 
 def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
-    """The environment of every Ray/vLLM process on `node`: NICs, IPs and the offline HF cache."""
+    """The environment of every Ray/vLLM process on `node`: NICs, IPs and the offline HF cache.
+
+    Not set, because nothing reads it: RAY_NODE_IP_ADDRESS (absent from Ray 2.60's wheel, Python
+    and binaries alike; `ray start --node-ip-address` sets each node's IP).
+    """
     env = dict(plan.config.vllm.env)
     env.update(
         {
+            # vLLM's own IP for the driver and each rank (vllm/envs.py VLLM_HOST_IP).
             "VLLM_HOST_IP": node.fabric_ip,
-            "RAY_NODE_IP_ADDRESS": node.fabric_ip,
             # A driver must join the cluster, never start a private local Ray.
             "RAY_ADDRESS": plan.ray_address,
             "NCCL_SOCKET_IFNAME": node.fabric_interface,
@@ -139,6 +143,12 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
     if node.rdma_hcas:
         env["NCCL_IB_HCA"] = ",".join(node.rdma_hcas)
         env.setdefault("NCCL_IB_DISABLE", "0")
+    # Ray's memory monitor kills tasks and actors above its host-memory threshold; on GB10 the
+    # GPU's allocations (weights, KV cache) come out of the same unified memory, so the vLLM
+    # ranks are its likely victims. The raylet reads this at start ("To disable worker killing,
+    # set RAY_memory_monitor_refresh_ms to zero", Ray 2.60); both two-Spark references set it
+    # (NVIDIA dgx-spark-playbooks nvidia/vllm, eugr/spark-vllm-docker). vllm.env may override.
+    env.setdefault("RAY_memory_monitor_refresh_ms", "0")
     return env
 
 

@@ -208,6 +208,10 @@ def test_the_seeds_topology_with_three_hosts(lab_factory: Callable[..., Lab]) ->
             env = host_sh(lab, host, f"docker inspect --format '{{{{json .Config.Env}}}}' "
                                      f"{PREFIX}-ray-worker")  # fmt: skip
             assert f"GLOO_SOCKET_IFNAME={lab.spec.fabric_ifname(index)}" in env
+            # What both two-Spark references set: Ray's memory monitor off, a 64 MiB stack.
+            assert "RAY_memory_monitor_refresh_ms=0" in env and "RAY_NODE_IP_ADDRESS" not in env
+            stack = host_sh(lab, host, f"docker exec {PREFIX}-ray-worker sh -c 'ulimit -s'")
+            assert stack == "65536"
             # The weights reached the odd cache path, and every step's receipt the odd state dir.
             assert host_sh(lab, host, f"ls {q(cache_dir)}/hub").strip().startswith("models--")
             receipts = host_sh(lab, host, f"ls {q(state_dir)}/receipts").split()

@@ -164,11 +164,18 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
     assert ("spark-vllm.mounts", "m2") in worker.labels
     assert list(worker.labels) == sorted(worker.labels)
     assert f"VLLM_HOST_IP={plan.workers[0].fabric_ip}" in worker.env
-    assert worker.rdma and "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in worker.env
+    assert worker.devices == ("/dev/infiniband",)
+    assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in worker.env
+    assert [u.name for u in worker.ulimits] == ["memlock", "stack"]
     no_rdma = make_config(hosts=2)
     for host in no_rdma["hosts"]:
         host["rdmaHcas"] = []
-    assert not ray_container(plan_of(no_rdma), plan_of(no_rdma).head, "m").rdma
+    plain = ray_container(plan_of(no_rdma), plan_of(no_rdma).head, "m")
+    assert plain.devices == () and [(u.name, u.soft) for u in plain.ulimits] == [
+        ("stack", 67108864)
+    ]
+    assert "RAY_memory_monitor_refresh_ms=0" in plain.env
+    assert not any(e.startswith("RAY_NODE_IP_ADDRESS=") for e in plain.env)
 
 
 # -- one quoting rule: every command line, run by bash, hands each script its words intact ----
