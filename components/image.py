@@ -30,6 +30,7 @@ class ImageDistribution(pulumi.ComponentResource):
 
     image_id: pulumi.Output[str]
     present_on: dict[str, pulumi.Resource]  # node name -> the step after which it has the image
+    facts: pulumi.Output[dict[str, str]]  # what the image carries (vllm, ray, python, machine)
 
     def __init__(
         self, name: str, args: ImageDistributionArgs, opts: pulumi.ResourceOptions | None = None
@@ -59,7 +60,7 @@ class ImageDistribution(pulumi.ComponentResource):
             parent=self,
             after=[pulled],
         )
-        self.present_on = {
+        synced: dict[str, pulumi.Resource] = {
             head.node.name: recorded,
             **head_to_workers(
                 self.image_id,
@@ -70,4 +71,16 @@ class ImageDistribution(pulumi.ComponentResource):
                 after=lambda worker: [recorded, worker.preflight, *args.fabric_ready],
             ),
         }
-        self.register_outputs({"imageId": self.image_id})
+        # Each node runs the image once before anything starts from it (image-facts.sh).
+        checked = {
+            host.node.name: host_step(
+                Pending(self.image_id, functools.partial(steps.image_facts, plan, name, host.node)),
+                [host],
+                parent=self,
+                after=[synced[host.node.name]],
+            )
+            for host in [head, *args.workers]
+        }
+        self.present_on = dict(checked)
+        self.facts = checked[head.node.name].stdout.apply(steps.parse_image_facts)
+        self.register_outputs({"imageId": self.image_id, "facts": self.facts})

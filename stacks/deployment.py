@@ -39,6 +39,8 @@ class Deployment:
                 for n in plan.nodes
             ],
             "imageId": self.image.image_id,
+            "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
+            "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
             "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
         }
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state

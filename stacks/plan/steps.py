@@ -15,6 +15,7 @@ a quote stays one word.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ class Timeouts:
     update: int | None = None
     delete: int | None = None
 
+
+# Running the image once to list `vllm serve`'s flags imports vLLM (and torch): tens of seconds
+# on a real image; bounded so a wedged run cannot hold the deployment.
+IMAGE_FACTS_SECONDS = 300
 
 # Steps that only edit a file or two on a host: anything slower is a hung connection.
 QUICK = Timeouts(create=3, update=3, delete=3)
@@ -396,6 +401,39 @@ def _head_to_worker(
         timeouts=Timeouts(create=minutes + 5),
         fabric=tuple(fabric.items()),
     )
+
+
+IMAGE_FACTS_PREFIX = "spark-vllm-image-facts "
+
+
+def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) -> StepSpec:
+    """The image run once on `node` before any container starts from it: its architecture
+    against the host's, vllm and ray present (a Ray at least what vLLM requires), and on the
+    head, vllm.extraArgs against the image's own `vllm serve --help` (image-facts.sh)."""
+    return StepSpec(
+        name=f"{name}-{node.name}-facts",
+        node=node,
+        create=script_call(
+            node,
+            "image-facts.sh",
+            image_id=image_id,
+            ref=plan.config.image.ref,
+            # Only the head serves: a worker's check does not depend on (or re-run for) them.
+            extra_args=json.dumps(list(plan.config.vllm.extra_args) if node.is_head else []),
+            check_flags="yes" if node.is_head else "no",
+            timeout_seconds=IMAGE_FACTS_SECONDS,
+        ),
+        timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
+    )
+
+
+def parse_image_facts(stdout: str) -> dict[str, str]:
+    """image-facts.sh's last line: `vllm`, `ray`, `rayRequired`, `python`, `machine`."""
+    lines = [line for line in stdout.splitlines() if line.startswith(IMAGE_FACTS_PREFIX)]
+    if not lines:
+        return {}
+    facts = json.loads(lines[-1].removeprefix(IMAGE_FACTS_PREFIX))
+    return {key: str(value) for key, value in facts.items() if value is not None}
 
 
 # -- model weights -----------------------------------------------------------------------------

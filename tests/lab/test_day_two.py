@@ -199,6 +199,8 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "image-pull": "replace",
         "image-head-record": "update",
         "image-spark2-sync": "update",
+        "image-spark1-facts": "update",  # the new image is run once on every node
+        "image-spark2-facts": "update",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",

@@ -16,6 +16,7 @@ from shlex import quote as q
 import pytest
 
 from lab import Lab
+from lab.image import REQUIREMENTS
 from lab.stack import SERVED_NAME
 from tests.lab.deploying import (
     API_KEY,
@@ -32,6 +33,9 @@ from tests.lab.realmocks import RealMocks, StackOutputs
 from tests.lab.timings import record_timing
 
 pytestmark = pytest.mark.lab
+
+STANDIN_VERSION = "0.0.0+spark-vllm-lab-standin"
+assert "ray==2.60.0" in REQUIREMENTS  # the lab image's Ray, which rayVersion must report
 
 
 @dataclass
@@ -75,6 +79,9 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     assert outputs["modelId"] == SERVED_NAME
     assert outputs.secret_names == {"apiKey"}
     assert "ready after" in outputs["readiness"]
+    # What the image carries, read by running it once (the stand-in's own metadata).
+    assert outputs["vllmVersion"] == STANDIN_VERSION
+    assert outputs["rayVersion"] == "2.60.0"
 
 
 def test_a_completion_through_the_bastion_returns_text(deployed: Deployment, endpoint: str) -> None:

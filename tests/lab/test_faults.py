@@ -194,6 +194,22 @@ def test_not_enough_memory_is_caught_before_anything_starts(
     successful_up(lab, stack)
 
 
+def test_an_unknown_extra_arg_is_caught_before_anything_starts(
+    lab: Lab, stack: list[RealMocks]
+) -> None:
+    """The image is run once and its own `vllm serve --help` decides (the stand-in's argparse
+    lists its flags as vLLM's does)."""
+    config = lab_config(lab)
+    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "extraArgs": ["--max-num-seq", "4"]}
+    error = failing_up(lab, stack, config)
+    assert "spark1: image-facts: the image cannot serve this stack: vllm.extraArgs[0]:" in error
+    assert "--max-num-seq is not a flag of this image's `vllm serve`" in error
+    assert "did you mean --max-num-seqs?" in error
+    for host in lab.spec.host_names:
+        assert host_sh(lab, host, "docker ps -aq") == "", "no container may start"
+    successful_up(lab, stack)
+
+
 def test_a_server_that_exits_at_once_is_reported_with_its_log(
     lab: Lab, stack: list[RealMocks]
 ) -> None:

@@ -9,7 +9,7 @@ from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import Evaluation, evaluate
 
 # Outputs that exist only once the image is pulled and the server answered.
-CREATED_OUTPUTS = {"endpointUrl", "readiness", "imageId"}
+CREATED_OUTPUTS = {"endpointUrl", "readiness", "imageId", "vllmVersion", "rayVersion"}
 
 
 def graph(ev: Evaluation) -> set[tuple[str, str, str, str]]:

@@ -44,6 +44,8 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         "image-pull": "replace",
         "image-head-record": "update",
         "image-spark2-sync": "update",
+        "image-spark1-facts": "update",  # the new image is run once on every node
+        "image-spark2-facts": "update",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",  # a new cluster is waited for again
@@ -69,6 +71,19 @@ def test_rotating_the_api_key_replaces_the_server_only(make_config: ConfigFactor
     config = make_config(hosts=2)
     assert plan(config, config, apiKey="sk-rotated") == {
         "vllm-api-key": "update",
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
+
+
+def test_changing_extra_args_checks_them_against_the_image_again(
+    make_config: ConfigFactory,
+) -> None:
+    before = make_config(hosts=2)
+    after = make_config(hosts=2)
+    after["vllm"] = {**after["vllm"], "extraArgs": ["--max-num-seqs", "8"]}
+    assert plan(before, after) == {
+        "image-spark1-facts": "update",  # the head checks vllm.extraArgs against `vllm serve`
         "vllm-container": "replace",
         "vllm-ready": "replace",
     }

@@ -81,6 +81,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
 
 
+class FullHelp(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.print_help()
+        parser.exit()
+
+
 def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The top-level `vllm` parser and its `serve` sub-parser."""
     parser = argparse.ArgumentParser(
@@ -94,7 +106,10 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="Start the (stand-in) OpenAI-compatible API server.",
         description="Start the stand-in OpenAI-compatible server (TEST DOUBLE, not vLLM).",
         usage="vllm serve [model_tag] [options]",
+        add_help=False,
     )
+    # vLLM (0.10 on) takes `--help=all` or `--help=<group>`; the stand-in lists all for any.
+    serve.add_argument("-h", "--help", nargs="?", const="", action=FullHelp, help="Show help.")
     serve.add_argument("model_tag", nargs="?", default=None, help="HF model id or local path.")
     add_server_arguments(serve)
     add_engine_arguments(serve)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On any node: what the serving image carries, read before any container starts from it: its
+# architecture against this host's, then (run once, no network) vllm and ray present, their
+# versions, and with --check-flags yes, vllm.extraArgs against the image's own `vllm serve`.
+#   image-facts.sh --host H --image-id ID --ref REF --extra-args JSON --check-flags yes|no
+#                  --timeout-seconds S
+# Prints `spark-vllm-image-facts {json}` as its last line.
+. "$(dirname "$0")/lib.sh"
+parse_flags "$@"
+require host image-id ref extra-args check-flags timeout-seconds
+
+image_arch="$(docker image inspect --format '{{.Architecture}}' "$ARG_IMAGE_ID" 2>/dev/null)" \
+  || fail "image $ARG_REF ($ARG_IMAGE_ID) is not on this host" "it was removed after the pull or the copy; run 'pulumi up --refresh'"
+case "$(uname -m)" in
+  x86_64) host_arch=amd64 ;;
+  aarch64 | arm64) host_arch=arm64 ;;
+  *) host_arch="$(uname -m)" ;;
+esac
+[ "$image_arch" = "$host_arch" ] \
+  || fail "image.ref $ARG_REF is built for $image_arch, but this host is $host_arch" \
+    "a tag pulled for another platform: set image.platform to linux/$host_arch, or use an image built for it"
+
+set +e
+output="$(timeout "$ARG_TIMEOUT_SECONDS" docker run --rm --network none \
+  -v "$SPARK_BIN/image_facts.py:/spark-vllm/image_facts.py:ro" \
+  --entrypoint python3 "$ARG_IMAGE_ID" /spark-vllm/image_facts.py \
+  "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" 2>&1)"
+status=$?
+set -e
+facts="$(grep '^spark-vllm-image-facts ' <<<"$output" | tail -n 1 || true)"
+if [ "$status" -eq 3 ]; then
+  problems="$(sed -n 's/^problem: //p' <<<"$output")"
+  problems="${problems//image.ref: /"image.ref $ARG_REF: "}"
+  fail "the image cannot serve this stack: ${problems//$'\n'/; }" \
+    "the image is not a vLLM image with Ray, or vllm.extraArgs has a flag this vLLM does not know (${facts#spark-vllm-image-facts })"
+fi
+if [ "$status" -ne 0 ] || [ -z "$facts" ]; then
+  cause="the image has no python3, or it does not run on this host"
+  [ "$status" -eq 124 ] && cause="the image took longer than ${ARG_TIMEOUT_SECONDS}s to list its flags"
+  fail "running image $ARG_REF once failed (exit $status): $(tail -n 3 <<<"$output" | paste -sd ' ' -)" "$cause"
+fi
+printf '%s\n' "$facts"
