@@ -249,6 +249,8 @@ class PreflightConfig(ConfigModel):
 class TimeoutsConfig(ConfigModel):
     ray_join_seconds: int = Field(default=300, ge=10, le=7200)
     vllm_ready_seconds: int = Field(default=1800, ge=30, le=21600)
+    # How often the readiness wait reports the server's progress in the `pulumi up` output.
+    vllm_progress_seconds: int = Field(default=30, ge=5, le=600)
     image_transfer_minutes: int = Field(default=60, ge=1, le=1440)
     weights_transfer_minutes: int = Field(default=240, ge=1, le=2880)
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # On the head: wait, bounded, until vLLM lists the served model and completes a real request.
 #   vllm-ready.sh --host H --container C --container-scripts DIR --port P --served-name N
-#                 --timeout-seconds S
+#                 --timeout-seconds S --progress-seconds S
 #                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
+# Every --progress-seconds it reports on stderr (streamed into the `pulumi up` output): the time
+# waited, the probe's state and the server's latest progress line from its log.
 . "$(dirname "$0")/lib.sh"
 . "$SPARK_BIN/diagnose.sh"
 parse_flags "$@"
-require host container container-scripts port served-name timeout-seconds nodes
+require host container container-scripts port served-name timeout-seconds progress-seconds nodes
 read -r -a node_specs <<<"$ARG_NODES"
 IFS= read -r api_key || true
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
@@ -16,6 +18,14 @@ give_up() {
   report_nodes "${node_specs[@]}"
   fail "$1" "$2"
 }
+# What vLLM logs while it loads (tqdm bars end in carriage returns), newest last.
+PROGRESS='checkpoint shards|Loading weights|Model loading took|Memory profiling|KV cache|CUDA graph|Graph capturing|init engine|Starting vLLM API server|Application startup complete'
+server_progress() {
+  local lines
+  lines="$(docker logs --tail 400 "$ARG_CONTAINER" 2>&1 | tr '\r' '\n' | grep -v '^[[:space:]]*$' || true)"
+  { grep -E "$PROGRESS" <<<"$lines" || tail -n 1 <<<"$lines"; } | tail -n 1 | cut -c1-200
+}
+reported=$SECONDS
 while :; do
   state="$(container_state "$ARG_CONTAINER")"
   restarts="$(docker inspect --format '{{.RestartCount}}' "$ARG_CONTAINER" 2>/dev/null || echo 0)"
@@ -35,6 +45,10 @@ while :; do
     "") ;;
     *) last="$line" ;;
   esac
+  if [ $(( SECONDS - reported )) -ge "$ARG_PROGRESS_SECONDS" ]; then
+    reported=$SECONDS
+    note "vllm: waiting $(( SECONDS - started ))s of ${ARG_TIMEOUT_SECONDS}s; probe: $last; server log: $(server_progress)"
+  fi
   if [ "$SECONDS" -ge "$deadline" ]; then
     give_up "vLLM was not ready within ${ARG_TIMEOUT_SECONDS}s (last probe: $last)" \
       "the engine is still loading (raise timeouts.vllmReadySeconds) or is hung (see the logs above)"

@@ -550,6 +550,7 @@ def vllm_ready(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
         "port": cfg.vllm.port,
         "served_name": cfg.model.served_model_name,
         "timeout_seconds": seconds,
+        "progress_seconds": cfg.timeouts.vllm_progress_seconds,
     }
     model = cfg.model
     snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}

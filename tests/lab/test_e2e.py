@@ -8,10 +8,12 @@ Docker, Ray, the image transfer and the weights copy are real.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from shlex import quote as q
+from typing import Any
 
 import pytest
 
@@ -35,6 +37,7 @@ from tests.lab.timings import record_timing
 pytestmark = pytest.mark.lab
 
 STANDIN_VERSION = "0.0.0+spark-vllm-lab-standin"
+LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
 assert "ray==2.60.0" in REQUIREMENTS  # the lab image's Ray, which rayVersion must report
 
 
@@ -45,6 +48,15 @@ class Deployment:
     outputs: StackOutputs
 
 
+def e2e_config(lab: Lab) -> dict[str, Any]:
+    """The lab stack, with a server that loads its weights for a few seconds (the stand-in logs
+    vLLM's progress lines meanwhile) and a wait that reports every 5 s."""
+    config = lab_config(lab)
+    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "env": {LOAD_ENV: "12"}}
+    config["spark-vllm:timeouts"] = {**config["spark-vllm:timeouts"], "vllmProgressSeconds": 5}
+    return config
+
+
 @pytest.fixture(scope="module")
 def deployed(lab_factory: Callable[..., Lab]) -> Iterator[Deployment]:
     # A lab of its own: the infra tests expect the shared lab untouched (image on the head only).
@@ -52,7 +64,7 @@ def deployed(lab_factory: Callable[..., Lab]) -> Iterator[Deployment]:
     mocks = RealMocks()
     started = time.monotonic()
     try:
-        outputs = deploy(lab, mocks, lab_config(lab))
+        outputs = deploy(lab, mocks, e2e_config(lab))
     except BaseException:
         mocks.teardown()
         raise
@@ -82,6 +94,19 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     # What the image carries, read by running it once (the stand-in's own metadata).
     assert outputs["vllmVersion"] == STANDIN_VERSION
     assert outputs["rayVersion"] == "2.60.0"
+
+
+def test_the_wait_reports_the_servers_progress_while_it_loads(deployed: Deployment) -> None:
+    """Streamed into the `pulumi up` output (the step's stderr): time waited, the probe's state,
+    and the server's latest progress line from its log."""
+    ready = next(e for e in deployed.mocks.state_entries() if e.name == "vllm-ready")
+    reports = [line for line in ready.outputs["stderr"].splitlines() if line.startswith("vllm:")]
+    assert reports, ready.outputs["stderr"][-2000:]
+    assert all(
+        re.match(r"vllm: waiting \d+s of 240s; probe: .+; server log: .+", r) for r in reports
+    )
+    loading = ("checkpoint shards", "CUDA graphs", "Loading weights", "Graph capturing")
+    assert any(word in report for report in reports for word in loading), reports
 
 
 def test_a_completion_through_the_bastion_returns_text(deployed: Deployment, endpoint: str) -> None:
@@ -153,7 +178,7 @@ def test_what_the_bastion_can_and_cannot_reach(deployed: Deployment) -> None:
 def test_a_second_up_is_idempotent_and_keeps_serving(deployed: Deployment, endpoint: str) -> None:
     started = time.monotonic()
     second = NextUp(deployed.mocks)
-    outputs = deploy(deployed.lab, second, lab_config(deployed.lab))
+    outputs = deploy(deployed.lab, second, e2e_config(deployed.lab))
     record_timing("e2e second up (unchanged stack)", time.monotonic() - started)
     deployed.mocks = second  # the stack now is what the second run holds
     log_plan("second pulumi up, unchanged stack", second)

@@ -90,7 +90,33 @@ def start_engine(config: ServeConfig) -> tuple[Engine, int]:
     logger.info("Using max model len %d", max_model_len)
     engine = build_engine(config, driver_snapshot, STOP_REQUESTED)
     engine.start()
+    load_weights_like_vllm(driver_snapshot.path)
     return engine, max_model_len
+
+
+def load_weights_like_vllm(snapshot_path: str | None) -> None:
+    """The progress lines vLLM logs while its ranks load the weights and capture CUDA graphs
+    (tqdm bars, then timings), over VLLM_STANDIN_LOAD_SECONDS (default 0): what spark-vllm's
+    readiness wait reports from the log while a real server loads for minutes."""
+    seconds = float(os.environ.get("VLLM_STANDIN_LOAD_SECONDS", "0") or 0)
+    shards = sorted(
+        name
+        for name in (os.listdir(snapshot_path) if snapshot_path else [])
+        if name.endswith((".safetensors", ".bin"))
+    )
+    total = max(len(shards), 1)
+    started = time.monotonic()
+    bar = "Loading safetensors checkpoint shards: %3d%% Completed | %d/%d"
+    print(bar % (0, 0, total), file=sys.stderr, flush=True)
+    for done in range(1, total + 1):
+        if STOP_REQUESTED.wait(seconds / (total + 1)):
+            raise TerminationRequested()
+        print(bar % (100 * done // total, done, total), file=sys.stderr, flush=True)
+    logger.info("Loading weights took %.2f seconds", time.monotonic() - started)
+    print("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%", file=sys.stderr)
+    if STOP_REQUESTED.wait(seconds / (total + 1)):
+        raise TerminationRequested()
+    logger.info("Graph capturing finished in %.0f secs", seconds / (total + 1))
 
 
 def bind_server(config: ServeConfig) -> StandinServer:
