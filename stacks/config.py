@@ -168,6 +168,10 @@ class ModelConfig(ConfigModel):
 
 class VllmConfig(ConfigModel):
     port: Port = 8000
+    # Where the API listens on the head: every interface, the fabric IP only, or loopback only
+    # (reached through an SSH tunnel). vLLM checks the API key on /v1 only: /health, /metrics
+    # and the rest answer whoever reaches the port.
+    listen: Literal["all", "fabric", "loopback"] = "all"
     tensor_parallel_size: int = Field(ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=16)

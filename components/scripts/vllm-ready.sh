@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the head: wait, bounded, until vLLM lists the served model and completes a real request.
-#   vllm-ready.sh --host H --container C --container-scripts DIR --port P --served-name N
+#   vllm-ready.sh --host H --container C --container-scripts DIR --port P [--probe-host IP]
+#                 --served-name N
 #                 --timeout-seconds S --progress-seconds S
 #                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
 # Every --progress-seconds it reports on stderr (streamed into the `pulumi up` output): the time
@@ -37,7 +38,8 @@ while :; do
     "vLLM exited during start-up and Docker restarted it $restarts time(s) (last probe: $last)" \
     "vLLM refused its arguments or failed to load the model; its log above shows the first error"
   line="$(printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
-    python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" 2>&1 | tail -n 1)" || true
+    python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" \
+    "${ARG_PROBE_HOST:-127.0.0.1}" 2>&1 | tail -n 1)" || true
   case "$line" in
     ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }"; exit 0 ;;
     unauthorized*) give_up "vLLM rejects the configured API key (${line#unauthorized })" \

@@ -23,8 +23,8 @@ def request(url: str, key: str, body: dict | None = None, timeout: float = 10) -
         return error.code, error.read().decode(errors="replace")[:200]
 
 
-def probe(port: int, served_name: str, key: str) -> str:
-    base = f"http://127.0.0.1:{port}"
+def probe(port: int, served_name: str, key: str, host: str = "127.0.0.1") -> str:
+    base = f"http://{host}:{port}"
     try:
         status, _ = request(f"{base}/health", key)
     except OSError as error:
@@ -54,8 +54,9 @@ def probe(port: int, served_name: str, key: str) -> str:
 
 def main() -> None:
     port, served_name = int(sys.argv[1]), sys.argv[2]
+    host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"  # vllm.listen: fabric
     key = sys.stdin.readline().strip()
-    print(probe(port, served_name, key))
+    print(probe(port, served_name, key, host))
 
 
 if __name__ == "__main__":

@@ -104,8 +104,23 @@ class DeploymentPlan:
         return {"spark-vllm.deployment": self.deployment_id}
 
     @property
+    def listen_address(self) -> str:
+        """vLLM's `--host` on the head (vllm.listen)."""
+        return {"all": "0.0.0.0", "fabric": self.head.fabric_ip, "loopback": "127.0.0.1"}[
+            self.config.vllm.listen
+        ]
+
+    @property
+    def probe_address(self) -> str:
+        """Where the readiness probe, run inside the server's container (host network), asks."""
+        return "127.0.0.1" if self.listen_address == "0.0.0.0" else self.listen_address
+
+    @property
     def endpoint_url(self) -> str:
-        return f"http://{self.head.ssh.address}:{self.config.vllm.port}/v1"
+        """The API as clients reach it: the head's SSH address, its fabric IP, or its loopback
+        (`vllm.listen: loopback`: through `ssh -L <port>:127.0.0.1:<port>` to the head)."""
+        host = {"0.0.0.0": self.head.ssh.address}.get(self.listen_address, self.listen_address)
+        return f"http://{host}:{self.config.vllm.port}/v1"
 
     @property
     def api_key_dir(self) -> str:
@@ -253,7 +268,7 @@ def vllm_serve_args(plan: DeploymentPlan) -> list[str]:
         "--revision",
         cfg.model.revision,
         "--host",
-        "0.0.0.0",
+        plan.listen_address,
         "--port",
         str(cfg.vllm.port),
         "--tensor-parallel-size",

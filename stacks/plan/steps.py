@@ -548,6 +548,7 @@ def vllm_ready(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
     seconds = cfg.timeouts.vllm_ready_seconds
     awaited: dict[str, str | float] = {
         "port": cfg.vllm.port,
+        **({} if cfg.vllm.listen == "all" else {"probe_host": plan.probe_address}),
         "served_name": cfg.model.served_model_name,
         "timeout_seconds": seconds,
         "progress_seconds": cfg.timeouts.vllm_progress_seconds,

@@ -142,3 +142,8 @@ class EndpointPoller:
         if down_since is not None and self.samples:
             total += self.samples[-1][0] - down_since
         return total
+
+
+def reachable_from_bastion(lab: Lab, address: str, port: int) -> bool:
+    probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{address}/{port}' 2>/dev/null && echo open"
+    return lab.ssh_bastion(probe + " || true").stdout.strip() == "open"

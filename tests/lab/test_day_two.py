@@ -31,6 +31,7 @@ from tests.lab.deploying import (
     complete,
     host_sh,
     lab_config,
+    reachable_from_bastion,
 )
 from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER
 from tests.lab.timings import record_day_two, record_timing
@@ -152,6 +153,25 @@ def test_an_upgrade_of_spark_vllm_that_edits_a_host_script(stack: Stack, tmp_pat
     assert "the next release changed" in host_sh(stack.lab, "spark2", f"tail -1 {STATE}/bin/lib.sh")
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
+
+
+def test_a_server_on_the_heads_loopback_is_out_of_the_bastions_reach(stack: Stack) -> None:
+    """`vllm.listen: loopback` (for users who reach the API through an SSH tunnel): the server
+    is replaced, listens on the head's loopback only, and is published there; then back."""
+    everywhere = stack.config
+    config = {**everywhere}
+    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "listen": "loopback"}
+    run = next_up(stack, "server on the head's loopback only (vllm.listen)", config)
+    assert run.changed() == {"vllm-container": "replace", "vllm-ready": "replace"}
+    assert stack.outputs["endpointUrl"] == "http://127.0.0.1:8000/v1"
+    head = stack.lab.spec.host_mgmt_ip(0)
+    assert not reachable_from_bastion(stack.lab, head, 8000)
+    listening = host_sh(stack.lab, "spark1", "ss -Hltn 'sport = :8000'")
+    assert "127.0.0.1:8000" in listening and "0.0.0.0:8000" not in listening, listening
+    run = next_up(stack, "server back on every interface", everywhere)
+    assert run.changed() == {"vllm-container": "replace", "vllm-ready": "replace"}
+    assert reachable_from_bastion(stack.lab, head, 8000)
+    assert_serves(stack)
 
 
 def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from shlex import quote as q
@@ -29,6 +31,7 @@ from tests.lab.deploying import (
     forward_through_bastion,
     host_sh,
     lab_config,
+    reachable_from_bastion,
 )
 from tests.lab.engine import NextUp, log_plan
 from tests.lab.realmocks import RealMocks, StackOutputs
@@ -121,6 +124,22 @@ def test_the_api_key_is_enforced(deployed: Deployment, endpoint: str) -> None:
     assert complete(endpoint, deployed.outputs["modelId"], key="wrong")[0] == 401
 
 
+def test_the_api_key_protects_v1_only(endpoint: str) -> None:
+    """As vLLM's AuthenticationMiddleware does (the README says so): whoever reaches the port
+    gets /health and /version without the key."""
+    root = endpoint.removesuffix("/v1")
+    assert status_of(f"{root}/health") == 200 and status_of(f"{root}/version") == 200
+    assert status_of(f"{endpoint}/models") == 401
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def test_ray_lists_every_node_by_its_fabric_ip(deployed: Deployment) -> None:
     lab = deployed.lab
     seen = host_sh(lab, "spark1", f'docker exec {PREFIX}-ray-head python3 -c "{RAY_NODES}"')
@@ -150,11 +169,6 @@ def test_secrets_are_not_in_container_configuration(deployed: Deployment) -> Non
     assert API_KEY not in inspect
     mode = host_sh(deployed.lab, "spark1", "stat -c %a /root/.spark-vllm/secrets/api-key")
     assert mode == "600"
-
-
-def reachable_from_bastion(lab: Lab, address: str, port: int) -> bool:
-    probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{address}/{port}' 2>/dev/null && echo open"
-    return lab.ssh_bastion(probe + " || true").stdout.strip() == "open"
 
 
 def test_what_the_bastion_can_and_cannot_reach(deployed: Deployment) -> None:

@@ -233,3 +233,24 @@ def test_components_never_read_the_config() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "config"
         ]
         assert not reads, f"{path.name} reads the config at lines {reads}"
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "probe", "endpoint"),
+    [
+        ("all", "0.0.0.0", None, "http://10.240.1.11:8000/v1"),
+        ("fabric", "10.241.0.11", "10.241.0.11", "http://10.241.0.11:8000/v1"),
+        ("loopback", "127.0.0.1", "127.0.0.1", "http://127.0.0.1:8000/v1"),
+    ],
+)
+def test_where_the_server_listens_is_where_it_is_probed_and_published(
+    make_config: ConfigFactory, listen: str, host: str, probe: str | None, endpoint: str
+) -> None:
+    config = make_config(hosts=2)
+    config["vllm"] = {**config["vllm"], "listen": listen}
+    plan = plan_of(config)
+    command = vllm_container(plan, "m", "launcher").command
+    assert command[command.index("--host") + 1] == host
+    ready = steps.vllm_ready(plan, "vllm", IMAGE_ID).create
+    assert (f"--probe-host {probe}" in ready) if probe else ("--probe-host" not in ready)
+    assert plan.endpoint_url == endpoint
