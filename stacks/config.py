@@ -178,6 +178,9 @@ class VllmConfig(ConfigModel):
     gpu_memory_utilization: float = Field(default=0.8, gt=0.0, le=0.98)
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # Once ready: this many streamed completions measure time to first token and decode speed
+    # (the `readiness` output); 0 skips it. Bounded to 2 minutes in all.
+    measure_completions: int = Field(default=3, ge=0, le=10)
 
     @field_validator("env")
     @classmethod

@@ -2,14 +2,15 @@
 # On the head: wait, bounded, until vLLM lists the served model and completes a real request.
 #   vllm-ready.sh --host H --container C --container-scripts DIR --port P [--probe-host IP]
 #                 --served-name N
-#                 --timeout-seconds S --progress-seconds S
+#                 --timeout-seconds S --progress-seconds S --measure-completions N
 #                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
 # Every --progress-seconds it reports on stderr (streamed into the `pulumi up` output): the time
 # waited, the probe's state and the server's latest progress line from its log.
 . "$(dirname "$0")/lib.sh"
 . "$SPARK_BIN/diagnose.sh"
 parse_flags "$@"
-require host container container-scripts port served-name timeout-seconds progress-seconds nodes
+require host container container-scripts port served-name timeout-seconds progress-seconds \
+  measure-completions nodes
 read -r -a node_specs <<<"$ARG_NODES"
 IFS= read -r api_key || true
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
@@ -27,6 +28,24 @@ server_progress() {
   { grep -E "$PROGRESS" <<<"$lines" || tail -n 1 <<<"$lines"; } | tail -n 1 | cut -c1-200
 }
 reported=$SECONDS
+probe() {
+  printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
+    python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" \
+    "${ARG_PROBE_HOST:-127.0.0.1}" "$@" 2>&1 | tail -n 1
+}
+# speed: "; speed: ..." from a few streamed completions once ready (vllm.measureCompletions).
+speed() {
+  [ "$ARG_MEASURE_COMPLETIONS" -gt 0 ] || return 0
+  local result word ttft rate runs tokens version
+  result="$(probe measure "$ARG_MEASURE_COMPLETIONS")" || true
+  read -r word ttft rate runs tokens version <<<"$result" || true
+  if [ "${word:-}" != speed ]; then
+    printf '; speed: not measured (%s)' "${result:0:160}"
+    return 0
+  fi
+  printf '; speed: time to first token %s s, decode %s tokens/s (median of %s streamed completions of %s tokens; server version %s)' \
+    "$ttft" "$rate" "$runs" "$tokens" "$version"
+}
 while :; do
   state="$(container_state "$ARG_CONTAINER")"
   restarts="$(docker inspect --format '{{.RestartCount}}' "$ARG_CONTAINER" 2>/dev/null || echo 0)"
@@ -37,11 +56,9 @@ while :; do
   [ "$restarts" = 0 ] || give_up \
     "vLLM exited during start-up and Docker restarted it $restarts time(s) (last probe: $last)" \
     "vLLM refused its arguments or failed to load the model; its log above shows the first error"
-  line="$(printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
-    python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" \
-    "${ARG_PROBE_HOST:-127.0.0.1}" 2>&1 | tail -n 1)" || true
+  line="$(probe)" || true
   case "$line" in
-    ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }"; exit 0 ;;
+    ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }$(speed)"; exit 0 ;;
     unauthorized*) give_up "vLLM rejects the configured API key (${line#unauthorized })" \
                      "the container was started with another key; run 'pulumi up' again to replace it" ;;
     "") ;;
@@ -49,6 +66,24 @@ while :; do
   esac
   if [ $(( SECONDS - reported )) -ge "$ARG_PROGRESS_SECONDS" ]; then
     reported=$SECONDS
+probe() {
+  printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
+    python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" \
+    "${ARG_PROBE_HOST:-127.0.0.1}" "$@" 2>&1 | tail -n 1
+}
+# speed: "; speed: ..." from a few streamed completions once ready (vllm.measureCompletions).
+speed() {
+  [ "$ARG_MEASURE_COMPLETIONS" -gt 0 ] || return 0
+  local result word ttft rate runs tokens version
+  result="$(probe measure "$ARG_MEASURE_COMPLETIONS")" || true
+  read -r word ttft rate runs tokens version <<<"$result" || true
+  if [ "${word:-}" != speed ]; then
+    printf '; speed: not measured (%s)' "${result:0:160}"
+    return 0
+  fi
+  printf '; speed: time to first token %s s, decode %s tokens/s (median of %s streamed completions of %s tokens; server version %s)' \
+    "$ttft" "$rate" "$runs" "$tokens" "$version"
+}
     note "vllm: waiting $(( SECONDS - started ))s of ${ARG_TIMEOUT_SECONDS}s; probe: $last; server log: $(server_progress)"
   fi
   if [ "$SECONDS" -ge "$deadline" ]; then

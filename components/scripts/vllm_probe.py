@@ -2,12 +2,23 @@
 
 `ready <text>` only when /v1/models lists the served name AND a real completion returns a token:
 /health alone can answer 200 while the engine is hung (vLLM #39863). The API key is read from stdin.
+
+    vllm_probe.py PORT SERVED_NAME [HOST] [measure N]
+
+With `measure N` (once ready), N streamed completions of a fixed prompt, one at a time, give
+`speed <time to first token> <decode tokens/s> ...`: medians, bounded by MEASURE_SECONDS.
 """
 
 import json
+import statistics
 import sys
+import time
 import urllib.error
 import urllib.request
+
+MEASURE_SECONDS = 120  # the whole measurement; a slower server reports what it measured
+MEASURE_TOKENS = 64
+MEASURE_PROMPT = "Count from one to one hundred in words, separated by commas:"
 
 
 def request(url: str, key: str, body: dict | None = None, timeout: float = 10) -> tuple[int, str]:
@@ -52,10 +63,74 @@ def probe(port: int, served_name: str, key: str, host: str = "127.0.0.1") -> str
     return "ready " + json.dumps(text)
 
 
+def stream_once(base: str, served_name: str, key: str, timeout: float) -> tuple[float, float, int]:
+    """One streamed completion: (seconds to the first token, seconds from the first token to
+    the last, tokens after the first). Each SSE chunk with text is one token, as vLLM streams."""
+    body = {
+        "model": served_name,
+        "prompt": MEASURE_PROMPT,
+        "max_tokens": MEASURE_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,  # a fixed length, whatever the model would say
+        "stream": True,
+    }
+    req = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    sent = time.monotonic()
+    first = last = None
+    tokens = 0
+    with urllib.request.urlopen(req, timeout=timeout) as response:
+        for raw in response:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = json.loads(line[len("data: ") :]).get("choices") or []
+            if any(choice.get("text") for choice in choices):
+                last = time.monotonic()
+                first = first if first is not None else last
+                tokens += 1
+    if first is None or last is None:
+        raise ValueError("the stream carried no token")
+    return first - sent, last - first, tokens - 1
+
+
+def measure(port: int, served_name: str, key: str, host: str, runs: int) -> str:
+    """`speed TTFT_S DECODE_TOK_S RUNS TOKENS VERSION`, medians of the runs that finished."""
+    base = f"http://{host}:{port}"
+    deadline = time.monotonic() + MEASURE_SECONDS
+    ttfts, rates, tokens = [], [], 0
+    for _ in range(runs):
+        left = deadline - time.monotonic()
+        if left <= 1:
+            break
+        try:
+            ttft, decode_s, decoded = stream_once(base, served_name, key, left)
+        except (OSError, ValueError) as error:
+            return f"speed-failed {error.__class__.__name__}: {error}"
+        ttfts.append(ttft)
+        if decoded > 0 and decode_s > 0:
+            rates.append(decoded / decode_s)
+        tokens = decoded + 1
+    if not ttfts:
+        return "speed-failed no completion within the time allowed"
+    try:
+        _, version_body = request(f"{base}/version", key)
+        version = json.loads(version_body).get("version", "unknown")
+    except (OSError, ValueError):
+        version = "unknown"
+    rate = statistics.median(rates) if rates else 0.0
+    return f"speed {statistics.median(ttfts):.3f} {rate:.1f} {len(ttfts)} {tokens} {version}"
+
+
 def main() -> None:
     port, served_name = int(sys.argv[1]), sys.argv[2]
     host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"  # vllm.listen: fabric
     key = sys.stdin.readline().strip()
+    if len(sys.argv) > 5 and sys.argv[4] == "measure":
+        print(measure(port, served_name, key, host, int(sys.argv[5])))
+        return
     print(probe(port, served_name, key, host))
 
 

@@ -552,6 +552,7 @@ def vllm_ready(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
         "served_name": cfg.model.served_model_name,
         "timeout_seconds": seconds,
         "progress_seconds": cfg.timeouts.vllm_progress_seconds,
+        "measure_completions": cfg.vllm.measure_completions,
     }
     model = cfg.model
     snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}

@@ -96,6 +96,12 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     assert "ready after" in outputs["readiness"]
     # What the image carries, read by running it once (the stand-in's own metadata).
     assert outputs["vllmVersion"] == STANDIN_VERSION
+    # Serving speed, measured once ready: the stand-in's figure, labelled by its version.
+    assert re.search(
+        r"speed: time to first token [\d.]+ s, decode [\d.]+ tokens/s \(median of 3 streamed "
+        rf"completions of 64 tokens; server version {re.escape(STANDIN_VERSION)}\)",
+        outputs["readiness"],
+    ), outputs["readiness"]
     assert outputs["rayVersion"] == "2.60.0"
 
 

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
@@ -375,3 +376,46 @@ def test_words_survive_a_remote_shell_with_spaces_and_quotes(shell: str, tmp_pat
     ).stdout  # fmt: skip
     done = subprocess.run([shell, "-c", line], capture_output=True, text=True, timeout=10)
     assert done.stdout.splitlines() == [odd, "plain"], line
+
+
+class StreamingVllm(StubVllm):
+    """Streams `tokens` SSE chunks, `gap` seconds apart, after `first` seconds."""
+
+    first, gap, count = 0.05, 0.01, 8
+
+    def do_GET(self) -> None:
+        if self.path == "/version":
+            self.reply(200, {"version": "0.16.0rc1"})
+        else:
+            super().do_GET()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert body["stream"] is True and body["max_tokens"] == 64
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        time.sleep(self.first)
+        for index in range(self.count):
+            chunk = {"choices": [{"index": 0, "text": f" t{index}"}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(self.gap)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.close_connection = True
+
+
+def test_the_speed_measure_reports_medians_of_streamed_completions() -> None:
+    measure = load("vllm_probe").measure
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StreamingVllm)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        word, ttft, rate, runs, tokens, version = measure(
+            port, "qwen", "key", "127.0.0.1", 3
+        ).split()
+    finally:
+        server.shutdown()
+    assert (word, runs, tokens, version) == ("speed", "3", "8", "0.16.0rc1")
+    assert 0.04 <= float(ttft) < 1.0
+    assert 20 < float(rate) <= 110  # 7 tokens over ~7 gaps of 10 ms (and scheduling)
