@@ -33,6 +33,7 @@ class VllmServerArgs:
 class VllmServer(pulumi.ComponentResource):
     container: docker.Container
     readiness: remote.Command  # the served model answered a real completion
+    fabric_transport: pulumi.Output[str]  # which network NCCL chose (README, Outputs)
 
     def __init__(self, name: str, args: VllmServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
@@ -67,7 +68,23 @@ class VllmServer(pulumi.ComponentResource):
             stdin={"api-key": args.api_key},
             triggers=[self.container.id],
         )
+        self.fabric_transport = self.readiness.stdout.apply(
+            functools.partial(_checked_transport, expected_rdma=plan.expects_rdma)
+        )
         self.register_outputs({"containerId": self.container.id, "ready": self.readiness.stdout})
+
+
+def _checked_transport(readiness: str, expected_rdma: bool) -> str:
+    """The transport NCCL chose; a loud warning in the `pulumi up` output when hosts have HCAs
+    but NCCL did not use them."""
+    found = steps.parse_fabric_transport(readiness)
+    if expected_rdma and not found.startswith("ib"):
+        pulumi.log.warn(
+            f"NCCL is not using RDMA between the nodes (fabricTransport: {found}): "
+            "tensor-parallel decode is then several times slower; check hosts[].rdmaHcas "
+            "(ibv_devinfo), the RoCE link, and the image's NCCL (README, Failures)"
+        )
+    return found
 
 
 def _sha256(value: str) -> str:

@@ -42,6 +42,7 @@ class Deployment:
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
             "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
+            "fabricTransport": self.server.fabric_transport,
         }
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs

@@ -3,6 +3,7 @@
 #   vllm-ready.sh --host H --container C --container-scripts DIR --port P [--probe-host IP]
 #                 --served-name N
 #                 --timeout-seconds S --progress-seconds S --measure-completions N
+#                 --expect-transport ib|none
 #                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
 # Every --progress-seconds it reports on stderr (streamed into the `pulumi up` output): the time
 # waited, the probe's state and the server's latest progress line from its log.
@@ -10,7 +11,7 @@
 . "$SPARK_BIN/diagnose.sh"
 parse_flags "$@"
 require host container container-scripts port served-name timeout-seconds progress-seconds \
-  measure-completions nodes
+  measure-completions expect-transport nodes
 read -r -a node_specs <<<"$ARG_NODES"
 IFS= read -r api_key || true
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
@@ -46,6 +47,23 @@ speed() {
   printf '; speed: time to first token %s s, decode %s tokens/s (median of %s streamed completions of %s tokens; server version %s)' \
     "$ttft" "$rate" "$runs" "$tokens" "$version"
 }
+# fabric_transport: a second line, which network NCCL chose (nccl_transport.py on the server's
+# log, where Ray forwards every rank's lines); a loud warning when RDMA was expected but not used.
+fabric_transport() {
+  if [ "$ARG_EXPECT_TRANSPORT" != ib ]; then
+    printf '\nfabric transport: not checked (no hosts[].rdmaHcas)'
+    return 0
+  fi
+  local found
+  found="$(timeout 60 docker logs "$ARG_CONTAINER" 2>&1 | timeout 60 docker exec -i "$ARG_CONTAINER" \
+    python3 "$ARG_CONTAINER_SCRIPTS/nccl_transport.py" 2>&1 | tail -n 1)" || true
+  case "$found" in
+    ib*) ;;
+    *) note "spark-vllm: $ARG_HOST: vllm-ready: WARNING: NCCL is not using RDMA between the nodes (it chose: ${found:-nothing readable}); tensor-parallel decode is then several times slower"
+       note "  likely cause: NCCL_IB_HCA names no active HCA port (check hosts[].rdmaHcas with ibv_devinfo), the RoCE link is down, or the image's NCCL lacks IB support" ;;
+  esac
+  printf '\nfabric transport: %s' "${found:-unknown}"
+}
 while :; do
   state="$(container_state "$ARG_CONTAINER")"
   restarts="$(docker inspect --format '{{.RestartCount}}' "$ARG_CONTAINER" 2>/dev/null || echo 0)"
@@ -58,7 +76,7 @@ while :; do
     "vLLM refused its arguments or failed to load the model; its log above shows the first error"
   line="$(probe)" || true
   case "$line" in
-    ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }$(speed)"; exit 0 ;;
+    ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }$(speed)$(fabric_transport)"; exit 0 ;;
     unauthorized*) give_up "vLLM rejects the configured API key (${line#unauthorized })" \
                      "the container was started with another key; run 'pulumi up' again to replace it" ;;
     "") ;;

@@ -89,6 +89,11 @@ class DeploymentPlan:
         return tuple(n for n in self.nodes if not n.is_head)
 
     @property
+    def expects_rdma(self) -> bool:
+        """Some host names HCAs: NCCL should run over RoCE between the nodes."""
+        return any(n.rdma_hcas for n in self.nodes)
+
+    @property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
@@ -158,6 +163,11 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
     if node.rdma_hcas:
         env["NCCL_IB_HCA"] = ",".join(node.rdma_hcas)
         env.setdefault("NCCL_IB_DISABLE", "0")
+        # Which transport NCCL chose is logged at communicator init (its INIT and NET
+        # subsystems print there, not per collective): the readiness wait reads it from the
+        # server's log and warns when RDMA was expected but sockets were used.
+        env.setdefault("NCCL_DEBUG", "INFO")
+        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
     # Ray's memory monitor kills tasks and actors above its host-memory threshold; on GB10 the
     # GPU's allocations (weights, KV cache) come out of the same unified memory, so the vLLM
     # ranks are its likely victims. The raylet reads this at start ("To disable worker killing,

@@ -436,6 +436,16 @@ def parse_image_facts(stdout: str) -> dict[str, str]:
     return {key: str(value) for key, value in facts.items() if value is not None}
 
 
+FABRIC_TRANSPORT_PREFIX = "fabric transport: "
+
+
+def parse_fabric_transport(readiness: str) -> str:
+    """vllm-ready.sh's `fabric transport:` line: `ib <devices>`, `socket <interfaces>`, another
+    NCCL network, `unknown`, or `not checked (...)`."""
+    lines = [line for line in readiness.splitlines() if line.startswith(FABRIC_TRANSPORT_PREFIX)]
+    return lines[-1].removeprefix(FABRIC_TRANSPORT_PREFIX).strip() if lines else "unknown"
+
+
 # -- model weights -----------------------------------------------------------------------------
 
 
@@ -553,6 +563,8 @@ def vllm_ready(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
         "timeout_seconds": seconds,
         "progress_seconds": cfg.timeouts.vllm_progress_seconds,
         "measure_completions": cfg.vllm.measure_completions,
+        # With HCAs, NCCL should run over RoCE: the wait reads which transport it chose.
+        "expect_transport": "ib" if plan.expects_rdma else "none",
     }
     model = cfg.model
     snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}

@@ -96,6 +96,8 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     assert "ready after" in outputs["readiness"]
     # What the image carries, read by running it once (the stand-in's own metadata).
     assert outputs["vllmVersion"] == STANDIN_VERSION
+    # The lab has no RDMA (no hosts[].rdmaHcas): the transport is not checked, and says so.
+    assert outputs["fabricTransport"] == "not checked (no hosts[].rdmaHcas)"
     # Serving speed, measured once ready: the stand-in's figure, labelled by its version.
     assert re.search(
         r"speed: time to first token [\d.]+ s, decode [\d.]+ tokens/s \(median of 3 streamed "

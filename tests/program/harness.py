@@ -152,8 +152,16 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
         return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeHeadKey spark-vllm-fabric:x:spark1\n"
     if name.endswith("-fetch"):
         return "0123456789abcdef0123456789abcdef01234567 3 1048576\n"
-    if name.endswith("-ready"):
-        return 'vllm: ready after 42s; first completion: "hello"\n'
+    if name.endswith("-ready"):  # as vllm-ready.sh answers on hosts where NCCL uses RoCE
+        transport = (
+            "ib rocep1s0f1:1/RoCE"
+            if "--expect-transport ib" in str(inputs.get("create"))
+            else "not checked (no hosts[].rdmaHcas)"
+        )
+        return f'vllm: ready after 42s; first completion: "hello"\nfabric transport: {transport}\n'
+    if name.endswith("-facts"):  # as image-facts.sh answers for a vLLM image with Ray
+        facts = {"machine": "aarch64", "python": "3.12.3", "ray": "2.53.0", "vllm": "0.16.0"}
+        return "spark-vllm-image-facts " + json.dumps(facts, sort_keys=True) + "\n"
     return ""
 
 

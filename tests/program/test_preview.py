@@ -9,7 +9,14 @@ from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import Evaluation, evaluate
 
 # Outputs that exist only once the image is pulled and the server answered.
-CREATED_OUTPUTS = {"endpointUrl", "readiness", "imageId", "vllmVersion", "rayVersion"}
+CREATED_OUTPUTS = {
+    "endpointUrl",
+    "readiness",
+    "imageId",
+    "vllmVersion",
+    "rayVersion",
+    "fabricTransport",
+}
 
 
 def graph(ev: Evaluation) -> set[tuple[str, str, str, str]]:
