@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lab import Lab
+from lab.spec import IMAGE_NAME
 from lab.stack import PROJECT
 from tests.lab.deploying import (
     API_KEY,
@@ -208,6 +209,68 @@ def test_an_unknown_extra_arg_is_caught_before_anything_starts(
     for host in lab.spec.host_names:
         assert host_sh(lab, host, "docker ps -aq") == "", "no container may start"
     successful_up(lab, stack)
+
+
+def with_image(lab: Lab, ref: str) -> dict[str, Any]:
+    config = lab_config(lab)
+    config[f"{PROJECT}:image"] = {**config[f"{PROJECT}:image"], "ref": ref}
+    return config
+
+
+def assert_no_container_started(lab: Lab) -> None:
+    for host in lab.spec.host_names:
+        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: no container may start"
+
+
+@pytest.fixture
+def head_image(lab: Lab) -> Iterator[str]:
+    """A tag made on the head for one test, removed after it."""
+    ref = "spark-vllm-lab:fault"
+    yield ref
+    for host in lab.spec.host_names:
+        lab.sh(host, f"docker rmi -f {ref} >/dev/null 2>&1 || true")
+
+
+def test_an_image_without_ray_is_refused_before_anything_starts(
+    lab: Lab, stack: list[RealMocks], head_image: str
+) -> None:
+    site = "/opt/venv/lib/python3*/site-packages"
+    lab.sh(
+        "spark1",
+        f"docker run --name spark-vllm-noray --entrypoint sh {IMAGE_NAME} "
+        f"-c 'rm -rf {site}/ray {site}/ray-*.dist-info' && "
+        f"docker commit spark-vllm-noray {head_image} >/dev/null && docker rm spark-vllm-noray",
+        timeout=180,
+    )
+    error = failing_up(lab, stack, with_image(lab, head_image))
+    assert "image-facts: the image cannot serve this stack: " in error
+    assert f"image.ref {head_image}: has no `ray` package" in error
+    assert_no_container_started(lab)
+
+
+def test_an_image_for_another_architecture_is_refused_before_anything_starts(
+    lab: Lab, stack: list[RealMocks], head_image: str
+) -> None:
+    machine = host_sh(lab, "spark1", "uname -m")
+    other = "amd64" if machine == "aarch64" else "arm64"
+    here = "arm64" if other == "amd64" else "amd64"
+    lab.sh(
+        "spark1",
+        f"mkdir -p /tmp/empty-rootfs && tar -C /tmp/empty-rootfs -cf - . "
+        f"| docker import --platform linux/{other} - {head_image} >/dev/null",
+    )
+    error = failing_up(lab, stack, with_image(lab, head_image))
+    assert f"image.ref {head_image} is built for {other}, but this host is {here}" in error
+    assert f"set image.platform to linux/{here}" in error
+    assert_no_container_started(lab)
+
+
+def test_an_empty_api_key_is_refused_before_anything_runs(lab: Lab, stack: list[RealMocks]) -> None:
+    config = {**lab_config(lab), f"{PROJECT}:apiKey": ""}
+    error = failing_up(lab, stack, config)
+    assert "invalid spark-vllm configuration:" in error
+    assert "apiKey: is required and must not be empty" in error
+    assert stack[-1].state_entries() == [], "nothing was created"
 
 
 def test_a_server_that_exits_at_once_is_reported_with_its_log(
