@@ -412,15 +412,16 @@ def test_drift_the_head_state_dir_removed_is_repaired_by_up(stack: Stack) -> Non
 
 
 def test_an_up_that_fails_midway(stack: Stack) -> None:
-    """A flag the server refuses: its old container is deleted first (fixed names), the new one
+    """A flag value the server refuses (the flag exists, so the image check passes): its old
+    container is deleted first (fixed names), the new one
     exits (Docker restarts it, with backoff), and the run stops at the first of the Docker
     provider's mustRun check and the readiness wait to see it. What it did and did not reach
     stays in the state."""
     config = {**stack.config}
-    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "extraArgs": ["--no-such-flag"]}
+    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "extraArgs": ["--dtype", "nonsense"]}
     with pytest.raises(Exception, match=EXITED_AT_START) as caught:
         next_up(stack, "an up that fails midway (a bad extraArgs)", config)
-    assert "unrecognized arguments: --no-such-flag" in str(caught.value)
+    assert "argument --dtype: invalid choice: 'nonsense'" in str(caught.value)
     names = {e.name for e in stack.state.state_entries()}
     assert {"vllm-container", "ray-head", "spark2-scripts", "fabric-spark2-pin"} <= names
 

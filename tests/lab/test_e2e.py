@@ -39,7 +39,8 @@ from tests.lab.timings import record_timing
 
 pytestmark = pytest.mark.lab
 
-STANDIN_VERSION = "0.0.0+spark-vllm-lab-standin"
+STANDIN_VERSION = "0.0.0+spark-vllm-lab-standin"  # what its /version says
+STANDIN_PACKAGE_VERSION = "0.0.0+spark.vllm.lab.standin"  # its metadata's (PEP 440 normalised)
 LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
 assert "ray==2.60.0" in REQUIREMENTS  # the lab image's Ray, which rayVersion must report
 
@@ -95,7 +96,7 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     assert outputs.secret_names == {"apiKey"}
     assert "ready after" in outputs["readiness"]
     # What the image carries, read by running it once (the stand-in's own metadata).
-    assert outputs["vllmVersion"] == STANDIN_VERSION
+    assert outputs["vllmVersion"] == STANDIN_PACKAGE_VERSION
     # The lab has no RDMA (no hosts[].rdmaHcas): the transport is not checked, and says so.
     assert outputs["fabricTransport"] == "not checked (no hosts[].rdmaHcas)"
     # Serving speed, measured once ready: the stand-in's figure, labelled by its version.
