@@ -84,24 +84,6 @@ while :; do
   esac
   if [ $(( SECONDS - reported )) -ge "$ARG_PROGRESS_SECONDS" ]; then
     reported=$SECONDS
-probe() {
-  printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
-    python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" \
-    "${ARG_PROBE_HOST:-127.0.0.1}" "$@" 2>&1 | tail -n 1
-}
-# speed: "; speed: ..." from a few streamed completions once ready (vllm.measureCompletions).
-speed() {
-  [ "$ARG_MEASURE_COMPLETIONS" -gt 0 ] || return 0
-  local result word ttft rate runs tokens version
-  result="$(probe measure "$ARG_MEASURE_COMPLETIONS")" || true
-  read -r word ttft rate runs tokens version <<<"$result" || true
-  if [ "${word:-}" != speed ]; then
-    printf '; speed: not measured (%s)' "${result:0:160}"
-    return 0
-  fi
-  printf '; speed: time to first token %s s, decode %s tokens/s (median of %s streamed completions of %s tokens; server version %s)' \
-    "$ttft" "$rate" "$runs" "$tokens" "$version"
-}
     note "vllm: waiting $(( SECONDS - started ))s of ${ARG_TIMEOUT_SECONDS}s; probe: $last; server log: $(server_progress)"
   fi
   if [ "$SECONDS" -ge "$deadline" ]; then
