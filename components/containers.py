@@ -20,8 +20,10 @@ def service_container(
     parent: pulumi.Resource,
     after: Sequence[pulumi.Resource],
     id_labels: Sequence[tuple[str, pulumi.Input[str]]] = (),
+    command: pulumi.Input[Sequence[str]] | None = None,
 ) -> docker.Container:
     """`id_labels` name other resources' IDs: when one is replaced, so is this container.
+    `command`, when given, stands for the spec's: one known only once another resource exists.
 
     Fixed container names: the old container must go before its replacement starts
     (delete_before_replace; pulumi-docker would otherwise create first and collide).
@@ -31,7 +33,7 @@ def service_container(
         resource_name,
         name=spec.name,
         entrypoints=list(spec.entrypoint),
-        command=list(spec.command),
+        command=command if command is not None else list(spec.command),
         **_container_args(spec, image_id),
         labels=[docker.ContainerLabelArgs(label=key, value=value) for key, value in labels],
         opts=pulumi.ResourceOptions(

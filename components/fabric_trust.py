@@ -13,7 +13,7 @@ from pulumi_command import remote
 
 from components.host import Host
 from components.steps import host_step
-from stacks.plan import steps
+from stacks.plan import hardware, steps
 from stacks.plan.nodes import DeploymentPlan
 
 
@@ -25,30 +25,42 @@ class FabricTrustArgs:
 
 
 class FabricTrust(pulumi.ComponentResource):
-    ready: list[pulumi.Resource]  # every worker trusts the head's key, pinned on the head
+    ready: list[pulumi.Resource]  # every worker trusts the head's key and its link was checked
+    links: dict[str, remote.Command]  # by worker: fabric-link.sh's figures on stdout
 
     def __init__(
         self, name: str, args: FabricTrustArgs, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("spark-vllm:index:FabricTrust", name, None, opts)
         plan, head = args.plan, args.head
-        self.ready = []
-        if not steps.fabric_trust_managed(plan):
-            self.register_outputs({"managed": False})
-            return
-        head_key = host_step(
-            steps.head_fabric_key(plan, name), [head], parent=self, after=[head.preflight]
-        )
-        for worker in args.workers:
-            authorize = host_step(
-                steps.authorize_head_key(plan, name, worker.node),
-                [worker],
-                parent=self,
-                after=[worker.preflight],
-                stdin={"head-public-key": head_key.stdout},
+        trusted = {w.node.name: [head.preflight, w.preflight] for w in args.workers}
+        outputs: dict[str, pulumi.Input[object]] = {"managed": False}
+        if steps.fabric_trust_managed(plan):
+            head_key = host_step(
+                steps.head_fabric_key(plan, name), [head], parent=self, after=[head.preflight]
             )
-            self.ready.append(self._pin(plan, name, head, worker, head_key, authorize))
-        self.register_outputs({"managed": True, "headPublicKey": head_key.stdout})
+            for worker in args.workers:
+                authorize = host_step(
+                    steps.authorize_head_key(plan, name, worker.node),
+                    [worker],
+                    parent=self,
+                    after=[worker.preflight],
+                    stdin={"head-public-key": head_key.stdout},
+                )
+                pin = self._pin(plan, name, head, worker, head_key, authorize)
+                trusted[worker.node.name] = [pin]
+            outputs = {"managed": True, "headPublicKey": head_key.stdout}
+        self.links = {
+            worker.node.name: host_step(
+                hardware.fabric_link(plan, name, worker.node),
+                [head],
+                parent=self,
+                after=[*trusted[worker.node.name], worker.scripts],
+            )
+            for worker in args.workers
+        }
+        self.ready = list(self.links.values())
+        self.register_outputs({**outputs, "links": [c.stdout for c in self.links.values()]})
 
     def _pin(
         self,

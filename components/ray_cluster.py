@@ -24,6 +24,7 @@ class RayClusterArgs:
     workers: list[Host]
     image_id: pulumi.Output[str]
     image_ready: dict[str, pulumi.Resource]
+    memory_checked: pulumi.Resource  # measured before anything of ours starts (ServerMemory)
 
 
 class RayCluster(pulumi.ComponentResource):
@@ -71,6 +72,11 @@ class RayCluster(pulumi.ComponentResource):
             args.image_id,
             provider=host.provider,
             parent=self,
-            after=[*host.prepared, args.image_ready[host.node.name], *(after or [])],
+            after=[
+                *host.prepared,
+                args.image_ready[host.node.name],
+                args.memory_checked,
+                *(after or []),
+            ],
             id_labels=id_labels or [],
         )

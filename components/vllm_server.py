@@ -14,7 +14,7 @@ from components.bundle import launcher_script
 from components.containers import service_container
 from components.host import Host
 from components.ray_cluster import RayCluster
-from components.steps import Pending, host_step
+from components.steps import PENDING, Pending, host_step
 from stacks.plan import steps
 from stacks.plan.containers import API_KEY_HASH_LABEL, RAY_CLUSTER_LABEL, vllm_container
 from stacks.plan.nodes import DeploymentPlan
@@ -28,6 +28,7 @@ class VllmServerArgs:
     ray: RayCluster
     weights_ready: list[pulumi.Resource]
     api_key: pulumi.Output[str]  # a secret, never empty
+    gpu_memory_utilization: str | pulumi.Output[str]  # configured, or what the memory check derived
 
 
 class VllmServer(pulumi.ComponentResource):
@@ -45,10 +46,16 @@ class VllmServer(pulumi.ComponentResource):
             after=[head.scripts],
             stdin={"api-key": args.api_key},
         )
+        spec = functools.partial(vllm_container, plan, head.mounts_token, launcher_script())
+        utilization = args.gpu_memory_utilization
         self.container = service_container(
             f"{name}-container",
-            vllm_container(plan, head.mounts_token, launcher_script()),
+            spec(utilization if isinstance(utilization, str) else PENDING),
             args.image_id,
+            # With `auto`, the fraction is known once the memory check ran.
+            command=None
+            if isinstance(utilization, str)
+            else utilization.apply(lambda u: list(spec(u).command)),
             provider=head.provider,
             parent=self,
             after=[args.ray.joined, key_file, *args.weights_ready],

@@ -15,6 +15,9 @@ LAB_USER = "root"
 SERVED_NAME = "tiny-chat"
 
 
+LAB_MIN_LINK_GBPS = 1
+
+
 def stack_config(spec: LabSpec) -> dict[str, Any]:
     """`Pulumi.<stack>.yaml` config (namespaced keys) for the lab `spec` describes."""
     config: dict[str, Any] = {}
@@ -35,7 +38,9 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
     config["vllm"] = {"port": 8000, "tensorParallelSize": spec.hosts, "maxModelLen": 2048}
     config["ray"] = {"objectStoreMemoryBytes": 200_000_000}
     config["docker"] = {"requestGpus": False}
-    config["fabric"] = {"firewall": True}  # Ray's ports only on the fabric (tests show it)
+    # Ray's ports only on the fabric (tests show it). The link floor: the lab's veth fabric on
+    # a busy 2-core machine still carries several Gbit/s; a shaped one (tc) falls below it.
+    config["fabric"] = {"firewall": True, "minLinkGbps": LAB_MIN_LINK_GBPS}
     config["preflight"] = {
         "unifiedMemory": False,
         "minFreeMemoryGib": 1,

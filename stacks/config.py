@@ -175,7 +175,9 @@ class VllmConfig(ConfigModel):
     tensor_parallel_size: int = Field(ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=16)
-    gpu_memory_utilization: float = Field(default=0.8, gt=0.0, le=0.98)
+    # A fraction of each node's total memory, or "auto": derived from what each node will have
+    # free when the server starts (the memory check; README, Failures), less a safety margin.
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=0.98)] | Literal["auto"] = 0.8
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     # Once ready: this many streamed completions measure time to first token and decode speed
@@ -244,6 +246,21 @@ class FabricConfig(ConfigModel):
     # Ray listens on every interface and runs code for whoever reaches it: with firewall true,
     # each host drops Ray's ports on every interface but the fabric (iptables, needs root/sudo).
     firewall: bool = False
+    # The head measures TCP throughput to each worker over the fabric before anything is copied;
+    # below this floor the deployment stops (0: not measured). Why 20: README, Failures.
+    min_link_gbps: float = Field(default=20.0, ge=0)
+    # Every fabric interface must have this MTU (9000 for RoCE at full rate); unset: the head's
+    # and each worker's must only agree.
+    mtu: int | None = Field(default=None, ge=576, le=65536)
+
+
+class KnownBadVersion(ConfigModel):
+    """A kernel or NVIDIA driver release users reported broken for this workload."""
+
+    kind: Literal["kernel", "driver"]
+    version: str = Field(pattern=r"^[\w.+~:*-]+$")  # exact, or a shell pattern (`*`)
+    reason: str = Field(min_length=1, pattern=r"^[^|;\n]+$")
+    source: str = Field(default="", pattern=r"^[^|;\n]*$")
 
 
 class PreflightConfig(ConfigModel):
@@ -251,6 +268,13 @@ class PreflightConfig(ConfigModel):
     min_free_memory_gib: float = Field(default=8.0, ge=0)
     min_free_disk_gib: float = Field(default=100.0, ge=0)
     require_nvidia_runtime: bool = True
+    # Versions to refuse besides the ones spark-vllm ships (stacks/plan/hardware.py).
+    known_bad: list[KnownBadVersion] = Field(default_factory=list)
+    # true: a known-bad kernel or driver is a warning, not an error.
+    allow_known_bad: bool = False
+    # true: drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches, needs root or
+    # sudo -n) on each node right before its memory is measured for the server.
+    drop_page_cache: bool = False
 
 
 class TimeoutsConfig(ConfigModel):

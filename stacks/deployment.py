@@ -9,10 +9,12 @@ import pulumi
 from components.fabric_trust import FabricTrust, FabricTrustArgs
 from components.host import Host, HostArgs
 from components.image import ImageDistribution, ImageDistributionArgs
+from components.memory import ServerMemory, ServerMemoryArgs
 from components.ray_cluster import RayCluster, RayClusterArgs
 from components.vllm_server import VllmServer, VllmServerArgs
 from components.weights import ModelWeights, ModelWeightsArgs
 from stacks.known_hosts import write_known_hosts
+from stacks.plan import hardware
 from stacks.plan.nodes import DeploymentPlan, plan_deployment, unpinned_endpoints
 from stacks.settings import Settings
 
@@ -21,8 +23,10 @@ from stacks.settings import Settings
 class Deployment:
     plan: DeploymentPlan
     hosts: dict[str, Host]
+    trust: FabricTrust
     image: ImageDistribution
     weights: ModelWeights
+    memory: ServerMemory
     ray: RayCluster
     server: VllmServer
     api_key: pulumi.Output[str]
@@ -43,6 +47,12 @@ class Deployment:
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
             "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
             "fabricTransport": self.server.fabric_transport,
+            # The link test's figures per worker, and the memory the server was sized for.
+            "fabricLinks": {
+                worker: link.stdout.apply(hardware.parse_fabric_link)
+                for worker, link in self.trust.links.items()
+            },
+            "memory": self.memory.sizing,
         }
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
@@ -74,13 +84,20 @@ def build_deployment(settings: Settings) -> Deployment:
     }
     head = hosts[plan.head.name]
     workers = [hosts[n.name] for n in plan.workers]
+    _warn_hardware(hosts)
     trust = FabricTrust("fabric", FabricTrustArgs(plan, head, workers))
     image = ImageDistribution("image", ImageDistributionArgs(plan, head, workers, trust.ready))
     weights = ModelWeights(
         "weights",
         ModelWeightsArgs(plan, head, workers, image.present_on, settings.hf_token),
     )
-    ray = RayCluster("ray", RayClusterArgs(plan, head, workers, image.image_id, image.present_on))
+    memory = ServerMemory(
+        "memory", ServerMemoryArgs(plan, head, image.image_id, list(weights.present_on.values()))
+    )
+    ray = RayCluster(
+        "ray",
+        RayClusterArgs(plan, head, workers, image.image_id, image.present_on, memory.check),
+    )
     server = VllmServer(
         "vllm",
         VllmServerArgs(
@@ -90,9 +107,24 @@ def build_deployment(settings: Settings) -> Deployment:
             ray,
             list(weights.present_on.values()),
             settings.api_key,
+            memory.gpu_memory_utilization,
         ),
     )
-    return Deployment(plan, hosts, image, weights, ray, server, settings.api_key)
+    return Deployment(plan, hosts, trust, image, weights, memory, ray, server, settings.api_key)
+
+
+def _warn_hardware(hosts: dict[str, Host]) -> None:
+    """An allowed known-bad release, and kernels or drivers that differ between the nodes, as
+    warnings in the `pulumi up` output (preflight refuses a known-bad one by default)."""
+    facts = pulumi.Output.all(
+        *[host.preflight.stdout.apply(hardware.parse_preflight) for host in hosts.values()]
+    )
+
+    def warn(per_node: list[dict[str, object]]) -> None:
+        for warning in hardware.hardware_warnings(dict(zip(hosts, per_node, strict=True))):
+            pulumi.log.warn(warning)
+
+    facts.apply(warn)
 
 
 def _warn_unpinned(plan: DeploymentPlan) -> None:

@@ -5,7 +5,31 @@
 parse_flags "$@"
 require host role fabric-interface fabric-ip head-fabric-ip ports min-free-memory-bytes \
   memory-fraction min-free-disk-bytes disk-paths require-gpus require-nvidia-runtime \
-  container-names deployment
+  container-names deployment rdma-hcas known-bad allow-known-bad
+SYSFS="${SPARK_VLLM_SYSFS:-/sys}"  # the tests point it at a fake RDMA tree
+
+# --- kernel and driver (known-bad releases: stacks/plan/hardware.py and preflight.knownBad) ----
+kernel="$(cat /proc/sys/kernel/osrelease)"
+driver="$(cat /sys/module/nvidia/version 2>/dev/null || true)"
+if [ -z "$driver" ] && command -v nvidia-smi >/dev/null; then
+  driver="$(timeout 30 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+fi
+known_bad=""
+IFS=';' read -ra entries <<<"$ARG_KNOWN_BAD"
+for entry in "${entries[@]}"; do
+  IFS='|' read -r kind pattern reason source <<<"$entry"
+  if [ "$kind" = kernel ]; then value="$kernel"; else value="$driver"; fi
+  [ -n "$value" ] || continue
+  # shellcheck disable=SC2053  # the version is a shell pattern on purpose
+  [[ "$value" == $pattern ]] || continue
+  what="the $kind $value is known to break this workload: $reason${source:+ ($source)}"
+  if [ "$ARG_ALLOW_KNOWN_BAD" = yes ]; then
+    known_bad+="${known_bad:+; }$what"
+  else
+    fail "$what" \
+      "boot a $kind release not on the list (the previous one is usually still installed), or set preflight.allowKnownBad: true to deploy anyway"
+  fi
+done
 
 # --- docker -----------------------------------------------------------------------------------
 command -v docker >/dev/null || fail "the docker CLI is not installed" "Docker is missing on this host"
@@ -74,6 +98,16 @@ addresses="$(ip -o -4 addr show dev "$iface" | awk '{print $4}' | cut -d/ -f1 | 
 grep -qw -- "$ARG_FABRIC_IP" <<<"$addresses" \
   || fail "the fabric interface $iface has ${addresses:-no IPv4 address}, not $ARG_FABRIC_IP" \
        "hosts[].fabricIp is wrong for this host, or the interface lost its address"
+for hca in ${ARG_RDMA_HCAS//,/ }; do
+  [ -d "$SYSFS/class/infiniband/$hca" ] \
+    || fail "the RDMA device $hca does not exist (devices: $(cd "$SYSFS/class/infiniband" 2>/dev/null && echo *))" \
+      "hosts[].rdmaHcas is wrong for this host (ibv_devinfo lists the names), or the RDMA driver is not loaded"
+  port_states="$(cat "$SYSFS/class/infiniband/$hca"/ports/*/state 2>/dev/null | paste -sd ',' - || true)"
+  grep -q ACTIVE <<<"$port_states" \
+    || fail "the RDMA device $hca has no active port (${port_states:-no ports})" \
+      "the RoCE link is down: the cable, the link partner, or the port is not configured"
+done
+fabric_mtu="$(cat "/sys/class/net/$iface/mtu")"
 if [ "$ARG_ROLE" = worker ]; then
   ip route get "$ARG_HEAD_FABRIC_IP" 2>/dev/null | grep -qw "dev $iface" \
     || fail "traffic to the head's fabric IP $ARG_HEAD_FABRIC_IP would not leave through $iface" \
@@ -103,6 +137,8 @@ for port in ${ARG_PORTS//,/ }; do
   fi
 done
 
-printf '{"host":"%s","role":"%s","docker":"%s","gpus":%s,"memTotalBytes":%s,"memAvailableBytes":%s,"diskFreeBytes":%s,"fabricInterface":"%s","fabricIp":"%s"}\n' \
+json_text() { local v="${1//\\/\\\\}"; printf '%s' "${v//\"/\\\"}"; }
+printf '{"host":"%s","role":"%s","docker":"%s","gpus":%s,"memTotalBytes":%s,"memAvailableBytes":%s,"diskFreeBytes":%s,"fabricInterface":"%s","fabricIp":"%s","fabricMtu":%s,"kernel":"%s","nvidiaDriver":"%s","knownBad":"%s"}\n' \
   "$ARG_HOST" "$ARG_ROLE" "$docker_version" "$gpus_seen" "$mem_total" "$mem_available" \
-  "${disk_free_min:-0}" "$iface" "$ARG_FABRIC_IP"
+  "${disk_free_min:-0}" "$iface" "$ARG_FABRIC_IP" "$fabric_mtu" "$(json_text "$kernel")" \
+  "$(json_text "$driver")" "$(json_text "$known_bad")"

@@ -105,15 +105,18 @@ def ray_container(plan: DeploymentPlan, node: NodePlan, mounts_token: str) -> Co
     return _service(plan, node, role, ("ray",), tuple(ray_start_args(plan, node)), mounts_token)
 
 
-def vllm_container(plan: DeploymentPlan, mounts_token: str, launcher: str) -> ContainerSpec:
+def vllm_container(
+    plan: DeploymentPlan, mounts_token: str, launcher: str, gpu_memory_utilization: str
+) -> ContainerSpec:
     """The server on the head: `launcher` (vllm-launcher.sh's text) waits for Ray's GPUs and
-    reads the API key from a mounted directory, then runs `vllm serve`."""
+    reads the API key from a mounted directory, then runs `vllm serve` sized to
+    `gpu_memory_utilization` (the configured fraction, or what the memory check derived)."""
     spec = _service(
         plan,
         plan.head,
         "vllm",
         ("bash", "-c", launcher, "vllm-launcher"),
-        tuple(vllm_launcher_args(plan)),
+        tuple(vllm_launcher_args(plan, gpu_memory_utilization)),
         mounts_token,
     )
     api_key = Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True)

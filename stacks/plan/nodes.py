@@ -18,6 +18,7 @@ from stacks.config import (
     StackConfig,
 )
 from stacks.known_hosts import find_host_key
+from stacks.plan.known_bad import known_bad_flag
 
 GIB = 1024**3
 
@@ -230,9 +231,7 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     cfg = plan.config
     single_ports = [p for p in ray_listen_ports(plan, node) if ":" not in p]
     ports = [str(cfg.vllm.port), *single_ports] if node.is_head else single_ports
-    containers = [plan.container_name("ray-head" if node.is_head else "ray-worker")]
-    if node.is_head:
-        containers.append(plan.container_name("vllm"))
+    containers = own_container_names(plan, node)
     return {
         "role": node.role,
         "fabric_interface": node.fabric_interface,
@@ -240,17 +239,32 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
         "head_fabric_ip": plan.head.fabric_ip,
         "ports": ",".join(ports),
         "min_free_memory_bytes": int(cfg.preflight.min_free_memory_gib * GIB),
-        "memory_fraction": cfg.vllm.gpu_memory_utilization if cfg.preflight.unified_memory else 0,
+        # With `auto` the memory check derives the fraction later; preflight checks the floor.
+        "memory_fraction": (
+            cfg.vllm.gpu_memory_utilization
+            if cfg.preflight.unified_memory and cfg.vllm.gpu_memory_utilization != "auto"
+            else 0
+        ),
         "min_free_disk_bytes": int(cfg.preflight.min_free_disk_gib * GIB),
         "disk_paths": cfg.model.cache_dir,
         "require_gpus": node.gpus if cfg.docker.request_gpus else 0,
         "require_nvidia_runtime": "yes" if cfg.preflight.require_nvidia_runtime else "no",
         "container_names": ",".join(containers),
         "deployment": plan.deployment_id,
+        "rdma_hcas": ",".join(node.rdma_hcas),
+        "known_bad": known_bad_flag(cfg),
+        "allow_known_bad": "yes" if cfg.preflight.allow_known_bad else "no",
     }
 
 
-def vllm_launcher_args(plan: DeploymentPlan) -> list[str]:
+def own_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """This deployment's containers on `node`."""
+    if node.is_head:
+        return [plan.container_name("ray-head"), plan.container_name("vllm")]
+    return [plan.container_name("ray-worker")]
+
+
+def vllm_launcher_args(plan: DeploymentPlan, gpu_memory_utilization: str) -> list[str]:
     """The launcher's flags (components/scripts/vllm-launcher.sh), then `--` and vLLM's."""
     return [
         "--expect-ips",
@@ -264,12 +278,19 @@ def vllm_launcher_args(plan: DeploymentPlan) -> list[str]:
         "--scripts",
         CONTAINER_SCRIPTS_DIR,
         "--",
-        *vllm_serve_args(plan),
+        *vllm_serve_args(plan, gpu_memory_utilization),
     ]
 
 
-def vllm_serve_args(plan: DeploymentPlan) -> list[str]:
-    """Arguments after `vllm serve`, all from typed config (never probed from the image)."""
+def fixed_gpu_memory_utilization(plan: DeploymentPlan) -> str | None:
+    """The configured fraction as vLLM's flag reads it; None for `auto` (the memory check's)."""
+    value = plan.config.vllm.gpu_memory_utilization
+    return None if value == "auto" else str(value)
+
+
+def vllm_serve_args(plan: DeploymentPlan, gpu_memory_utilization: str) -> list[str]:
+    """Arguments after `vllm serve`, from typed config (never probed from the image) and, with
+    `auto`, the fraction the memory check derived (`gpu_memory_utilization`)."""
     cfg = plan.config
     args = [
         cfg.model.id,
@@ -288,7 +309,7 @@ def vllm_serve_args(plan: DeploymentPlan) -> list[str]:
         "--distributed-executor-backend",
         "ray",
         "--gpu-memory-utilization",
-        str(cfg.vllm.gpu_memory_utilization),
+        gpu_memory_utilization,
     ]
     if cfg.vllm.max_model_len is not None:
         args += ["--max-model-len", str(cfg.vllm.max_model_len)]

@@ -14,6 +14,7 @@ COMPONENTS = {
     "spark-vllm:index:FabricTrust",
     "spark-vllm:index:ImageDistribution",
     "spark-vllm:index:ModelWeights",
+    "spark-vllm:index:ServerMemory",
     "spark-vllm:index:RayCluster",
     "spark-vllm:index:VllmServer",
 }
@@ -234,7 +235,11 @@ def test_a_single_host_needs_no_fabric_trust(make_config: ConfigFactory) -> None
 
 def test_existing_trust_skips_key_management(make_config: ConfigFactory) -> None:
     ev = evaluate(make_config(hosts=2, fabric={"trust": "existing"}), SECRETS)
-    assert not [r for r in ev.registrations if r.name.startswith("fabric-")]
+    # Only the link check: no key, no authorization, no pin.
+    assert [r.name for r in ev.registrations if r.name.startswith("fabric-")] == [
+        "fabric-spark2-link"
+    ]
+    assert "--fabric-key" not in ev.named("fabric-spark2-link").inputs["create"]
     assert "--fabric-key" not in ev.named("image-spark2-sync").inputs["create"]
 
 

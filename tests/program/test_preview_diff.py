@@ -46,6 +46,7 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         "image-spark2-sync": "update",
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
+        "memory-check": "update",  # what the new image's CUDA finds free
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",  # a new cluster is waited for again
@@ -64,6 +65,7 @@ def test_changing_a_vllm_setting_replaces_only_the_server(make_config: ConfigFac
         "vllm-ready": "replace",
         "spark1-preflight": "update",
         "spark2-preflight": "update",
+        "memory-check": "update",  # the new fraction checked against what each node has free
     }
 
 

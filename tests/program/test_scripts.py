@@ -18,6 +18,8 @@ from typing import ClassVar
 
 import pytest
 
+from stacks.plan.known_bad import SHIPPED, entries_flag
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
 COMMIT = "a" * 40
 
@@ -171,15 +173,17 @@ def preflight(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[s
     (bin_dir / "docker").write_text(FAKE_DOCKER)
     (bin_dir / "docker").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    env.update({k: v for k, v in overrides.items() if k.startswith("FAKE_")})
+    env.update({k: v for k, v in overrides.items() if k.isupper()})
     flags = {
         "role": "head", "fabric-interface": "lo", "fabric-ip": "127.0.0.1",
         "head-fabric-ip": "127.0.0.1", "ports": "", "min-free-memory-bytes": "1",
         "memory-fraction": "0", "min-free-disk-bytes": "1", "disk-paths": str(tmp_path),
         "require-gpus": "0", "require-nvidia-runtime": "yes",
         "container-names": "spark-vllm-ray-head,spark-vllm-vllm", "deployment": "spark-vllm/dev",
+        "rdma-hcas": "", "known-bad": entries_flag(SHIPPED),
+        "allow-known-bad": "no",
     }  # fmt: skip
-    flags.update({k: v for k, v in overrides.items() if not k.startswith("FAKE_")})
+    flags.update({k: v for k, v in overrides.items() if not k.isupper()})
     args = [word for key, value in flags.items() for word in (f"--{key}", value)]
     return run("preflight.sh", "--host", "spark1", *args, env=env)
 
@@ -216,6 +220,68 @@ def test_preflight_names_the_failed_requirement(
     first, second = done.stderr.strip().splitlines()[-2:]
     assert first.startswith("spark-vllm: spark1: preflight: ") and message in first
     assert second.startswith("  likely cause: ") and cause in second
+
+
+KERNEL = Path("/proc/sys/kernel/osrelease").read_text().strip()
+
+
+def test_preflight_reads_the_kernel_and_the_fabric_mtu(tmp_path: Path) -> None:
+    facts = json.loads(preflight(tmp_path).stdout)
+    assert facts["kernel"] == KERNEL and facts["knownBad"] == ""
+    assert facts["fabricMtu"] == int(Path("/sys/class/net/lo/mtu").read_text())
+
+
+@pytest.mark.parametrize("pattern", [KERNEL, KERNEL.split("-")[0] + "*"])
+def test_preflight_refuses_a_known_bad_kernel(tmp_path: Path, pattern: str) -> None:
+    entry = f"driver|999.1|not this one|;kernel|{pattern}|NCCL ENOMEM at init|example/repo#1"
+    done = preflight(tmp_path, **{"known-bad": entry})
+    assert done.returncode == 1
+    first, second = done.stderr.strip().splitlines()[-2:]
+    assert first == (
+        f"spark-vllm: spark1: preflight: the kernel {KERNEL} is known to break this workload: "
+        "NCCL ENOMEM at init (example/repo#1)"
+    )
+    assert "boot a kernel release not on the list" in second
+    assert "preflight.allowKnownBad: true" in second
+
+
+def test_an_allowed_known_bad_kernel_is_reported_in_the_facts(tmp_path: Path) -> None:
+    done = preflight(tmp_path, **{"known-bad": f"kernel|{KERNEL}|bad|", "allow-known-bad": "yes"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["knownBad"] == (
+        f"the kernel {KERNEL} is known to break this workload: bad"
+    )
+
+
+def fake_hca(root: Path, name: str, *states: str) -> None:
+    for port, state in enumerate(states, start=1):
+        port_dir = root / "class" / "infiniband" / name / "ports" / str(port)
+        port_dir.mkdir(parents=True)
+        (port_dir / "state").write_text(f"{state}\n")
+
+
+@pytest.mark.parametrize(
+    ("hcas", "message", "cause"),
+    [
+        ("rocep9s0", "the RDMA device rocep9s0 does not exist (devices: roceP2p1s0f1 rocep1s0f1)",
+         "hosts[].rdmaHcas is wrong for this host"),
+        ("rocep1s0f1,roceP2p1s0f1", "the RDMA device roceP2p1s0f1 has no active port (1: DOWN)",
+         "the RoCE link is down"),
+    ],
+)  # fmt: skip
+def test_preflight_checks_each_rdma_device_and_its_port(
+    tmp_path: Path, hcas: str, message: str, cause: str
+) -> None:
+    sysfs = tmp_path / "sys"
+    fake_hca(sysfs, "rocep1s0f1", "1: DOWN", "4: ACTIVE")
+    fake_hca(sysfs, "roceP2p1s0f1", "1: DOWN")
+    done = preflight(tmp_path, **{"rdma-hcas": hcas, "SPARK_VLLM_SYSFS": str(sysfs)})
+    assert done.returncode == 1
+    first, second = done.stderr.strip().splitlines()[-2:]
+    assert first == f"spark-vllm: spark1: preflight: {message}"
+    assert cause in second
+    healthy = preflight(tmp_path, **{"rdma-hcas": "rocep1s0f1", "SPARK_VLLM_SYSFS": str(sysfs)})
+    assert healthy.returncode == 0, healthy.stderr
 
 
 def test_preflight_finds_a_taken_port(tmp_path: Path) -> None:

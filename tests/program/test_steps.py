@@ -151,7 +151,7 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
     plan = plan_of(make_config(hosts=2))
     head = ray_container(plan, plan.head, "m1")
     worker = ray_container(plan, plan.workers[0], "m2")
-    server = vllm_container(plan, "m1", "echo launcher")
+    server = vllm_container(plan, "m1", "echo launcher", "0.8")
     assert (head.restart, worker.restart, server.restart) == (
         "on-failure",
         "on-failure",
@@ -249,7 +249,7 @@ def test_where_the_server_listens_is_where_it_is_probed_and_published(
     config = make_config(hosts=2)
     config["vllm"] = {**config["vllm"], "listen": listen}
     plan = plan_of(config)
-    command = vllm_container(plan, "m", "launcher").command
+    command = vllm_container(plan, "m", "launcher", "0.8").command
     assert command[command.index("--host") + 1] == host
     ready = steps.vllm_ready(plan, "vllm", IMAGE_ID).create
     assert (f"--probe-host {probe}" in ready) if probe else ("--probe-host" not in ready)

@@ -1,0 +1,129 @@
+"""TCP throughput between two hosts over the fabric, measured with the hosts' own python3.
+
+    python3 link_probe.py receive --bind IP --streams N --timeout S
+        prints `listening PORT`, accepts N connections, reads each to its end, answers each with
+        the byte count it read (8 bytes, big-endian), and exits.
+    python3 link_probe.py send --to IP:PORT --streams N --seconds S
+        sends zeros on N parallel connections for S seconds, then waits for every count and
+        prints `link {"gbps": ..., "bytes": ..., "seconds": ..., "streams": N}`.
+
+Why this and not iperf3 or ssh: iperf3 is not on a stock DGX OS and cannot be brought offline;
+one ssh stream measures its cipher, which on a Spark is far below the link's 200 Gbit/s, so it
+could not tell a healthy link from a degraded one. Plain sockets in threads (the GIL is
+released in send and recv) measure the kernel's TCP path, which is what NCCL's socket
+bootstrap, Gloo and the image and weights copies use. The figure is the bytes the receiver
+counted over the time until the last count came back: no byte is counted that did not arrive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+
+CHUNK = 1 << 20  # 1 MiB per send: the syscall cost is negligible against the copy
+
+
+def receive(bind: str, streams: int, timeout: float) -> int:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((bind, 0))
+    listener.listen(streams)
+    listener.settimeout(timeout)
+    print(f"listening {listener.getsockname()[1]}", flush=True)
+    workers = []
+    try:
+        for _ in range(streams):
+            conn, _ = listener.accept()
+            worker = threading.Thread(target=_drain, args=(conn, timeout), daemon=True)
+            worker.start()
+            workers.append(worker)
+    except TimeoutError:
+        print(f"problem: only {len(workers)} of {streams} connections arrived", file=sys.stderr)
+        return 2
+    for worker in workers:
+        worker.join(timeout)
+    return 0
+
+
+def _drain(conn: socket.socket, timeout: float) -> None:
+    conn.settimeout(timeout)
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    total = 0
+    with conn:
+        while True:
+            n = conn.recv_into(view)
+            if n == 0:
+                break
+            total += n
+        conn.sendall(total.to_bytes(8, "big"))
+
+
+def send(target: str, streams: int, seconds: float) -> int:
+    host, _, port = target.rpartition(":")
+    payload = bytes(CHUNK)
+    counted = [0] * streams
+    failures: list[str] = []
+    started = time.monotonic()
+    deadline = started + seconds
+
+    def stream(index: int) -> None:
+        try:
+            with socket.create_connection((host, int(port)), timeout=10) as conn:
+                conn.settimeout(seconds + 20)
+                while time.monotonic() < deadline:
+                    conn.sendall(payload)
+                conn.shutdown(socket.SHUT_WR)
+                answer = b""
+                while len(answer) < 8:
+                    part = conn.recv(8 - len(answer))
+                    if not part:
+                        raise ConnectionError("the receiver closed without its count")
+                    answer += part
+                counted[index] = int.from_bytes(answer, "big")
+        except OSError as error:
+            failures.append(f"stream {index}: {error}")
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 40)
+    elapsed = time.monotonic() - started
+    if failures:
+        print("problem: " + "; ".join(failures), file=sys.stderr)
+        return 2
+    total = sum(counted)
+    result = {
+        "gbps": round(total * 8 / elapsed / 1e9, 3),
+        "bytes": total,
+        "seconds": round(elapsed, 2),
+        "streams": streams,
+    }
+    print("link " + json.dumps(result), flush=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    rx = sub.add_parser("receive")
+    rx.add_argument("--bind", required=True)
+    rx.add_argument("--streams", type=int, default=4)
+    rx.add_argument("--timeout", type=float, default=30)
+    tx = sub.add_parser("send")
+    tx.add_argument("--to", required=True)
+    tx.add_argument("--streams", type=int, default=4)
+    tx.add_argument("--seconds", type=float, default=3)
+    args = parser.parse_args()
+    if args.mode == "receive":
+        return receive(args.bind, args.streams, args.timeout)
+    return send(args.to, args.streams, args.seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

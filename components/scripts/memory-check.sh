@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# On the head, once the image and the weights are on every node and before Ray or the server
+# starts from them: the memory the server will find on each node (memory-probe.sh, run there
+# over the fabric), against what vllm.gpuMemoryUtilization asks, or, with `auto`, the highest
+# utilization every node can give less the safety margin. A server of this deployment that is
+# running now gives back what it asked for (its own --gpu-memory-utilization) when it restarts.
+#   memory-check.sh --host HEAD --nodes "name|dest|bin|containers ..." --image-id ID --gpus yes|no
+#                   --drop-page-cache yes|no --utilization F|auto --margin-fraction F
+#                   --min-margin-bytes N --server-container NAME [--fabric-key F --fabric-known-hosts F]
+# Prints `spark-vllm-memory-sizing {json}` as its last line.
+. "$(dirname "$0")/lib.sh"
+parse_flags "$@"
+require host nodes image-id gpus drop-page-cache utilization margin-fraction min-margin-bytes \
+  server-container
+
+GIB=1073741824
+running_utilization=0
+if [ "$(container_state "$ARG_SERVER_CONTAINER")" = running ]; then
+  running_utilization="$(docker inspect --format '{{json .Args}}' "$ARG_SERVER_CONTAINER" \
+    | grep -o '"--gpu-memory-utilization","[0-9.]*"' | grep -o '[0-9.]*"$' | tr -d '"' || true)"
+  running_utilization="${running_utilization:-0}"
+fi
+
+rows="" auto="" problems=""
+for spec in $ARG_NODES; do
+  IFS='|' read -r node dest bin containers <<<"$spec"
+  probe=(bash "$bin/memory-probe.sh" --host "$node" --image-id "$ARG_IMAGE_ID" --gpus "$ARG_GPUS"
+         --drop-page-cache "$ARG_DROP_PAGE_CACHE" --container-names "$containers")
+  set +e
+  if [ "$dest" = - ]; then
+    out="$("${probe[@]}" 2>&1)"
+  else
+    out="$(fabric_ssh "$dest" "$(words "${probe[@]}")" 2>&1)"
+  fi
+  status=$?
+  set -e
+  line="$(grep '^spark-vllm-memory ' <<<"$out" | tail -n 1 || true)"
+  if [ "$status" -ne 0 ] || [ -z "$line" ]; then
+    fail "measuring the memory on $node failed: ${out//$'\n'/ }" \
+      "the node is unreachable over the fabric, or its Docker daemon does not answer"
+  fi
+  read -r _ total free own basis mem_free mem_available <<<"$line"
+  # name total visible fits auto basis (visible: what the server finds once ours is given back)
+  row="$(awk -v n="$node" -v t="$total" -v f="$free" -v o="$own" -v r="$running_utilization" \
+    -v mf="$ARG_MARGIN_FRACTION" -v mm="$ARG_MIN_MARGIN_BYTES" -v b="$basis" 'BEGIN {
+      given = r * t; if (o > given) given = o
+      v = f + given; if (v > t) v = t
+      margin = mf * t; if (mm > margin) margin = mm
+      fits = int(v / t * 100) / 100
+      a = int((v - margin) / t * 100) / 100; if (a < 0) a = 0
+      printf "%s %.0f %.0f %.2f %.2f %s %.0f\n", n, t, v, fits, a, b, margin }')"
+  rows+="$row"$'\n'
+  read -r _ _ _ _ node_auto _ _ <<<"$row"
+  if [ -z "$auto" ] || awk -v a="$node_auto" -v m="$auto" 'BEGIN { exit !(a < m) }'; then
+    auto="$node_auto"
+  fi
+  note "memory on $node: $(awk -v t="$total" -v f="$free" -v mf="$mem_free" -v ma="$mem_available" -v g="$GIB" -v b="$basis" \
+    'BEGIN { printf "%.1f GiB free of %.1f GiB (%s; MemFree %.1f GiB, MemAvailable %.1f GiB)", f/g, t/g, b, mf/g, ma/g }')"
+done
+
+if [ "$ARG_UTILIZATION" = auto ]; then
+  chosen="$auto"
+  if awk -v a="$auto" 'BEGIN { exit !(a < 0.05) }'; then
+    problems="$(awk -v g="$GIB" '{ printf "%s: %.1f GiB free of %.1f GiB (margin %.1f GiB); ", $1, $3/g, $2/g, $7/g }' <<<"$rows")"
+    fail "vllm.gpuMemoryUtilization auto: too little memory free for the server: ${problems%; }" \
+      "other processes or containers hold the memory (an embeddings server, a stale vLLM?), or the page cache (set preflight.dropPageCache: true)"
+  fi
+else
+  chosen="$ARG_UTILIZATION"
+  while read -r node total visible fits node_auto basis _; do
+    [ -n "$node" ] || continue
+    if awk -v u="$chosen" -v t="$total" -v v="$visible" 'BEGIN { exit !(u * t > v) }'; then
+      problems+="$(awk -v n="$node" -v u="$chosen" -v t="$total" -v v="$visible" -v g="$GIB" -v b="$basis" \
+        'BEGIN { printf "%s: %.2f x %.1f GiB = %.1f GiB asked, %.1f GiB free (%s); ", n, u, t/g, u*t/g, v/g, b }')"
+    fi
+  done <<<"$rows"
+  if [ -n "$problems" ]; then
+    fits="$(awk 'NF && (!seen++ || $4 < m) { m = $4 } END { printf "%.2f", m }' <<<"$rows")"
+    fail "vllm.gpuMemoryUtilization $chosen does not fit: ${problems%; }; the highest value that fits every node is $fits (auto would choose $auto, with its safety margin)" \
+      "other processes or containers hold the memory, or the page cache (preflight.dropPageCache: true); lower vllm.gpuMemoryUtilization or set it to auto"
+  fi
+fi
+
+nodes_json="$(awk -v g="$GIB" 'NF { printf "%s\"%s\":{\"totalGib\":%.1f,\"freeGib\":%.1f,\"fits\":%s,\"basis\":\"%s\"}", (n++ ? "," : ""), $1, $2/g, $3/g, $4, $6 }' <<<"$rows")"
+printf 'spark-vllm-memory-sizing {"gpuMemoryUtilization":"%s","mode":"%s","nodes":{%s}}\n' \
+  "$chosen" "$([ "$ARG_UTILIZATION" = auto ] && echo auto || echo fixed)" "$nodes_json"

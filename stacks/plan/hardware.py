@@ -1,0 +1,122 @@
+"""What the hardware must show before the deployment trusts it, as pure specs: the fabric link
+between the head and each worker (MTU, negotiated speed, measured throughput), and the memory
+the server will find on every node, which sizes it (vllm.gpuMemoryUtilization, or `auto`).
+Kernel, driver and RDMA port facts are read by preflight (stacks/plan/nodes.py
+preflight_flags); `hardware_warnings` compares them across nodes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, own_container_names
+from stacks.plan.steps import StepSpec, Timeouts, fabric_flags, script_call
+
+# Seconds the link test sends for: long enough for TCP to leave slow start on a 200G link and
+# for a shaped link's bucket to drain, short enough to cost nothing next to the copies.
+LINK_TEST_SECONDS = 3
+
+# `auto` leaves this much of each node's memory unasked: 5% of the total (6 GiB of a Spark's
+# 121.7 GiB), at least 2 GiB. What it covers: vLLM's profiling can exceed the budget it was
+# given (vllm-project/vllm#46307), CUDA graphs, NCCL's buffers and the Python processes grow
+# after the measurement, and on GB10 what CUDA finds free moves by a few GiB between starts and
+# with the page cache (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47).
+AUTO_MARGIN_FRACTION = 0.05
+AUTO_MIN_MARGIN_BYTES = 2 * GIB
+
+FABRIC_LINK_PREFIX = "spark-vllm-fabric-link "
+MEMORY_SIZING_PREFIX = "spark-vllm-memory-sizing "
+
+
+def fabric_link(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+    """On the head, before anything is copied to `worker`: the same (or fabric.mtu's) MTU on
+    both ends, and TCP throughput at least fabric.minLinkGbps (fabric-link.sh)."""
+    fabric = plan.config.fabric
+    flags: dict[str, str | float] = {
+        "worker": worker.name,
+        "target": worker.fabric_destination,
+        "interface": plan.head.fabric_interface,
+        "worker_interface": worker.fabric_interface,
+        "worker_ip": worker.fabric_ip,
+        "worker_bin": worker.bin_dir,
+        "mtu": fabric.mtu if fabric.mtu is not None else "any",
+        "min_gbps": fabric.min_link_gbps,
+        "seconds": LINK_TEST_SECONDS,
+        **fabric_flags(plan),
+    }
+    return StepSpec(
+        name=f"{name}-{worker.name}-link",
+        node=plan.head,
+        create=script_call(plan.head, "fabric-link.sh", **flags),
+        timeouts=Timeouts(create=3),
+    )
+
+
+def memory_check(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+    """On the head, once the image and the weights are on every node and before Ray or the
+    server starts: what each node will have free for the server, against the configured
+    fraction, or the fraction `auto` derives (memory-check.sh, memory-probe.sh on each node)."""
+    cfg = plan.config
+    nodes = " ".join(
+        f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}|"
+        + ",".join(own_container_names(plan, n))
+        for n in plan.nodes
+    )
+    flags: dict[str, str | float] = {
+        "nodes": nodes,
+        "image_id": image_id,
+        "gpus": "yes" if cfg.docker.request_gpus else "no",
+        "drop_page_cache": "yes" if cfg.preflight.drop_page_cache else "no",
+        "utilization": str(cfg.vllm.gpu_memory_utilization),
+        "margin_fraction": AUTO_MARGIN_FRACTION,
+        "min_margin_bytes": AUTO_MIN_MARGIN_BYTES,
+        "server_container": plan.container_name("vllm"),
+        **fabric_flags(plan),
+    }
+    return StepSpec(
+        name=f"{name}-check",
+        node=plan.head,
+        create=script_call(plan.head, "memory-check.sh", **flags),
+        # One CUDA query per node (the image run once with the GPUs), bounded to 3 min each.
+        timeouts=Timeouts(create=4 * len(plan.nodes) + 2),
+    )
+
+
+def _last_json(stdout: str, prefix: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith(prefix)]
+    return dict(json.loads(lines[-1].removeprefix(prefix))) if lines else {}
+
+
+def parse_fabric_link(stdout: str) -> dict[str, Any]:
+    """fabric-link.sh's figures: `gbps` (null when not measured), `mtu`, both speeds."""
+    return _last_json(stdout, FABRIC_LINK_PREFIX)
+
+
+def parse_memory_sizing(stdout: str) -> dict[str, Any]:
+    """memory-check.sh's result: `gpuMemoryUtilization`, `mode`, and each node's figures."""
+    return _last_json(stdout, MEMORY_SIZING_PREFIX)
+
+
+def parse_preflight(stdout: str) -> dict[str, Any]:
+    """preflight.sh's facts: its last line that is a JSON object."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return dict(json.loads(line))
+    return {}
+
+
+def hardware_warnings(facts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Warnings from every node's preflight facts: an allowed known-bad release, and nodes that
+    run different kernels or drivers (NCCL and the driver's UVM behave per release)."""
+    warnings = [
+        f"{node}: {fact['knownBad']} (deployed anyway: preflight.allowKnownBad)"
+        for node, fact in facts.items()
+        if fact.get("knownBad")
+    ]
+    for key, what in (("kernel", "kernels"), ("nvidiaDriver", "NVIDIA drivers")):
+        seen = {node: str(fact.get(key, "")) for node, fact in facts.items() if fact.get(key)}
+        if len(set(seen.values())) > 1:
+            listed = ", ".join(f"{node} {value}" for node, value in seen.items())
+            warnings.append(f"the nodes run different {what} ({listed}): run one release on all")
+    return warnings
