@@ -159,6 +159,20 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
             else "not checked (no hosts[].rdmaHcas)"
         )
         return f'vllm: ready after 42s; first completion: "hello"\nfabric transport: {transport}\n'
+    if name.endswith("-link"):  # as fabric-link.sh answers for a healthy 200G link
+        worker = name.split("-")[-2]
+        figures = {"worker": worker, "gbps": 93.5, "mtu": 9000, "headSpeedMbps": 200000}
+        return "spark-vllm-fabric-link " + json.dumps({**figures, "workerSpeedMbps": 200000}) + "\n"
+    if name == "memory-check":  # as memory-check.sh answers on two Sparks with 110 GiB free
+        create = shlex.split(str(inputs.get("create")))
+        asked = create[create.index("--utilization") + 1]
+        node = {"totalGib": 121.7, "freeGib": 110.0, "fits": 0.9, "basis": "cuda"}
+        sizing = {
+            "gpuMemoryUtilization": "0.85" if asked == "auto" else asked,
+            "mode": "auto" if asked == "auto" else "fixed",
+            "nodes": {"spark1": node},
+        }
+        return "spark-vllm-memory-sizing " + json.dumps(sizing) + "\n"
     if name.endswith("-facts"):  # as image-facts.sh answers for a vLLM image with Ray
         facts = {"machine": "aarch64", "python": "3.12.3", "ray": "2.53.0", "vllm": "0.16.0"}
         return "spark-vllm-image-facts " + json.dumps(facts, sort_keys=True) + "\n"

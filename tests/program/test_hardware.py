@@ -1,0 +1,163 @@
+"""The hardware checks as pure specs (stacks/plan/hardware.py) and in the graph: the link test per
+worker before anything is copied, the memory check before Ray and the server, `auto` sizing the
+server, and the warnings drawn from every node's preflight facts."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from stacks.config import ConfigError, parse_stack_config
+from stacks.plan import hardware
+from stacks.plan.known_bad import SHIPPED, known_bad_flag
+from stacks.plan.nodes import preflight_flags
+from tests.program.conftest import ConfigFactory
+from tests.program.harness import evaluate
+from tests.program.test_graph import SECRETS
+from tests.program.test_steps import IMAGE_ID, plan_of
+
+
+def flags_of(command: str) -> dict[str, str]:
+    words = shlex.split(command)
+    start = next(i for i, w in enumerate(words) if w.startswith("--"))
+    return dict(zip(words[start::2], words[start + 1 :: 2], strict=True))
+
+
+def test_the_link_test_runs_on_the_head_for_each_worker(make_config: ConfigFactory) -> None:
+    plan = plan_of(make_config(hosts=3, fabric={"mtu": 9000, "minLinkGbps": 50}))
+    for worker in plan.workers:
+        spec = hardware.fabric_link(plan, "fabric", worker)
+        assert spec.node == plan.head and spec.name == f"fabric-{worker.name}-link"
+        flags = flags_of(spec.create)
+        assert flags["--target"] == worker.fabric_destination
+        assert flags["--worker-ip"] == worker.fabric_ip
+        assert (flags["--mtu"], flags["--min-gbps"], flags["--seconds"]) == ("9000", "50.0", "3")
+        assert flags["--fabric-key"].endswith("/fabric_ed25519")
+        assert spec.receipts == () and spec.delete is None  # it leaves nothing behind
+
+
+def test_without_fabric_mtu_the_ends_must_only_agree(make_config: ConfigFactory) -> None:
+    plan = plan_of(make_config(hosts=2))
+    assert flags_of(hardware.fabric_link(plan, "fabric", plan.workers[0]).create)["--mtu"] == "any"
+
+
+def test_the_memory_check_measures_every_node_with_our_containers(
+    make_config: ConfigFactory,
+) -> None:
+    plan = plan_of(make_config(hosts=2, preflight={"dropPageCache": True}))
+    flags = flags_of(hardware.memory_check(plan, "memory", IMAGE_ID).create)
+    head, worker = plan.head, plan.workers[0]
+    assert flags["--nodes"].split() == [
+        f"{head.name}|-|{head.bin_dir}|spark-vllm-ray-head,spark-vllm-vllm",
+        f"{worker.name}|{worker.fabric_destination}|{worker.bin_dir}|spark-vllm-ray-worker",
+    ]
+    assert (flags["--gpus"], flags["--drop-page-cache"], flags["--utilization"]) == (
+        "yes",
+        "yes",
+        "0.8",
+    )
+    assert flags["--margin-fraction"] == "0.05" and flags["--min-margin-bytes"] == str(2 << 30)
+    assert flags["--image-id"] == IMAGE_ID
+
+
+def test_auto_sizes_the_server_from_the_memory_check(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["vllm"] = {**config["vllm"], "gpuMemoryUtilization": "auto"}
+    ev = evaluate(config, SECRETS)
+    command = ev.named("vllm-container").inputs["command"]
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.85"
+    assert ev.outputs["memory"]["mode"] == "auto"
+    # Preflight does not check a fraction it does not know yet; the floor still holds.
+    assert "--memory-fraction 0 " in ev.named("spark1-preflight").inputs["create"]
+    # Nothing of ours starts before the memory was measured.
+    memory = ev.named("memory-check").urn
+    for ray in ("ray-head", "ray-spark2"):
+        assert memory in ev.named(ray).dependencies
+
+
+def test_a_fixed_fraction_is_the_servers_and_is_checked(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["vllm"] = {**config["vllm"], "gpuMemoryUtilization": 0.7}
+    ev = evaluate(config, SECRETS)
+    command = ev.named("vllm-container").inputs["command"]
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.7"
+    assert "--utilization 0.7 " in ev.named("memory-check").inputs["create"]
+    assert ev.outputs["fabricLinks"] == {
+        "spark2": {
+            "worker": "spark2",
+            "gbps": 93.5,
+            "mtu": 9000,
+            "headSpeedMbps": 200000,
+            "workerSpeedMbps": 200000,
+        }
+    }
+
+
+def test_images_and_weights_go_over_a_checked_link(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=2), SECRETS)
+    assert ev.named("fabric-spark2-link").urn in ev.named("image-spark2-sync").dependencies
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("most", "vllm.gpuMemoryUtilization"),
+        (0.99, "vllm.gpuMemoryUtilization"),
+    ],
+)
+def test_gpu_memory_utilization_is_a_fraction_or_auto(
+    make_config: ConfigFactory, value: object, message: str
+) -> None:
+    config = make_config(hosts=2)
+    config["vllm"] = {**config["vllm"], "gpuMemoryUtilization": value}
+    with pytest.raises(ConfigError, match=message):
+        parse_stack_config(config)
+
+
+def test_the_shipped_known_bad_list_and_the_stacks_own_reach_preflight(
+    make_config: ConfigFactory,
+) -> None:
+    own = {"kind": "driver", "version": "580.95.*", "reason": "hangs", "source": "our lab"}
+    config = parse_stack_config(make_config(hosts=2, preflight={"knownBad": [own]}))
+    flag = known_bad_flag(config)
+    assert flag.split(";") == [
+        *(f"{e.kind}|{e.version}|{e.reason}|{e.source}" for e in SHIPPED),
+        "driver|580.95.*|hangs|our lab",
+    ]
+    assert "kernel|7.0.0-1019-nvidia|" in flag
+    plan = plan_of(make_config(hosts=2, preflight={"allowKnownBad": True}))
+    assert preflight_flags(plan, plan.head)["allow_known_bad"] == "yes"
+
+
+def test_a_known_bad_entry_cannot_break_the_flag(make_config: ConfigFactory) -> None:
+    bad = {"kind": "kernel", "version": "6.1", "reason": "a; b"}
+    with pytest.raises(ConfigError, match=r"preflight.knownBad\[0\].reason"):
+        parse_stack_config(make_config(hosts=2, preflight={"knownBad": [bad]}))
+
+
+def test_warnings_name_allowed_known_bad_releases_and_mixed_nodes() -> None:
+    facts = {
+        "spark1": {"kernel": "6.17.0-1032-nvidia", "nvidiaDriver": "580.142", "knownBad": ""},
+        "spark2": {
+            "kernel": "7.0.0-1019-nvidia",
+            "nvidiaDriver": "580.142",
+            "knownBad": "the kernel 7.0.0-1019-nvidia is known to break this workload: x",
+        },
+    }
+    assert hardware.hardware_warnings(facts) == [
+        "spark2: the kernel 7.0.0-1019-nvidia is known to break this workload: x "
+        "(deployed anyway: preflight.allowKnownBad)",
+        "the nodes run different kernels (spark1 6.17.0-1032-nvidia, spark2 7.0.0-1019-nvidia): "
+        "run one release on all",
+    ]
+    same = {node: {**fact, "knownBad": "", "kernel": "6.17"} for node, fact in facts.items()}
+    assert hardware.hardware_warnings(same) == []
+
+
+def test_parsers_take_the_last_line_of_their_kind() -> None:
+    assert hardware.parse_fabric_link('noise\nspark-vllm-fabric-link {"gbps": 1.5}\n') == {
+        "gbps": 1.5
+    }
+    assert hardware.parse_memory_sizing("nothing here") == {}
+    assert hardware.parse_preflight('warning\n{"kernel": "6.17"}\n') == {"kernel": "6.17"}
