@@ -35,7 +35,13 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
         "servedName": SERVED_NAME,
         "cacheDir": "/root/.cache/huggingface",
     }
-    config["vllm"] = {"port": 8000, "tensorParallelSize": spec.hosts, "maxModelLen": 2048}
+    # `auto`: the hosts share this machine's memory, so a fixed fraction of it may not be free.
+    config["vllm"] = {
+        "port": 8000,
+        "tensorParallelSize": spec.hosts,
+        "maxModelLen": 2048,
+        "gpuMemoryUtilization": "auto",
+    }
     config["ray"] = {"objectStoreMemoryBytes": 200_000_000}
     config["docker"] = {"requestGpus": False}
     # Ray's ports only on the fabric (tests show it). The link floor: the lab's veth fabric on

@@ -41,7 +41,7 @@ def fabric_link(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
         "worker_ip": worker.fabric_ip,
         "worker_bin": worker.bin_dir,
         "mtu": fabric.mtu if fabric.mtu is not None else "any",
-        "min_gbps": fabric.min_link_gbps,
+        "min_gbps": f"{fabric.min_link_gbps:g}",  # as the user wrote it: 20, 12.5
         "seconds": LINK_TEST_SECONDS,
         **fabric_flags(plan),
     }

@@ -20,11 +20,17 @@ from tests.lab.deploying import (
     EXITED_AT_START,
     PREFIX,
     RAY_NODES,
-    deploy,
     host_sh,
     lab_config,
 )
 from tests.lab.engine import NextUp, log_plan
+from tests.lab.faulting import (
+    assert_no_container_started,
+    failing_up,
+    fault_runs,
+    successful_up,
+    wait_for,
+)
 from tests.lab.realmocks import RealMocks
 from tests.lab.timings import record_timing
 
@@ -43,41 +49,7 @@ def lab(lab_factory: Callable[..., Lab]) -> Iterator[Lab]:
 
 @pytest.fixture
 def stack(lab: Lab) -> Iterator[list[RealMocks]]:
-    """The runs of one test; the last one's journal is the stack, torn down at the end."""
-    runs: list[RealMocks] = []
-    yield runs
-    if runs:
-        runs[-1].teardown()
-    for host in lab.spec.host_names:
-        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
-
-
-def failing_up(lab: Lab, runs: list[RealMocks], config: dict[str, Any] | None = None) -> str:
-    mocks = NextUp(runs[-1], refresh=True) if runs else RealMocks()
-    runs.append(mocks)
-    started = time.monotonic()
-    with pytest.raises(Exception) as caught:
-        deploy(lab, mocks, config or lab_config(lab))
-    record_timing("fault: time to the error", time.monotonic() - started)
-    return str(caught.value)
-
-
-def successful_up(lab: Lab, runs: list[RealMocks], config: dict[str, Any] | None = None) -> None:
-    mocks = NextUp(runs[-1], refresh=True) if runs else RealMocks()
-    runs.append(mocks)
-    started = time.monotonic()
-    outputs = deploy(lab, mocks, config or lab_config(lab))
-    record_timing("fault: clean re-run", time.monotonic() - started)
-    assert "ready after" in outputs["readiness"]
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(1)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+    yield from fault_runs(lab)
 
 
 def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
@@ -215,11 +187,6 @@ def with_image(lab: Lab, ref: str) -> dict[str, Any]:
     config = lab_config(lab)
     config[f"{PROJECT}:image"] = {**config[f"{PROJECT}:image"], "ref": ref}
     return config
-
-
-def assert_no_container_started(lab: Lab) -> None:
-    for host in lab.spec.host_names:
-        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: no container may start"
 
 
 FOREIGN_IMAGE = """set -euo pipefail

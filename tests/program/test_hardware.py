@@ -32,7 +32,7 @@ def test_the_link_test_runs_on_the_head_for_each_worker(make_config: ConfigFacto
         flags = flags_of(spec.create)
         assert flags["--target"] == worker.fabric_destination
         assert flags["--worker-ip"] == worker.fabric_ip
-        assert (flags["--mtu"], flags["--min-gbps"], flags["--seconds"]) == ("9000", "50.0", "3")
+        assert (flags["--mtu"], flags["--min-gbps"], flags["--seconds"]) == ("9000", "50", "3")
         assert flags["--fabric-key"].endswith("/fabric_ed25519")
         assert spec.receipts == () and spec.delete is None  # it leaves nothing behind
 
