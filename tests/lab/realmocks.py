@@ -55,7 +55,7 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import massage, run_in_stack
 
 from tests.cli import PulumiCli, handed_to_program
-from tests.mockvalues import ProviderInvokeError, unwrap_secrets
+from tests.mockvalues import ProviderInvokeError, is_secret, unwrap_secrets
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ TYPE_COMMAND = "command:remote:Command"
 TYPE_REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
 TYPE_CONTAINER = "docker:index/container:Container"
 TYPE_STACK_REFERENCE = "pulumi:pulumi:StackReference"
+TYPE_LOCAL_COMMAND = "command:local:Command"
 
 # Pulumi's customTimeouts are not visible to mocks; this bounds every remote command instead.
 DEFAULT_COMMAND_TIMEOUT_S = float(os.environ.get("REALMOCKS_COMMAND_TIMEOUT", 20 * 60))
@@ -787,8 +788,10 @@ class RealMocks(pulumi.runtime.Mocks):
             return self._create_remote_image(args, what)
         if args.typ == TYPE_CONTAINER:
             return self._create_container(args, what)
+        if args.typ == TYPE_LOCAL_COMMAND:
+            return self._create_local_command(args, what)
         if args.typ == TYPE_STACK_REFERENCE:
-            return args.name, {**args.inputs, "outputs": self.stack_references.get(args.name, {})}
+            return args.name, stack_reference_outputs(args, self.stack_references)
         if not args.custom:
             return None, dict(args.inputs)  # components have no create of their own
         raise NotImplementedError(
@@ -843,6 +846,31 @@ class RealMocks(pulumi.runtime.Mocks):
                 resource_id=command_id,
             )
         )
+        return command_id, outputs
+
+    def _create_local_command(
+        self, args: pulumi.runtime.MockResourceArgs, what: str
+    ) -> tuple[str, dict]:
+        """pulumi-command's local Command (provider/pkg/provider/local): `create` under
+        `/bin/sh -c` in the program's directory, with stdin; a non-zero exit fails the create;
+        stdout and stderr lose one trailing newline."""
+        inputs = args.inputs
+        if unwrap_secrets(inputs.get("interpreter")) or unwrap_secrets(inputs.get("dir")):
+            raise NotImplementedError(f"{what}: local Command with interpreter/dir")
+        outputs = dict(inputs)
+        create = unwrap_secrets(inputs.get("create"))
+        if create:
+            result = run_local(
+                str(create), unwrap_secrets(inputs.get("stdin")), self.command_timeout_s
+            )
+            if result.exit_code != 0:
+                output = tail(result.stderr or result.stdout, 10)
+                raise RuntimeError(f"{what}: exit status {result.exit_code}: {output}")
+            outputs.update(
+                stdout=result.stdout.removesuffix("\n"), stderr=result.stderr.removesuffix("\n")
+            )
+        command_id = f"{args.name}-{uuid.uuid4().hex[:12]}"
+        self._record(entry_for(args, dict(inputs), outputs, resource_id=command_id))
         return command_id, outputs
 
     def _run_command(
@@ -1098,8 +1126,34 @@ def remove_image(docker_host: DockerHost, entry: JournalEntry) -> None:
         raise RuntimeError(f"{docker_host.label}: docker rmi: {tail(result.stderr, 10)}")
 
 
+def run_local(command: str, stdin: str | None, timeout_s: float) -> RemoteResult:
+    return run_process(["/bin/sh", "-c", command], stdin or None, timeout_s, dict(os.environ))
+
+
+def stack_reference_outputs(
+    args: pulumi.runtime.MockResourceArgs, references: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A StackReference as the engine reads one: the other stack's outputs, and which of them
+    are secrets (`secretOutputNames`, which the SDK uses to keep them secret here). `references`
+    gives each stack's outputs, its secrets wrapped as the mock runtime wraps them."""
+    outputs = references.get(args.name, {})
+    return {
+        **args.inputs,
+        "outputs": {key: unwrap_secrets(value) for key, value in outputs.items()},
+        "secretOutputNames": sorted(key for key, value in outputs.items() if is_secret(value)),
+    }
+
+
 def teardown_entry(entry: JournalEntry, command_timeout_s: float) -> None:
-    if entry.type == TYPE_COMMAND:
+    if entry.type == TYPE_LOCAL_COMMAND:
+        delete = unwrap_secrets(entry.inputs.get("delete"))
+        if delete:
+            result = run_local(
+                str(delete), unwrap_secrets(entry.inputs.get("stdin")), command_timeout_s
+            )
+            if result.exit_code != 0:
+                raise RuntimeError(f"{entry.name}: delete: {tail(result.stderr, 10)}")
+    elif entry.type == TYPE_COMMAND:
         delete = unwrap_secrets(entry.inputs.get("delete"))
         if delete:
             connection = connection_from_inputs(entry.inputs.get("connection"), entry.name)

@@ -108,6 +108,27 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     assert outputs["rayVersion"] == "2.60.0"
 
 
+def test_outputs_carry_the_measured_link_and_the_memory_the_server_was_sized_for(
+    deployed: Deployment,
+) -> None:
+    outputs = deployed.outputs
+    link = outputs["fabricLinks"]["spark2"]
+    # The veth fabric: several Gbit/s measured, a 1500-byte MTU on both ends.
+    assert link["gbps"] > 1 and link["mtu"] == 1500, link
+    memory = outputs["memory"]
+    assert memory["mode"] == "auto" and set(memory["nodes"]) == {"spark1", "spark2"}, memory
+    chosen = float(memory["gpuMemoryUtilization"])
+    # What `auto` chose fits every node, below what the node had free.
+    assert 0.05 <= chosen <= min(node["fits"] for node in memory["nodes"].values())
+    assert {node["basis"] for node in memory["nodes"].values()} == {"meminfo"}  # no GPUs here
+    args = host_sh(
+        deployed.lab, "spark1", f"docker inspect --format '{{{{json .Args}}}}' {PREFIX}-vllm"
+    )
+    assert f'"--gpu-memory-utilization","{memory["gpuMemoryUtilization"]}"' in args.replace(
+        ", ", ","
+    )
+
+
 def test_the_wait_reports_the_servers_progress_while_it_loads(deployed: Deployment) -> None:
     """Streamed into the `pulumi up` output (the step's stderr): time waited, the probe's state,
     and the server's latest progress line from its log."""

@@ -1,0 +1,123 @@
+"""The consumer example (examples/consumer/) under Pulumi's mocks, started as the CLI starts it
+(its Pulumi.yaml and stack config checked first): a spark-vllm stack's outputs arrive through a
+StackReference, and its two local commands run for real, against a stand-in OpenAI endpoint on
+loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.cli import CliError, PulumiCli
+from tests.lab.realmocks import RealMocks, run_program
+from tests.mockvalues import SECRET_SIG_KEY, SECRET_SIG_VALUE
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "consumer"
+REFERENCE = "organization/spark-vllm/dev"
+KEY = "sk-consumer-0f3a"
+
+
+class Endpoint(BaseHTTPRequestHandler):
+    """POST /v1/completions with the right key answers one completion; anything else 401/404."""
+
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Endpoint.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+        if self.headers.get("Authorization") != f"Bearer {KEY}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        reply = json.dumps({"choices": [{"text": " world"}]}).encode()
+        self.send_response(200 if self.path == "/v1/completions" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    Endpoint.seen.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the example: its stack files and the written config stay out of the repo."""
+    copy = tmp_path / "consumer"
+    shutil.copytree(EXAMPLE, copy)
+    return copy
+
+
+def up(project: Path, endpoint: str, key: str = KEY, **config: Any) -> tuple[RealMocks, dict]:
+    cli = PulumiCli(project)
+    cli.stack_from("dev", {"vllmStack": REFERENCE, **config})
+    mocks = RealMocks()
+    secret = {SECRET_SIG_KEY: SECRET_SIG_VALUE, "value": key}
+    mocks.stack_references[REFERENCE] = {
+        "endpointUrl": endpoint,
+        "modelId": "qwen3.5-122b",
+        "apiKey": secret,
+    }
+    outputs = run_program(cli, "dev", mocks)
+    return mocks, outputs
+
+
+def test_the_consumer_writes_the_client_config_and_checks_the_endpoint(
+    project: Path, endpoint: str
+) -> None:
+    mocks, outputs = up(project, endpoint)
+    assert outputs == {"openaiBaseUrl": endpoint, "model": "qwen3.5-122b"}
+    written = project / "openai.env"
+    assert written.read_text() == (
+        f"OPENAI_BASE_URL={endpoint}\nOPENAI_MODEL=qwen3.5-122b\nOPENAI_API_KEY={KEY}\n"
+    )
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert Endpoint.seen == [
+        {"path": "/v1/completions", "auth": f"Bearer {KEY}", "model": "qwen3.5-122b",
+         "prompt": "Hello", "max_tokens": 8}
+    ]  # fmt: skip
+    check = next(e for e in mocks.journal if e.name == "endpoint-check")
+    assert "answered: ' world'" in check.outputs["stdout"]
+    # The key is a secret here too, and on no command line.
+    for entry in mocks.journal:
+        assert KEY not in json.dumps(entry.inputs.get("create")), entry.name
+    config_entry = next(e for e in mocks.journal if e.name == "openai-config")
+    assert config_entry.inputs["stdin"][SECRET_SIG_KEY] == SECRET_SIG_VALUE
+    mocks.teardown()
+    assert not written.exists(), "destroy removes the written key"
+
+
+def test_a_refused_key_fails_the_up_naming_the_endpoint(project: Path, endpoint: str) -> None:
+    with pytest.raises(Exception, match=r"endpoint-check.*HTTP 401 \(the API key was refused\)"):
+        up(project, endpoint, key="sk-wrong")
+
+
+def test_the_check_can_be_left_out(project: Path, endpoint: str) -> None:
+    mocks, _ = up(project, endpoint, checkEndpoint=False)
+    assert [e.name for e in mocks.journal if e.type == "command:local:Command"] == ["openai-config"]
+    assert Endpoint.seen == []
+    mocks.teardown()
+
+
+def test_the_cli_refuses_the_consumer_without_the_stack_to_use(project: Path) -> None:
+    cli = PulumiCli(project)
+    cli.stack_from("dev", {})
+    with pytest.raises(CliError, match="Stack 'dev' is missing configuration value 'vllmStack'"):
+        cli.program_config("dev")
