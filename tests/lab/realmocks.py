@@ -1318,8 +1318,19 @@ def program_imports(program_dir: Path) -> Iterator[None]:
             sys.path.remove(str(program_dir))
         for module_name in set(sys.modules) - before:
             if is_program_module(getattr(sys.modules[module_name], "__file__", None), program_dir):
-                del sys.modules[module_name]
+                forget_module(module_name)
         sys.modules.update(shadowed)
+
+
+def forget_module(module_name: str) -> None:
+    """Drop a module, and its name from a parent package that stays loaded: `from package import
+    name` reads the package's attribute first, so a kept package would hand the next run the
+    forgotten module (its classes are not the next run's: isinstance fails)."""
+    module = sys.modules.pop(module_name)
+    parent_name, _, child = module_name.rpartition(".")
+    parent = sys.modules.get(parent_name)
+    if parent is not None and getattr(parent, child, None) is module:
+        delattr(parent, child)
 
 
 def shadowed_modules(program_dir: Path) -> dict[str, Any]:
