@@ -3,8 +3,9 @@
 # starts from them: the memory the server will find on each node (memory-probe.sh, run there
 # over the fabric), against what vllm.gpuMemoryUtilization asks, or, with `auto`, the highest
 # utilization every node can give less the safety margin. A server of this deployment that is
-# running now gives back what it asked for (its own --gpu-memory-utilization) when it restarts.
-#   memory-check.sh --host HEAD --nodes "name|dest|bin|containers ..." --image-id ID --gpus yes|no
+# running now gives back what it asked for (its own --gpu-memory-utilization) on the nodes it runs
+# on (its launcher's --expect-ips) when it restarts.
+#   memory-check.sh --host HEAD --nodes "name|dest|bin|containers|fabricip ..." --image-id ID --gpus yes|no
 #                   --drop-page-cache yes|no --utilization F|auto --margin-fraction F
 #                   --min-margin-bytes N --server-container NAME [--fabric-key F --fabric-known-hosts F]
 # Prints `spark-vllm-memory-sizing {json}` as its last line.
@@ -14,16 +15,21 @@ require host nodes image-id gpus drop-page-cache utilization margin-fraction min
   server-container
 
 GIB=1073741824
-running_utilization=0
+running_utilization=0 running_ips=""
 if [ "$(container_state "$ARG_SERVER_CONTAINER")" = running ]; then
-  running_utilization="$(docker inspect --format '{{json .Args}}' "$ARG_SERVER_CONTAINER" \
-    | grep -o '"--gpu-memory-utilization","[0-9.]*"' | grep -o '[0-9.]*"$' | tr -d '"' || true)"
+  server_args="$(docker inspect --format '{{json .Args}}' "$ARG_SERVER_CONTAINER")"
+  # arg_after FLAG: the value after FLAG in the server's arguments (a JSON list of strings).
+  arg_after() { grep -o "\"$1\",\"[^\"]*\"" <<<"$server_args" | head -n 1 | cut -d'"' -f4 || true; }
+  running_utilization="$(arg_after --gpu-memory-utilization)"
   running_utilization="${running_utilization:-0}"
+  running_ips=",$(arg_after --expect-ips),"
 fi
 
 rows="" auto="" problems=""
 for spec in $ARG_NODES; do
-  IFS='|' read -r node dest bin containers <<<"$spec"
+  IFS='|' read -r node dest bin containers fabric_ip <<<"$spec"
+  given_back=0
+  [[ "$running_ips" == *",$fabric_ip,"* ]] && given_back="$running_utilization"
   probe=(bash "$bin/memory-probe.sh" --host "$node" --image-id "$ARG_IMAGE_ID" --gpus "$ARG_GPUS"
          --drop-page-cache "$ARG_DROP_PAGE_CACHE" --container-names "$containers")
   set +e
@@ -41,7 +47,7 @@ for spec in $ARG_NODES; do
   fi
   read -r _ total free own basis mem_free mem_available <<<"$line"
   # name total visible fits auto basis (visible: what the server finds once ours is given back)
-  row="$(awk -v n="$node" -v t="$total" -v f="$free" -v o="$own" -v r="$running_utilization" \
+  row="$(awk -v n="$node" -v t="$total" -v f="$free" -v o="$own" -v r="$given_back" \
     -v mf="$ARG_MARGIN_FRACTION" -v mm="$ARG_MIN_MARGIN_BYTES" -v b="$basis" 'BEGIN {
       given = r * t; if (o > given) given = o
       v = f + given; if (v > t) v = t

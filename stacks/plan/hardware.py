@@ -61,6 +61,7 @@ def memory_check(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
     nodes = " ".join(
         f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}|"
         + ",".join(own_container_names(plan, n))
+        + f"|{n.fabric_ip}"
         for n in plan.nodes
     )
     flags: dict[str, str | float] = {

@@ -178,7 +178,11 @@ def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:
     config = {**stack.config}
     config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "gpuMemoryUtilization": 0.7}
     run = next_up(stack, "serving flag (gpuMemoryUtilization)", config)
-    assert run.changed() == {"vllm-container": "replace", "vllm-ready": "replace"}
+    assert run.changed() == {
+        "memory-check": "update",  # the new fraction checked against what each node has free
+        "vllm-container": "replace",
+        "vllm-ready": "replace",
+    }
     inspect = host_sh(
         stack.lab, "spark1", f"docker inspect --format '{{{{json .Args}}}}' {PREFIX}-vllm"
     )
@@ -221,6 +225,7 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "image-spark2-sync": "update",
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
+        "memory-check": "update",  # what the new image finds free
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",

@@ -83,7 +83,7 @@ case "$1" in
   inspect)
     case "$*" in
       *State.Status*) [ "${@: -1}" = spark-vllm-vllm ] && echo running || exit 1 ;;
-      *json\\ .Args*) echo '["--","m","--gpu-memory-utilization","0.5","--port","8000"]' ;;
+      *json\\ .Args*) echo '["--expect-ips","10.0.0.1,127.0.0.1","--","m","--gpu-memory-utilization","0.5"]' ;;
       *) exit 1 ;;
     esac ;;
   stats) echo "1GiB / 100GiB" ;;
@@ -100,8 +100,10 @@ def meminfo(key: str) -> int:
     raise KeyError(key)
 
 
-def memory(tmp_path: Path, utilization: str, docker: str | None = None) -> tuple[int, str, str]:
-    nodes = f"spark1|-|{SCRIPTS}|spark-vllm-ray-head,spark-vllm-vllm"
+def memory(
+    tmp_path: Path, utilization: str, docker: str | None = None, fabric_ip: str = "127.0.0.1"
+) -> tuple[int, str, str]:
+    nodes = f"spark1|-|{SCRIPTS}|spark-vllm-ray-head,spark-vllm-vllm|{fabric_ip}"
     flags = {
         "nodes": nodes, "image-id": "sha256:" + "a" * 64, "gpus": "no", "drop-page-cache": "no",
         "utilization": utilization, "margin-fraction": "0.05", "min-margin-bytes": str(1 << 30),
@@ -162,3 +164,10 @@ def test_a_running_server_gives_back_what_it_asked_for(tmp_path: Path) -> None:
     )
     capped = 1 - 0.05 - float(str(alone["gpuMemoryUtilization"]))
     assert abs(gained - min(0.5, capped)) <= 0.03, (alone, with_server)
+    # A node the running server does not run on (a host being added) gets back only what our
+    # containers' cgroups hold there (the stand-in docker says 1 GiB).
+    elsewhere = sizing(memory(tmp_path, "auto", docker=FAKE_DOCKER, fabric_ip="10.0.0.9")[1])
+    gained = float(str(elsewhere["gpuMemoryUtilization"])) - float(
+        str(alone["gpuMemoryUtilization"])
+    )
+    assert abs(gained - (1 << 30) / meminfo("MemTotal")) <= 0.02, (alone, elsewhere)
