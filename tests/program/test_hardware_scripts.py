@@ -83,7 +83,8 @@ case "$1" in
   inspect)
     case "$*" in
       *State.Status*) [ "${@: -1}" = spark-vllm-vllm ] && echo running || exit 1 ;;
-      *json\\ .Args*) echo '["--expect-ips","10.0.0.1,127.0.0.1","--","m","--gpu-memory-utilization","0.5"]' ;;
+      *json\\ .Args*)
+        echo '["--expect-ips","10.0.0.1,127.0.0.1","--gpu-memory-utilization","0.5"]' ;;
       *) exit 1 ;;
     esac ;;
   stats) echo "1GiB / 100GiB" ;;
