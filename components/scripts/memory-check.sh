@@ -64,8 +64,15 @@ for spec in $ARG_NODES; do
     'BEGIN { printf "%.1f GiB free of %.1f GiB (%s; MemFree %.1f GiB, MemAvailable %.1f GiB)", f/g, t/g, b, mf/g, ma/g }')"
 done
 
+kept=false
 if [ "$ARG_UTILIZATION" = auto ]; then
   chosen="$auto"
+  # A running server whose fraction still fits keeps it: a re-run of this check (a changed
+  # connection, a new image) must not resize, and so replace, a server for a hundredth.
+  if awk -v r="$running_utilization" -v a="$auto" 'BEGIN { exit !(r > 0 && r <= a) }'; then
+    chosen="$running_utilization" kept=true
+    note "memory: the running server's $running_utilization still fits every node (auto allows $auto): kept"
+  fi
   if awk -v a="$auto" 'BEGIN { exit !(a < 0.05) }'; then
     problems="$(awk -v g="$GIB" '{ printf "%s: %.1f GiB free of %.1f GiB (margin %.1f GiB); ", $1, $3/g, $2/g, $7/g }' <<<"$rows")"
     fail "vllm.gpuMemoryUtilization auto: too little memory free for the server: ${problems%; }" \
@@ -88,5 +95,5 @@ else
 fi
 
 nodes_json="$(awk -v g="$GIB" 'NF { printf "%s\"%s\":{\"totalGib\":%.1f,\"freeGib\":%.1f,\"fits\":%s,\"basis\":\"%s\"}", (n++ ? "," : ""), $1, $2/g, $3/g, $4, $6 }' <<<"$rows")"
-printf 'spark-vllm-memory-sizing {"gpuMemoryUtilization":"%s","mode":"%s","nodes":{%s}}\n' \
-  "$chosen" "$([ "$ARG_UTILIZATION" = auto ] && echo auto || echo fixed)" "$nodes_json"
+printf 'spark-vllm-memory-sizing {"gpuMemoryUtilization":"%s","mode":"%s","kept":%s,"nodes":{%s}}\n' \
+  "$chosen" "$([ "$ARG_UTILIZATION" = auto ] && echo auto || echo fixed)" "$kept" "$nodes_json"

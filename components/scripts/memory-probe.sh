@@ -20,7 +20,8 @@ if [ "$ARG_DROP_PAGE_CACHE" = yes ]; then
   fi
 fi
 
-meminfo() { awk -v key="$1:" '$1 == key { printf "%.0f", $2 * 1024 }' /proc/meminfo; }
+MEMINFO="${SPARK_VLLM_MEMINFO:-/proc/meminfo}"  # the tests point it at a fixed one
+meminfo() { awk -v key="$1:" '$1 == key { printf "%.0f", $2 * 1024 }' "$MEMINFO"; }
 mem_total="$(meminfo MemTotal)"
 mem_free="$(meminfo MemFree)"
 mem_available="$(meminfo MemAvailable)"
