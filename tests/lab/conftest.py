@@ -111,7 +111,7 @@ def lab_bastion(lab_factory: Callable[..., Lab]) -> Lab:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """How long the end-to-end runs took (CI logs keep it)."""
-    from tests.lab.timings import DAY_TWO, TIMINGS
+    from tests.lab.timings import DAY_TWO, FIGURES, TIMINGS
 
     if TIMINGS:
         terminalreporter.section("lab timings")
@@ -123,3 +123,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(
                 f"{scenario}: {counts}; {seconds:.1f} s; downtime {downtime:.1f} s"
             )
+    if FIGURES:
+        terminalreporter.section("lab figures")
+        for what, value in FIGURES:
+            terminalreporter.write_line(f"{what}: {value}")

@@ -16,3 +16,11 @@ DAY_TWO: list[tuple[str, str, float, float]] = []
 
 def record_day_two(scenario: str, counts: str, seconds: float, downtime: float) -> None:
     DAY_TWO.append((scenario, counts, seconds, downtime))
+
+
+# Figures other than durations (bytes sent against bytes missing, ...): (what, value as text).
+FIGURES: list[tuple[str, str]] = []
+
+
+def record_figure(what: str, value: str) -> None:
+    FIGURES.append((what, value))
