@@ -37,11 +37,12 @@ report_nodes() {
 # Uses --node-checks "node|dest|bin ..." (dest "-" is this host), and --image-id, --model,
 # --revision, --cache-dir when given.
 check_nodes() {
-  local entry node dest bin out run
+  local node dest bin out run
   [ -n "${ARG_NODE_CHECKS:-}" ] || return 0
   printf '\n--- checked on every node ---\n'
-  for entry in $ARG_NODE_CHECKS; do
-    IFS='|' read -r node dest bin <<<"$entry"
+  # One node a line (a state dir may hold a space); fd 3, since ssh reads stdin.
+  while IFS='|' read -r -u 3 node dest bin; do
+    [ -n "$node" ] || continue
     if [ "$dest" = "-" ]; then run=(bash -c); else run=(fabric_ssh "$dest"); fi
     if ! out="$("${run[@]}" "awk '/^MemAvailable:/ {print int(\$2 / 1024)}' /proc/meminfo" 2>&1)"; then
       printf '  likely cause: %s is unreachable over the fabric (%s)\n' "$node" "${out//$'\n'/ }"
@@ -56,7 +57,7 @@ check_nodes() {
         --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL" --revision "$ARG_REVISION")" 2>&1)"; then
       printf '  likely cause: %s\n' "$(grep -m1 'spark-vllm:' <<<"$out" || echo "$out")"
     fi
-  done
+  done 3<<<"$ARG_NODE_CHECKS"
 }
 
 # explain_known_causes LOGS: one line per known pitfall whose fingerprint is in the logs.

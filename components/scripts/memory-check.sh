@@ -5,7 +5,7 @@
 # utilization every node can give less the safety margin. A server of this deployment that is
 # running now gives back what it asked for (its own --gpu-memory-utilization) on the nodes it runs
 # on (its launcher's --expect-ips) when it restarts.
-#   memory-check.sh --host HEAD --nodes "name|dest|bin|containers|fabricip ..." --image-id ID --gpus yes|no
+#   memory-check.sh --host HEAD --nodes "name|dest|bin|containers|fabricip<newline>..." --image-id ID --gpus yes|no
 #                   --drop-page-cache yes|no --utilization F|auto --margin-fraction F
 #                   --min-margin-bytes N --server-container NAME [--fabric-key F --fabric-known-hosts F]
 # Prints `spark-vllm-memory-sizing {json}` as its last line.
@@ -26,8 +26,9 @@ if [ "$(container_state "$ARG_SERVER_CONTAINER")" = running ]; then
 fi
 
 rows="" auto="" problems=""
-for spec in $ARG_NODES; do
-  IFS='|' read -r node dest bin containers fabric_ip <<<"$spec"
+# One node a line (a state dir may hold a space); fd 3, since ssh reads stdin.
+while IFS='|' read -r -u 3 node dest bin containers fabric_ip; do
+  [ -n "$node" ] || continue
   given_back=0
   [[ "$running_ips" == *",$fabric_ip,"* ]] && given_back="$running_utilization"
   probe=(bash "$bin/memory-probe.sh" --host "$node" --image-id "$ARG_IMAGE_ID" --gpus "$ARG_GPUS"
@@ -62,7 +63,7 @@ for spec in $ARG_NODES; do
   fi
   note "memory on $node: $(awk -v t="$total" -v f="$free" -v mf="$mem_free" -v ma="$mem_available" -v g="$GIB" -v b="$basis" \
     'BEGIN { printf "%.1f GiB free of %.1f GiB (%s; MemFree %.1f GiB, MemAvailable %.1f GiB)", f/g, t/g, b, mf/g, ma/g }')"
-done
+done 3<<<"$ARG_NODES"
 
 kept=false
 if [ "$ARG_UTILIZATION" = auto ]; then

@@ -58,7 +58,8 @@ def memory_check(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
     server starts: what each node will have free for the server, against the configured
     fraction, or the fraction `auto` derives (memory-check.sh, memory-probe.sh on each node)."""
     cfg = plan.config
-    nodes = " ".join(
+    # One node a line: a state dir may hold a space.
+    nodes = "\n".join(
         f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}|"
         + ",".join(own_container_names(plan, n))
         + f"|{n.fabric_ip}"

@@ -208,8 +208,9 @@ def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
 
 
 def node_check_specs(plan: DeploymentPlan) -> str:
-    """`node|dest|bin` words: where the wait scripts re-check image, weights and memory."""
-    return " ".join(
+    """`node|dest|bin`, one node a line (a state dir may hold a space): where the wait scripts
+    re-check image, weights and memory."""
+    return "\n".join(
         f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}" for n in plan.nodes
     )
 

@@ -48,7 +48,7 @@ def test_the_memory_check_measures_every_node_with_our_containers(
     plan = plan_of(make_config(hosts=2, preflight={"dropPageCache": True}))
     flags = flags_of(hardware.memory_check(plan, "memory", IMAGE_ID).create)
     head, worker = plan.head, plan.workers[0]
-    assert flags["--nodes"].split() == [
+    assert flags["--nodes"].splitlines() == [
         f"{head.name}|-|{head.bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{head.fabric_ip}",
         f"{worker.name}|{worker.fabric_destination}|{worker.bin_dir}|spark-vllm-ray-worker|"
         f"{worker.fabric_ip}",

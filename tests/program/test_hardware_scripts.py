@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 from tests.program.test_scripts import SCRIPTS, run
@@ -99,9 +100,13 @@ TOTAL, AVAILABLE = 100 * GIB, 40 * GIB
 
 
 def memory(
-    tmp_path: Path, utilization: str, docker: str | None = None, fabric_ip: str = "127.0.0.1"
+    tmp_path: Path,
+    utilization: str,
+    docker: str | None = None,
+    fabric_ip: str = "127.0.0.1",
+    bin_dir: Path = SCRIPTS,
 ) -> tuple[int, str, str]:
-    nodes = f"spark1|-|{SCRIPTS}|spark-vllm-ray-head,spark-vllm-vllm|{fabric_ip}"
+    nodes = f"spark1|-|{bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{fabric_ip}"
     flags = {
         "nodes": nodes, "image-id": "sha256:" + "a" * 64, "gpus": "no", "drop-page-cache": "no",
         "utilization": utilization, "margin-fraction": "0.05", "min-margin-bytes": str(1 << 30),
@@ -164,3 +169,11 @@ def test_auto_keeps_a_running_servers_fraction_while_it_fits(tmp_path: Path) -> 
     result = sizing(out)
     assert (result["gpuMemoryUtilization"], result["kept"]) == ("0.5", True)
     assert "the running server's 0.5 still fits every node (auto allows 0.85): kept" in err
+
+
+def test_a_node_whose_state_dir_holds_a_space_and_a_quote_is_measured(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "state dir's" / "bin"
+    shutil.copytree(SCRIPTS, bin_dir)
+    status, out, err = memory(tmp_path, "auto", bin_dir=bin_dir)
+    assert status == 0, err
+    assert sizing(out)["gpuMemoryUtilization"] == "0.35"
