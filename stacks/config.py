@@ -282,6 +282,8 @@ class TimeoutsConfig(ConfigModel):
     vllm_ready_seconds: int = Field(default=1800, ge=30, le=21600)
     # How often the readiness wait reports the server's progress in the `pulumi up` output.
     vllm_progress_seconds: int = Field(default=30, ge=5, le=600)
+    # How often the image and weights copies report bytes done, rate and ETA.
+    copy_progress_seconds: int = Field(default=10, ge=1, le=600)
     image_transfer_minutes: int = Field(default=60, ge=1, le=1440)
     weights_transfer_minutes: int = Field(default=240, ge=1, le=2880)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the head: stream the image to one worker over the fabric, unless it already has the same ID.
 #   image-sync.sh --host H --worker W --target ssh://user@ip:port --image-id ID --ref REF
-#                 --timeout-minutes M [--compress zstd|none] [--fabric-key K --fabric-known-hosts F]
+#                 --timeout-minutes M [--compress zstd|none] [--progress-seconds S]
+#                 [--fabric-key K --fabric-known-hosts F]
 #                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # `docker load` tags only after the whole stream arrived, so a cut link leaves nothing tagged.
 . "$(dirname "$0")/lib.sh"
@@ -32,12 +33,19 @@ if [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null \
 fi
 export_fabric_ssh
 started=$SECONDS
+# Progress every few seconds: the saved stream's bytes (before compression), of the image's size.
+meters="$(mktemp -d)"
+size="$(docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID")"
+report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
+reporter=$!
+trap 'kill "$reporter" 2>/dev/null || true; rm -rf "$meters"' EXIT
 set +e
 timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
-  'set -o pipefail; docker save "$1" | $2 | fabric_ssh "$3" "$4 | docker load"' \
-  image-sync "$source_ref" "$compress" "$ARG_TARGET" "$decompress" >&2
+  'set -o pipefail; docker save "$1" | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh "$3" "$4 | docker load"' \
+  image-sync "$source_ref" "$compress" "$ARG_TARGET" "$decompress" "$meters/save" >&2
 status=$?
 set -e
+kill "$reporter" 2>/dev/null || true
 elapsed=$(( SECONDS - started ))
 if [ "$status" -ne 0 ]; then
   cause="the fabric link to $ARG_TARGET dropped, the worker's disk is full, or its Docker daemon failed"

@@ -89,6 +89,30 @@ check_fabric_ssh() {
   fi
 }
 
+# metered_bytes DIR: the bytes the transfers metered into DIR have carried so far. Each transfer
+# runs `dd bs=1M status=progress 2>DIR/<name>` in its pipe; dd's last record counts its bytes.
+metered_bytes() {
+  local log total=0 count
+  for log in "$1"/*; do
+    [ -s "$log" ] || continue
+    count="$(tr '\r' '\n' <"$log" | awk '$2 == "bytes" { n = $1 } END { print n + 0 }')"
+    total=$(( total + count ))
+  done
+  echo "$total"
+}
+
+# report_progress WORKER WHAT TOTAL_BYTES DIR SECONDS: every SECONDS, one line into the step's
+# output (`spark2: image 120 of 980 MB, 48 MB/s, ETA 17 s`); run it in the background.
+report_progress() {
+  local started=$SECONDS sent elapsed rate
+  while sleep "$5"; do
+    sent="$(metered_bytes "$4")" elapsed=$(( SECONDS - started ))
+    rate=$(( sent / (elapsed > 0 ? elapsed : 1) ))
+    printf '%s: %s %s of %s MB, %s MB/s, ETA %s s\n' "$1" "$2" $(( sent / 1000000 )) \
+      $(( $3 / 1000000 )) $(( rate / 1000000 )) $(( rate > 0 ? ($3 - sent) / rate : 0 )) >&2
+  done
+}
+
 # container_state NAME: "running", "exited", ... or "missing".
 container_state() {
   docker inspect --format '{{.State.Status}}' "$1" 2>/dev/null || echo missing

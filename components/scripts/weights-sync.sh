@@ -64,27 +64,7 @@ echo "$ARG_WORKER: $ARG_MODEL@$commit: ${#kept[@]} blob(s) kept, ${#resumed[@]} 
 export_fabric_ssh
 started=$SECONDS
 meters="$(mktemp -d)"  # one dd progress log per transfer: what went into ssh, counted by dd
-# sent_so_far: the bytes every transfer's dd has counted (its last progress record).
-sent_so_far() {
-  local log total=0 count
-  for log in "$meters"/*; do
-    [ -s "$log" ] || continue
-    count="$(tr '\r' '\n' <"$log" | awk '$2 == "bytes" { n = $1 } END { print n + 0 }')"
-    total=$(( total + count ))
-  done
-  echo "$total"
-}
-report_progress() {
-  local sent elapsed rate
-  while sleep "$PROGRESS_SECONDS"; do
-    sent="$(sent_so_far)" elapsed=$(( SECONDS - started ))
-    rate=$(( sent / (elapsed > 0 ? elapsed : 1) ))
-    printf '%s: weights %s of %s MB, %s MB/s, ETA %s s\n' "$ARG_WORKER" $(( sent / 1000000 )) \
-      $(( to_send / 1000000 )) $(( rate / 1000000 )) \
-      $(( rate > 0 ? (to_send - sent) / rate : 0 )) >&2
-  done
-}
-report_progress &
+report_progress "$ARG_WORKER" weights "$to_send" "$meters" "$PROGRESS_SECONDS" &
 reporter=$!
 trap 'kill "$reporter" 2>/dev/null || true; rm -rf "$meters"' EXIT
 
@@ -98,7 +78,7 @@ metered_send() {
 failed() {
   local cause="the fabric link to $ARG_TARGET dropped or the worker's disk is full"
   [ "$1" -eq 124 ] && cause="the copy is slower than timeouts.weightsTransferMinutes=$ARG_TIMEOUT_MINUTES allows"
-  fail "copying $ARG_MODEL to $ARG_WORKER failed after $(( SECONDS - started ))s (exit $1; $(sent_so_far) of $to_send bytes sent, the next run resumes)" "$cause"
+  fail "copying $ARG_MODEL to $ARG_WORKER failed after $(( SECONDS - started ))s (exit $1; $(metered_bytes "$meters") of $to_send bytes sent, the next run resumes)" "$cause"
 }
 index=0
 for entry in "${resumed[@]}"; do
@@ -125,6 +105,6 @@ kill "$reporter" 2>/dev/null || true
 after="$(worker_manifest)"
 [ "$after" = "$ARG_MANIFEST" ] \
   || fail "after the copy $ARG_WORKER reports '$after', the head has '$ARG_MANIFEST'" "the copy was incomplete (disk full?) or the cache is being changed concurrently"
-sent="$(sent_so_far)"
+sent="$(metered_bytes "$meters")"
 echo "copied $ARG_MODEL@$commit to $ARG_WORKER ($files files, $bytes bytes; $sent bytes sent) in $(( SECONDS - started ))s"
 sent_line "$sent" "$bytes" "${#kept[@]}" "${#resumed[@]}" "${#whole[@]}"

@@ -365,6 +365,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
         "ref": plan.config.image.ref,
         "timeout_minutes": minutes,
         "compress": "zstd",
+        "progress_seconds": plan.config.timeouts.copy_progress_seconds,
     }
     return _head_to_worker(
         plan,
@@ -485,6 +486,7 @@ def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan, manifest: st
         "model": model.id,
         "manifest": manifest,
         "timeout_minutes": minutes,
+        "progress_seconds": plan.config.timeouts.copy_progress_seconds,
     }
     done = check("snapshot", model.cache_dir, model.id, commit)
     return _head_to_worker(

@@ -93,6 +93,8 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
     # here the copy itself must start, so the floor is off.
     config = lab_config(lab)
     config[f"{PROJECT}:fabric"] = {**config[f"{PROJECT}:fabric"], "minLinkGbps": 0}
+    # Progress every second, so the lines show before the cut.
+    config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], "copyProgressSeconds": 1}
     try:
         error = failing_up(lab, stack, config)
     finally:
@@ -102,6 +104,8 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
     assert cut.is_set(), f"the transfer ended before the cut: {error}"
     assert f"copying {IMAGE} to {WORKER} failed after" in error, error
     assert "likely cause: the fabric link" in error
+    # The copy reported its progress while it ran (pulumi-command streams the step's output).
+    assert re.search(rf"{WORKER}: image \d+ of \d+ MB, \d+ MB/s, ETA \d+ s", error), error
     tagged = host_sh(
         lab, WORKER, f"docker image inspect {IMAGE} >/dev/null 2>&1 && echo tagged || true"
     )
