@@ -268,7 +268,7 @@ class PreflightConfig(ConfigModel):
     min_free_memory_gib: float = Field(default=8.0, ge=0)
     min_free_disk_gib: float = Field(default=100.0, ge=0)
     require_nvidia_runtime: bool = True
-    # Versions to refuse besides the ones spark-vllm ships (stacks/plan/hardware.py).
+    # Versions to refuse besides the ones spark-vllm ships (stacks/plan/known_bad.py).
     known_bad: list[KnownBadVersion] = Field(default_factory=list)
     # true: a known-bad kernel or driver is a warning, not an error.
     allow_known_bad: bool = False
