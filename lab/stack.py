@@ -6,6 +6,7 @@ defaults, and tests can deploy onto labs with other subnets, sizes and topologie
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from lab.spec import HF_MODEL, HF_REVISION, IMAGE_NAME, LabSpec
@@ -16,6 +17,20 @@ SERVED_NAME = "tiny-chat"
 
 
 LAB_MIN_LINK_GBPS = 1
+TC_RATE = re.compile(r"(?P<number>[\d.]+)(?P<unit>[kmg]?)(bit|bps)", re.IGNORECASE)
+
+
+def min_link_gbps(spec: LabSpec) -> float:
+    """The link test's floor: LAB_MIN_LINK_GBPS, or half the rate `--fabric-rate` shapes the
+    fabric to (tc's units: a bare `bit`, `kbit`, `mbit`, `gbit`; `bps` is bytes per second)."""
+    if not spec.fabric_rate:
+        return LAB_MIN_LINK_GBPS
+    rate = TC_RATE.fullmatch(spec.fabric_rate)
+    if rate is None:
+        raise ValueError(f"--fabric-rate {spec.fabric_rate!r}: expected e.g. 1gbit or 200mbit")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[rate["unit"].lower()]
+    bits = float(rate["number"]) * scale * (8 if spec.fabric_rate.lower().endswith("bps") else 1)
+    return round(bits / 1e9 / 2, 6)
 
 
 def stack_config(spec: LabSpec) -> dict[str, Any]:
@@ -46,7 +61,7 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
     config["docker"] = {"requestGpus": False}
     # Ray's ports only on the fabric (tests show it). The link floor: the lab's veth fabric on
     # a busy 2-core machine still carries several Gbit/s; a shaped one (tc) falls below it.
-    config["fabric"] = {"firewall": True, "minLinkGbps": LAB_MIN_LINK_GBPS}
+    config["fabric"] = {"firewall": True, "minLinkGbps": min_link_gbps(spec)}
     config["preflight"] = {
         "unifiedMemory": False,
         "minFreeMemoryGib": 1,

@@ -25,3 +25,12 @@ def test_jump_topology_reaches_workers_through_the_head() -> None:
     assert [h["via"] for h in hosts[1:]] == ["spark1", "spark1"]
     assert [h["address"] for h in hosts[1:]] == [h["fabricIp"] for h in hosts[1:]]
     assert config["spark-vllm:vllm"]["tensorParallelSize"] == 3
+
+
+def test_a_shaped_lab_fabric_lowers_the_link_floor_to_half_its_rate() -> None:
+    """`python -m lab up --fabric-rate R`: the link test must not refuse the lab's own shaping."""
+    floors = {
+        rate: stack_config(LabSpec(fabric_rate=rate))["spark-vllm:fabric"]["minLinkGbps"]
+        for rate in (None, "1gbit", "200mbit", "125mbps", "500kbit")
+    }
+    assert floors == {None: 1, "1gbit": 0.5, "200mbit": 0.1, "125mbps": 0.5, "500kbit": 0.00025}
