@@ -44,6 +44,8 @@ def unavailable(reason: str) -> NoReturn:
 def venv_key() -> str:
     digest = hashlib.sha256((STANDIN_PROJECT / "pyproject.toml").read_bytes())
     digest.update(RAY_REQUIREMENT.encode())
+    # The install is editable: a venv serves the checkout it was built from, not another one.
+    digest.update(str(STANDIN_PROJECT).encode())
     return digest.hexdigest()[:16]
 
 

@@ -55,6 +55,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", default=None)
     parser.add_argument("--reasoning-parser", default=None)
     parser.add_argument("--chat-template", default=None)
+    # vllm/entrypoints/openai/cli_args.py: no API server on this node (multi-node followers).
+    parser.add_argument("--headless", action="store_true", default=False)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +74,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     parser.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default=None)
+    # vllm/engine/arg_utils.py (0.11.1 on): multi-node with the mp executor.
+    parser.add_argument("--nnodes", "-n", type=int, default=1)
+    parser.add_argument("--node-rank", "-r", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=29501)
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
     )

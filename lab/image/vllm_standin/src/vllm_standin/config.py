@@ -10,6 +10,8 @@ DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
 DEFAULT_WORKER_START_TIMEOUT_S = 120.0
 DEFAULT_HEALTH_INTERVAL_S = 5.0
 DEFAULT_HEALTH_TIMEOUT_S = 10.0
+# torch.distributed's default store timeout for NCCL process groups (10 min, inferred from torch).
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -40,6 +42,13 @@ class ServeConfig:
     worker_start_timeout_s: float
     health_interval_s: float
     health_timeout_s: float
+    # Multi-node without Ray (the mp executor): this node's place in the group.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    headless: bool = False
+    rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
 
     @property
     def world_size(self) -> int:
@@ -59,7 +68,9 @@ class ServeConfig:
             api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
             tensor_parallel_size=args.tensor_parallel_size,
             pipeline_parallel_size=args.pipeline_parallel_size,
-            executor_backend=choose_executor_backend(args.distributed_executor_backend, world_size),
+            executor_backend=choose_executor_backend(
+                args.distributed_executor_backend, world_size, args.nnodes
+            ),
             max_model_len=args.max_model_len,
             access_log=args.uvicorn_log_level in ("info", "debug", "trace"),
             non_default_args=non_default_args(args),
@@ -73,14 +84,26 @@ class ServeConfig:
                 "VLLM_STANDIN_HEALTH_INTERVAL", DEFAULT_HEALTH_INTERVAL_S
             ),
             health_timeout_s=env_seconds("VLLM_STANDIN_HEALTH_TIMEOUT", DEFAULT_HEALTH_TIMEOUT_S),
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            headless=args.headless,
+            rendezvous_timeout_s=env_seconds(
+                "VLLM_STANDIN_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_TIMEOUT_S
+            ),
         )
 
 
-def choose_executor_backend(requested: str | None, world_size: int) -> str:
-    """vLLM's default: one process for world size 1; on a GPU-less host more ranks mean Ray."""
+def choose_executor_backend(requested: str | None, world_size: int, nnodes: int = 1) -> str:
+    """vLLM's default: one process for world size 1; several nodes without Ray mean `mp`
+    (config/parallel.py: `elif current_platform.is_cuda() and self.nnodes > 1: backend =
+    "mp"`); on a GPU-less host more ranks otherwise mean Ray."""
     if requested:
         return requested
-    return "uni" if world_size == 1 else "ray"
+    if world_size == 1:
+        return "uni"
+    return "mp" if nnodes > 1 else "ray"
 
 
 def non_default_args(args: argparse.Namespace) -> dict[str, object]:

@@ -44,6 +44,8 @@ class Engine(Protocol):
 
     def check_alive(self, timeout_s: float) -> None: ...
 
+    def check_request(self, timeout_s: float) -> None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -112,6 +114,9 @@ class SingleProcessEngine:
         validate_ranks(self.ranks, self.driver_snapshot)
 
     def check_alive(self, timeout_s: float) -> None:
+        return None
+
+    def check_request(self, timeout_s: float) -> None:
         return None
 
     def shutdown(self) -> None:
@@ -303,6 +308,9 @@ class RayEngine:
                     f"{timeout_s:g} s: {type(error).__name__}: {error}"
                 ) from error
 
+    def check_request(self, timeout_s: float) -> None:
+        self.check_alive(timeout_s)
+
     def shutdown(self) -> None:
         import ray
 
@@ -369,6 +377,10 @@ def build_engine(
 ) -> Engine:
     if config.executor_backend == "ray":
         return RayEngine(config, driver_snapshot, stop_requested)
+    if config.executor_backend == "mp" and config.nnodes > 1:
+        from vllm_standin.multinode import MultiNodeEngine
+
+        return MultiNodeEngine(config, driver_snapshot, stop_requested)
     if config.executor_backend == "external_launcher":
         raise StartupError(
             "distributed_executor_backend='external_launcher' is for torchrun-launched offline "

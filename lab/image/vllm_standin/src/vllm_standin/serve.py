@@ -21,6 +21,7 @@ from vllm_standin.engine import (
 )
 from vllm_standin.http_api import ServerState, StandinServer
 from vllm_standin.model_files import measure_snapshot, read_max_position_embeddings
+from vllm_standin.multinode import run_headless, validate_multinode
 from vllm_standin.openai_api import ServedModel
 
 logger = logging.getLogger("vllm_standin.api_server")
@@ -129,7 +130,10 @@ def bind_server(config: ServeConfig) -> StandinServer:
         ) from None
 
 
-def serve_until_stopped(config: ServeConfig, engine: Engine, server: StandinServer) -> int:
+def serve_until_stopped(
+    config: ServeConfig, engine: Engine, state: ServerState, server: StandinServer
+) -> int:
+    server.state = state
     server.server_activate()
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     logger.info("Starting vLLM API server 0 on http://%s:%d", config.host or "0.0.0.0", config.port)
@@ -137,7 +141,6 @@ def serve_until_stopped(config: ServeConfig, engine: Engine, server: StandinServ
     uvicorn.info("Started server process [%d]", os.getpid())
     uvicorn.info("Waiting for application startup.")
     uvicorn.info("Application startup complete.")
-    state = server.state
     next_check = time.monotonic() + config.health_interval_s
     while not state.engine_dead.is_set():
         if STOP_REQUESTED.wait(STOP_POLL_S):
@@ -164,6 +167,19 @@ def shutdown_quietly(engine: Engine | None, server: StandinServer | None) -> Non
         closer.join(RAY_SHUTDOWN_GRACE_S)
 
 
+def serving_state(config: ServeConfig, engine: Engine, max_model_len: int) -> ServerState:
+    rank_ips = tuple(report.node_ip for report in engine.ranks)
+    served = ServedModel(
+        config.model, config.served_model_names, max_model_len, rank_ips, int(time.time())
+    )
+    return ServerState(
+        served,
+        config.api_key,
+        config.access_log,
+        lambda: engine.check_request(config.health_timeout_s),
+    )
+
+
 def run_serve(config: ServeConfig) -> int:
     configure_logging()
     install_signal_handlers()
@@ -174,20 +190,15 @@ def run_serve(config: ServeConfig) -> int:
     server: StandinServer | None = None
     exit_code = 1
     try:
-        server = bind_server(config)
-        engine, max_model_len = start_engine(config)
-        rank_ips = tuple(report.node_ip for report in engine.ranks)
-        served = ServedModel(
-            config.model, config.served_model_names, max_model_len, rank_ips, int(time.time())
-        )
-        alive_engine = engine
-        server.state = ServerState(
-            served,
-            config.api_key,
-            config.access_log,
-            lambda: alive_engine.check_alive(config.health_timeout_s),
-        )
-        exit_code = serve_until_stopped(config, engine, server)
+        validate_multinode(config)
+        if config.headless:
+            exit_code = run_headless(config, STOP_REQUESTED)
+        else:
+            server = bind_server(config)
+            engine, max_model_len = start_engine(config)
+            exit_code = serve_until_stopped(
+                config, engine, serving_state(config, engine, max_model_len), server
+            )
     except StartupError as error:
         logger.error("%s", error)
         logger.error("Engine core initialization failed. See root cause above.")

@@ -66,6 +66,19 @@ def detect_node_ip() -> str:
     return str(ray.util.get_node_ip_address())
 
 
+def vllm_get_ip() -> str:
+    """vLLM's get_ip() (vllm/utils/network_utils.py): VLLM_HOST_IP, else the address of the
+    route towards a public IP (a UDP connect sends nothing)."""
+    if os.environ.get("VLLM_HOST_IP"):
+        return os.environ["VLLM_HOST_IP"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("8.8.8.8", 80))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
 def current_node_id() -> str:
     import ray
 
@@ -82,9 +95,10 @@ class RankWorker:
         self.model = model
         self.revision = revision
 
-    def describe(self) -> RankReport:
+    def describe(self, node_ip: str | None = None) -> RankReport:
+        """`node_ip`: given without Ray (the mp executor), else Ray's view of this node."""
         hostname = socket.gethostname()
-        node_ip = detect_node_ip()
+        node_ip = node_ip or detect_node_ip()
         env = {name: os.environ.get(name) for name in REPORTED_ENV}
         return RankReport(
             rank=self.rank,
