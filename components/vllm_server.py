@@ -1,9 +1,11 @@
-"""The vLLM server on the head, joined to the Ray cluster, and its readiness check."""
+"""The vLLM server on the head (joined to the Ray cluster, or with executor mp, to a headless
+vLLM on every worker) and its readiness check."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pulumi
@@ -16,7 +18,13 @@ from components.host import Host
 from components.ray_cluster import RayCluster
 from components.steps import PENDING, Pending, host_step
 from stacks.plan import steps
-from stacks.plan.containers import API_KEY_HASH_LABEL, RAY_CLUSTER_LABEL, vllm_container
+from stacks.plan.containers import (
+    API_KEY_HASH_LABEL,
+    RAY_CLUSTER_LABEL,
+    ContainerSpec,
+    headless_container,
+    vllm_container,
+)
 from stacks.plan.nodes import DeploymentPlan
 
 
@@ -24,8 +32,11 @@ from stacks.plan.nodes import DeploymentPlan
 class VllmServerArgs:
     plan: DeploymentPlan
     head: Host
+    workers: list[Host]
     image_id: pulumi.Output[str]
-    ray: RayCluster
+    image_ready: dict[str, pulumi.Resource]  # by node name
+    memory_checked: pulumi.Resource  # measured before anything of ours starts (ServerMemory)
+    ray: RayCluster | None  # executor ray: the cluster the server joins; mp: none
     weights_ready: list[pulumi.Resource]
     api_key: pulumi.Output[str]  # a secret, never empty
     gpu_memory_utilization: str | pulumi.Output[str]  # configured, or what the memory check derived
@@ -33,6 +44,7 @@ class VllmServerArgs:
 
 class VllmServer(pulumi.ComponentResource):
     container: docker.Container
+    headless_containers: list[docker.Container]  # executor mp: one per worker
     readiness: remote.Command  # the served model answered a real completion
     fabric_transport: pulumi.Output[str]  # which network NCCL chose (README, Outputs)
 
@@ -46,39 +58,76 @@ class VllmServer(pulumi.ComponentResource):
             after=[head.scripts],
             stdin={"api-key": args.api_key},
         )
-        spec = functools.partial(vllm_container, plan, head.mounts_token, launcher_script())
-        utilization = args.gpu_memory_utilization
-        self.container = service_container(
+        joined: list[pulumi.Resource] = [args.ray.joined] if args.ray is not None else []
+        self.container = self._container(
             f"{name}-container",
-            spec(utilization if isinstance(utilization, str) else PENDING),
-            args.image_id,
-            # With `auto`, the fraction is known once the memory check ran.
-            command=None
-            if isinstance(utilization, str)
-            else utilization.apply(lambda u: list(spec(u).command)),
-            provider=head.provider,
-            parent=self,
-            after=[args.ray.joined, key_file, *args.weights_ready],
+            args,
+            head,
+            functools.partial(vllm_container, plan, head.mounts_token, launcher_script()),
+            after=[*joined, key_file, *args.weights_ready],
             id_labels=[
                 # The cluster it joined: any Ray container replaced (a new head, or a worker
                 # recreated after a refresh found it gone) replaces the wait, and the server.
-                (RAY_CLUSTER_LABEL, args.ray.joined.id),
+                *([(RAY_CLUSTER_LABEL, args.ray.joined.id)] if args.ray is not None else []),
                 # A new key must restart vLLM; only its hash (still a secret) is in the config.
                 (API_KEY_HASH_LABEL, args.api_key.apply(_sha256)),
             ],
         )
+        # mp: each worker's ranks join the head's rendezvous (they retry until it listens). A
+        # replaced head is not a reason to replace them: they rejoin the next one on their own
+        # (their launcher restarts them when the rendezvous they joined is gone).
+        self.headless_containers = [
+            self._container(
+                f"{name}-{worker.node.name}",
+                args,
+                worker,
+                functools.partial(
+                    headless_container, plan, worker.node, worker.mounts_token, launcher_script()
+                ),
+                after=[self.container, *args.weights_ready],
+            )
+            for worker in (args.workers if args.ray is None else [])
+        ]
+        containers = [self.container, *self.headless_containers]
         self.readiness = host_step(
             Pending(args.image_id, functools.partial(steps.vllm_ready, plan, name)),
             [head],
             parent=self,
-            after=[self.container],
+            after=containers,
             stdin={"api-key": args.api_key},
-            triggers=[self.container.id],
+            triggers=[c.id for c in containers],
         )
         self.fabric_transport = self.readiness.stdout.apply(
             functools.partial(_checked_transport, expected_rdma=plan.expects_rdma)
         )
         self.register_outputs({"containerId": self.container.id, "ready": self.readiness.stdout})
+
+    def _container(
+        self,
+        resource_name: str,
+        args: VllmServerArgs,
+        host: Host,
+        spec: Callable[[str], ContainerSpec],
+        after: list[pulumi.Resource],
+        id_labels: list[tuple[str, pulumi.Input[str]]] | None = None,
+    ) -> docker.Container:
+        """`spec` takes the memory fraction: with `auto` known once the memory check ran."""
+        utilization = args.gpu_memory_utilization
+        return service_container(
+            resource_name,
+            spec(utilization if isinstance(utilization, str) else PENDING),
+            args.image_id,
+            command=None
+            if isinstance(utilization, str)
+            else utilization.apply(lambda u: list(spec(u).command)),
+            provider=host.provider,
+            parent=self,
+            # With Ray, these come before the cluster the server joins.
+            after=after
+            if args.ray is not None
+            else [*host.prepared, args.image_ready[host.node.name], args.memory_checked, *after],
+            id_labels=id_labels or [],
+        )
 
 
 def _checked_transport(readiness: str, expected_rdma: bool) -> str:

@@ -42,6 +42,7 @@ DERIVED_ENV_KEYS = frozenset(
         "HF_HUB_OFFLINE",
         "VLLM_API_KEY",
         "HF_TOKEN",
+        "VLLM_PORT",
     }
 )
 # vLLM flags the program sets itself; repeating them in extraArgs would be ambiguous or leak.
@@ -59,8 +60,23 @@ OWNED_VLLM_FLAGS = frozenset(
         "--revision",
         "--max-model-len",
         "--gpu-memory-utilization",
+        # vllm.executor mp (vllm/engine/arg_utils.py): set per node from hosts.
+        "--nnodes",
+        "-n",
+        "--node-rank",
+        "-r",
+        "--master-addr",
+        "--master-port",
+        "--headless",
     }
 )
+# Flags only vLLM's multi-node mode without Ray accepts: vLLM refuses nnodes > 1 with Ray
+# (vllm/config/parallel.py: "nnodes > 1 can only be set when distributed executor backend is mp").
+MP_ONLY_FLAGS = frozenset({"--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"})
+# vLLM's own ports on every node with vllm.executor mp: VLLM_PORT is where its message queues'
+# ports start (vllm/utils/network_utils.py: from VLLM_PORT upwards, else random), set to
+# vllm.masterPort + 1 so that they stay inside a known range the firewall can cover.
+MP_PORT_SPAN = 32
 RAY_CLIENT_SERVER_PORT = 10001
 
 
@@ -180,6 +196,13 @@ class VllmConfig(ConfigModel):
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=0.98)] | Literal["auto"] = 0.8
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # "ray": a Ray cluster (a container per node) with the server on the head as its driver.
+    # "mp": vLLM's own multi-node mode (vLLM 0.11.1 on): a vLLM container per node, no Ray;
+    # every node must hold the same number of GPUs (README, Executors).
+    executor: Literal["ray", "mp"] = "ray"
+    # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501);
+    # its message queues use the next MP_PORT_SPAN ports on every node.
+    master_port: Port = 29501
     # Once ready: this many streamed completions measure time to first token and decode speed
     # (the `readiness` output); 0 skips it. Bounded to 2 minutes in all.
     measure_completions: int = Field(default=3, ge=0, le=10)
@@ -309,6 +332,7 @@ class StackConfig(ConfigModel):
             _one_head,
             _via_targets_exist,
             _gpus_match_parallelism,
+            _executor_places_every_rank,
             _ports_distinct,
             _no_user_overrides,
         ):
@@ -391,10 +415,43 @@ def _gpus_match_parallelism(cfg: StackConfig) -> None:
         )
 
 
+def _executor_places_every_rank(cfg: StackConfig) -> None:
+    """vLLM's mp executor starts world_size // nnodes workers on every node
+    (v1/executor/multiproc_executor.py) and asserts that the world size divides evenly
+    (engine/arg_utils.py): a node with more or fewer GPUs cannot be placed. Ray places any."""
+    if cfg.vllm.executor != "mp":
+        return
+    world = cfg.vllm.tensor_parallel_size * cfg.vllm.pipeline_parallel_size
+    nodes = len(cfg.hosts)
+    if world % nodes != 0:
+        raise ConfigError(
+            f"vllm.executor: mp places world_size / nnodes ranks on every node, and "
+            f"{world} ranks (tensorParallelSize x pipelineParallelSize) do not divide evenly "
+            f"across {nodes} hosts; use executor ray, or hosts with equal GPU counts"
+        )
+    per_node = world // nodes
+    for index, host in enumerate(cfg.hosts):
+        if host.gpus != per_node:
+            raise ConfigError(
+                f"hosts[{index}].gpus: {host.name} declares {host.gpus} GPU(s), but vllm.executor "
+                f"mp places {per_node} rank(s) on every node ({world} ranks over {nodes} hosts); "
+                "mixed GPU counts need executor ray"
+            )
+
+
 def _ports_distinct(cfg: StackConfig) -> None:
     ray = cfg.ray
     owners: dict[int, str] = {}
-    for key, port in {"vllm.port": cfg.vllm.port, **ray.fixed_ports}.items():
+    ports = {"vllm.port": cfg.vllm.port, "vllm.masterPort": cfg.vllm.master_port}
+    if cfg.vllm.executor == "mp":
+        first, port = cfg.vllm.master_port + 1, cfg.vllm.port
+        if first <= port < first + MP_PORT_SPAN:
+            raise ConfigError(
+                f"vllm.port: {port} is inside the ports vLLM's message queues use with "
+                f"executor mp (vllm.masterPort + 1 to + {MP_PORT_SPAN}: "
+                f"{first}-{first + MP_PORT_SPAN - 1})"
+            )
+    for key, port in {**ports, **ray.fixed_ports}.items():
         if port in owners:
             raise ConfigError(f"{key}: {port} is also {owners[port]}")
         if ray.min_worker_port <= port <= ray.max_worker_port:
@@ -412,8 +469,25 @@ def _no_user_overrides(cfg: StackConfig) -> None:
                 f"vllm.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "
                 "fabricInterface, rdmaHcas, model and secrets); remove it from vllm.env"
             )
+    mp = cfg.vllm.executor == "mp"
+    for key in cfg.vllm.env:
+        if mp and key.startswith("RAY_"):
+            raise ConfigError(
+                f"vllm.env.{key}: no Ray runs with vllm.executor mp; remove it, or use executor ray"
+            )
     for index, arg in enumerate(cfg.vllm.extra_args):
         flag = arg.split("=", 1)[0]
+        if flag in MP_ONLY_FLAGS and not mp:
+            raise ConfigError(
+                f"vllm.extraArgs[{index}]: {flag} is for vLLM's multi-node mode without Ray, "
+                "which vLLM refuses with the Ray executor; set vllm.executor: mp instead "
+                "(spark-vllm then sets it per node)"
+            )
+        if flag.startswith("--ray-") and mp:
+            raise ConfigError(
+                f"vllm.extraArgs[{index}]: {flag} configures vLLM's Ray executor; "
+                "vllm.executor is mp (no Ray): remove it, or use executor ray"
+            )
         if flag in OWNED_VLLM_FLAGS:
             hint = (
                 "set the apiKey secret instead (pulumi config set --secret apiKey ...)"

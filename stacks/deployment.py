@@ -1,4 +1,5 @@
-"""The composition of one deployment: hosts -> fabric trust -> image and weights -> Ray -> vLLM."""
+"""The composition of one deployment: hosts -> fabric trust -> image and weights -> memory ->
+Ray (executor ray) -> vLLM."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class Deployment:
     image: ImageDistribution
     weights: ModelWeights
     memory: ServerMemory
-    ray: RayCluster
+    ray: RayCluster | None  # executor mp: no Ray
     server: VllmServer
     api_key: pulumi.Output[str]
 
@@ -45,6 +46,7 @@ class Deployment:
             "imageId": self.image.image_id,
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
+            "executor": plan.config.vllm.executor,
             "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
             "fabricTransport": self.server.fabric_transport,
             # The link test's figures per worker, and the memory the server was sized for.
@@ -62,6 +64,12 @@ def build_deployment(settings: Settings) -> Deployment:
     config = settings.config
     plan = plan_deployment(config, settings.deployment_id, settings.known_hosts)
     _warn_unpinned(plan)
+    if not plan.uses_ray and config.ray.model_fields_set:
+        pulumi.log.warn(
+            "ray: "
+            + ", ".join(sorted(config.ray.model_fields_set))
+            + " set, but vllm.executor is mp: no Ray runs, these settings are not used"
+        )
     if config.docker.max_restarts is not None:
         pulumi.log.warn(
             "docker.maxRestarts is ignored and can be removed: Ray containers restart after "
@@ -94,16 +102,23 @@ def build_deployment(settings: Settings) -> Deployment:
     memory = ServerMemory(
         "memory", ServerMemoryArgs(plan, head, image.image_id, list(weights.present_on.values()))
     )
-    ray = RayCluster(
-        "ray",
-        RayClusterArgs(plan, head, workers, image.image_id, image.present_on, memory.check),
+    ray = (
+        RayCluster(
+            "ray",
+            RayClusterArgs(plan, head, workers, image.image_id, image.present_on, memory.check),
+        )
+        if plan.uses_ray
+        else None
     )
     server = VllmServer(
         "vllm",
         VllmServerArgs(
             plan,
             head,
+            workers,
             image.image_id,
+            image.present_on,
+            memory.check,
             ray,
             list(weights.present_on.values()),
             settings.api_key,

@@ -33,6 +33,22 @@ report_nodes() {
   check_nodes >&2
 }
 
+# check_rendezvous NODE RUNNER: with executor mp (--rendezvous IP:PORT), whether NODE reaches the
+# head's rendezvous over the fabric, and why not (refused: nothing listens there; a timeout: a
+# firewall or the fabric drops it).
+check_rendezvous() {
+  local -n runner="$2"
+  [ -n "${ARG_RENDEZVOUS:-}" ] || return 0
+  local ip="${ARG_RENDEZVOUS%:*}" port="${ARG_RENDEZVOUS##*:}" out
+  # The address is an IPv4 and the port a number (typed config): safe inside the quotes.
+  out="$("${runner[@]}" "timeout 5 bash -c 'exec 3<>/dev/tcp/$ip/$port' 2>/dev/null; echo rc=\$?" 2>&1 | tail -n 1)"
+  case "$out" in
+    rc=0) printf '  %s reaches the rendezvous %s\n' "$1" "$ARG_RENDEZVOUS" ;;
+    rc=124) printf '  likely cause: %s cannot reach the rendezvous %s: the connection timed out (a firewall or the fabric drops it)\n' "$1" "$ARG_RENDEZVOUS" ;;
+    *) printf '  likely cause: %s cannot reach the rendezvous %s: refused (%s): nothing listens there, so the server on the head is not running or still starting\n' "$1" "$ARG_RENDEZVOUS" "$out" ;;
+  esac
+}
+
 # check_nodes: the known causes that can be checked on each node, not only read in its logs.
 # Uses --node-checks "node|dest|bin ..." (dest "-" is this host), and --image-id, --model,
 # --revision, --cache-dir when given.
@@ -49,6 +65,7 @@ check_nodes() {
       continue
     fi
     printf '  %s: %s MiB of memory available\n' "$node" "$out"
+    [ "$dest" = "-" ] || check_rendezvous "$node" run
     if [ -n "${ARG_IMAGE_ID:-}" ] \
        && ! "${run[@]}" "$(words docker image inspect "$ARG_IMAGE_ID") >/dev/null 2>&1"; then
       printf '  likely cause: the image %s is missing on %s\n' "$ARG_IMAGE_ID" "$node"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On every host (opt-in, fabric.firewall): drop TCP to Ray's ports arriving on any interface but
+# On every host (opt-in, fabric.firewall): drop TCP to the cluster's ports (Ray's, or with executor mp
+# the rendezvous and vLLM's message queues) arriving on any interface but
 # loopback and the fabric. Ray listens on all interfaces and runs code for whoever reaches it.
 #   firewall.sh apply|remove --host H --fabric-interface IF --tcp-ports "6379,6380,10002:10999"
 # Idempotent: the rules live in one chain of their own, rebuilt on every apply.
@@ -24,7 +25,7 @@ case "$action" in
       ipt -A "$chain" -p tcp --dport "$port" -j DROP
     done
     ipt -C INPUT -j "$chain" 2>/dev/null || ipt -I INPUT -j "$chain"
-    echo "Ray ports ${ARG_TCP_PORTS} accepted only on lo and $ARG_FABRIC_INTERFACE"
+    echo "cluster ports ${ARG_TCP_PORTS} accepted only on lo and $ARG_FABRIC_INTERFACE"
     ;;
   remove)
     while ipt -D INPUT -j "$chain" 2>/dev/null; do :; done

@@ -3,11 +3,11 @@
 # architecture against this host's, then (run once, no network) vllm and ray present, their
 # versions, and with --check-flags yes, vllm.extraArgs against the image's own `vllm serve`.
 #   image-facts.sh --host H --image-id ID --ref REF --extra-args JSON --check-flags yes|no
-#                  --timeout-seconds S
+#                  --executor ray|mp --timeout-seconds S
 # Prints `spark-vllm-image-facts {json}` as its last line.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
-require host image-id ref extra-args check-flags timeout-seconds
+require host image-id ref extra-args check-flags executor timeout-seconds
 
 image_arch="$(docker image inspect --format '{{.Architecture}}' "$ARG_IMAGE_ID" 2>/dev/null)" \
   || fail "image $ARG_REF ($ARG_IMAGE_ID) is not on this host" "it was removed after the pull or the copy; run 'pulumi up --refresh'"
@@ -24,7 +24,7 @@ set +e
 output="$(timeout "$ARG_TIMEOUT_SECONDS" docker run --rm --network none \
   -v "$SPARK_BIN/image_facts.py:/spark-vllm/image_facts.py:ro" \
   --entrypoint python3 "$ARG_IMAGE_ID" /spark-vllm/image_facts.py \
-  "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" 2>&1)"
+  "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" "$ARG_EXECUTOR" 2>&1)"
 status=$?
 set -e
 facts="$(grep '^spark-vllm-image-facts ' <<<"$output" | tail -n 1 || true)"
@@ -32,7 +32,7 @@ if [ "$status" -eq 3 ]; then
   problems="$(sed -n 's/^problem: //p' <<<"$output")"
   problems="${problems//image.ref: /"image.ref $ARG_REF: "}"
   fail "the image cannot serve this stack: ${problems//$'\n'/; }" \
-    "the image is not a vLLM image with Ray, or vllm.extraArgs has a flag this vLLM does not know (${facts#spark-vllm-image-facts })"
+    "the image is not a vLLM image (with Ray, for executor ray), or vllm.extraArgs has a flag this vLLM does not know (${facts#spark-vllm-image-facts })"
 fi
 if [ "$status" -ne 0 ] || [ -z "$facts" ]; then
   cause="the image has no python3, or it does not run on this host"

@@ -95,6 +95,7 @@ def flag_problems(extra_args: list[str], known: set[str], vllm: str) -> list[str
 
 def main() -> int:
     extra_args, check_flags = json.loads(sys.argv[1]), sys.argv[2] == "yes"
+    executor = sys.argv[3] if len(sys.argv) > 3 else "ray"
     dist = provider_of("vllm")
     vllm = dist.version if dist is not None else None
     try:
@@ -113,7 +114,9 @@ def main() -> int:
     problems = []
     if vllm is None:
         problems.append("image.ref: has no `vllm` command (no installed package provides it)")
-    if ray is None:
+    if executor != "ray":
+        pass  # vLLM's mp executor needs no Ray
+    elif ray is None:
         problems.append(
             "image.ref: has no `ray` package (the Ray executor and `ray start` need it)"
         )
@@ -125,6 +128,11 @@ def main() -> int:
             problems.append("image.ref: `vllm serve --help` did not list its flags")
         else:
             problems += flag_problems(extra_args, known, vllm)
+            if executor == "mp" and not {"--nnodes", "--headless"} <= known:
+                problems.append(
+                    f"image.ref: vllm {vllm} has no --nnodes/--headless: vllm.executor mp "
+                    "needs vLLM 0.11.1 or newer (or use executor ray)"
+                )
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     return 3 if problems else 0

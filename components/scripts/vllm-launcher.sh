@@ -1,33 +1,43 @@
 # The vLLM container's entrypoint (bash -c), PID 1's only child. Docker restarts this container
 # after a crash (with its own backoff) and after a reboot; each start goes through here:
-#   vllm-launcher --expect-ips IP,IP --gpus N --wait-seconds S --key-file F --scripts DIR \
+#   vllm-launcher --executor ray|mp --expect-ips IP,IP --gpus N --wait-seconds S --scripts DIR \
+#                 [--key-file F] [--rendezvous IP:PORT --peers name=IP,... [--health-url URL]] \
 #                 -- <vllm serve arguments>
-# 1. Refuse to serve without the API key file: vLLM would start with no authentication.
+# 1. Refuse to serve without the API key file: vLLM would start with no authentication. A
+#    headless node (executor mp, no --key-file) serves no API and never holds the key.
 # 2. Back off when the previous start ended soon after it began (a crash loop whose every
 #    attempt runs past Docker's 10 s reset, such as a model load that fails late).
-# 3. Wait, bounded, until Ray has every configured node and GPU again (after a head restart the
-#    workers rejoin on their own), so the server never binds to a partial cluster.
-# 4. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server.
+# 3. Ray: wait, bounded, until Ray has every configured node and GPU again (after a head restart
+#    the workers rejoin on their own), so the server never binds to a partial cluster.
+# 4. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server;
+#    with executor mp, run it under mp_supervisor.py, which stops it when a node's ranks leave
+#    the rendezvous (vLLM does not notice that by itself), so every node restarts together.
 set -uo pipefail
 say() { printf 'spark-vllm launcher: %s\n' "$*" >&2; }
-expect_ips="" gpus="" wait_seconds=600 key_file="" scripts=""
+executor=ray expect_ips="" gpus="" wait_seconds=600 key_file="" scripts=""
+rendezvous="" peers="" health_url=""
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
+    --executor) executor="$2"; shift 2 ;;
     --expect-ips) expect_ips="$2"; shift 2 ;;
     --gpus) gpus="$2"; shift 2 ;;
     --wait-seconds) wait_seconds="$2"; shift 2 ;;
     --key-file) key_file="$2"; shift 2 ;;
     --scripts) scripts="$2"; shift 2 ;;
+    --rendezvous) rendezvous="$2"; shift 2 ;;
+    --peers) peers="$2"; shift 2 ;;
+    --health-url) health_url="$2"; shift 2 ;;
     *) say "unknown launcher flag $1"; exit 2 ;;
   esac
 done
 [ "${1:-}" = -- ] && shift
-if [ -z "$key_file" ] || [ -z "$scripts" ]; then
-  say "--key-file and --scripts are required (a bug in spark-vllm: please report it)"
+if [ -z "$scripts" ] || { [ "$executor" = ray ] && [ -z "$key_file" ]; } \
+   || { [ "$executor" = mp ] && [ -z "$rendezvous" ]; }; then
+  say "--scripts, and --key-file (ray) or --rendezvous (mp), are required (a bug in spark-vllm: please report it)"
   exit 2
 fi
 
-if [ ! -s "$key_file" ]; then
+if [ -n "$key_file" ] && [ ! -s "$key_file" ]; then
   say "no API key in $key_file: refusing to serve without authentication (run 'pulumi up' to write it again)"
   sleep 5  # with Docker's own backoff: a slow loop until the key is back
   exit 1
@@ -50,7 +60,7 @@ if [ "$delay" -gt 0 ]; then
 fi
 echo "$(date +%s) $delay" > "$record"
 
-if [ -n "$expect_ips" ]; then
+if [ "$executor" = ray ] && [ -n "$expect_ips" ]; then
   deadline=$(( SECONDS + wait_seconds ))
   last=""
   while :; do
@@ -67,6 +77,12 @@ if [ -n "$expect_ips" ]; then
   done
 fi
 
-VLLM_API_KEY="$(cat "$key_file")"
-export VLLM_API_KEY
+if [ -n "$key_file" ]; then
+  VLLM_API_KEY="$(cat "$key_file")"
+  export VLLM_API_KEY
+fi
+if [ "$executor" = mp ]; then
+  exec python3 "$scripts/mp_supervisor.py" --rendezvous "$rendezvous" --peers "$peers" \
+    --join-seconds "$wait_seconds" ${health_url:+--health-url "$health_url"} -- vllm serve "$@"
+fi
 exec vllm serve "$@"

@@ -3,7 +3,7 @@
 #   vllm-ready.sh --host H --container C --container-scripts DIR --port P [--probe-host IP]
 #                 --served-name N
 #                 --timeout-seconds S --progress-seconds S --measure-completions N
-#                 --expect-transport ib|none
+#                 --expect-transport ib|none --executor ray|mp [--rendezvous IP:PORT]
 #                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
 # Every --progress-seconds it reports on stderr (streamed into the `pulumi up` output): the time
 # waited, the probe's state and the server's latest progress line from its log.
@@ -11,7 +11,7 @@
 . "$SPARK_BIN/diagnose.sh"
 parse_flags "$@"
 require host container container-scripts port served-name timeout-seconds progress-seconds \
-  measure-completions expect-transport nodes
+  measure-completions expect-transport executor nodes
 read -r -a node_specs <<<"$ARG_NODES"
 IFS= read -r api_key || true
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
@@ -19,10 +19,20 @@ started=$SECONDS
 last="no answer yet"
 give_up() {
   report_nodes "${node_specs[@]}"
-  fail "$1" "$2"
+  fail "$1" "$(likely_cause "$2")"
+}
+# likely_cause DEFAULT: with executor mp, the head's launcher names the node that did not join
+# the rendezvous or left it (mp_supervisor.py); that beats any general cause.
+likely_cause() {
+  local said=""
+  if [ "$ARG_EXECUTOR" = mp ]; then
+    said="$(docker logs --tail 400 "$ARG_CONTAINER" 2>&1 \
+      | grep -E '^spark-vllm launcher: .*(did not join|left the rendezvous)' | tail -n 1 || true)"
+  fi
+  printf '%s' "${said:+${said#spark-vllm launcher: }; }$1"
 }
 # What vLLM logs while it loads (tqdm bars end in carriage returns), newest last.
-PROGRESS='checkpoint shards|Loading weights|Model loading took|Memory profiling|KV cache|CUDA graph|Graph capturing|init engine|Starting vLLM API server|Application startup complete'
+PROGRESS='to join the rendezvous|remote node\(s\) to join|checkpoint shards|Loading weights|Model loading took|Memory profiling|KV cache|CUDA graph|Graph capturing|init engine|Starting vLLM API server|Application startup complete'
 server_progress() {
   local lines
   lines="$(docker logs --tail 400 "$ARG_CONTAINER" 2>&1 | tr '\r' '\n' | grep -v '^[[:space:]]*$' || true)"

@@ -22,17 +22,19 @@ from stacks.plan.nodes import (
     vllm_launcher_args,
 )
 
-Role = Literal["ray-head", "ray-worker", "vllm"]
+Role = Literal["ray-head", "ray-worker", "vllm", "vllm-headless"]
 
 # Ray: `on-failure` restarts a crash, and, after a reboot, the exit the shutdown caused (a
 # non-zero one: daemon/daemon.go restore restarts what ShouldRestart() accepts), but not the
 # clean exit of a `ray stop`, which is how a host leaving the stack leaves Ray.
-# The server: `unless-stopped`, because vLLM's clean exit on the shutdown's SIGTERM is a 0,
-# which `on-failure` would leave down after a reboot.
+# The server, and with executor mp each headless node's: `unless-stopped`, because vLLM's
+# clean exit on the shutdown's SIGTERM is a 0, which `on-failure` would leave down after a
+# reboot.
 RESTART_POLICY: dict[Role, str] = {
     "ray-head": "on-failure",
     "ray-worker": "on-failure",
     "vllm": "unless-stopped",
+    "vllm-headless": "unless-stopped",
 }
 
 # The server's Ray driver finds its node's raylet among the processes it can see (Ray 2.x), so
@@ -41,6 +43,7 @@ RESTART_POLICY: dict[Role, str] = {
 # is not running, and Docker then gives up on the joiner for good, both when a restart's start
 # fails (daemon/monitor.go) and at boot, where Docker before 29 starts containers in no order
 # (daemon/daemon.go restore waits for dependencies only since moby d4e026fe20, API 1.52).
+# Without Ray (executor mp) no driver looks for a raylet: the server keeps its own namespace.
 HOST_PID_ROLES: frozenset[Role] = frozenset({"ray-head", "vllm"})
 
 # Labels whose values are other resources' IDs (set by the components).
@@ -123,6 +126,25 @@ def vllm_container(
     return replace(spec, mounts=(*spec.mounts, api_key))
 
 
+def headless_container(
+    plan: DeploymentPlan,
+    node: NodePlan,
+    mounts_token: str,
+    launcher: str,
+    gpu_memory_utilization: str,
+) -> ContainerSpec:
+    """Executor mp: a worker's own vLLM, `--headless` with its node rank; it serves no API and
+    never sees the API key."""
+    return _service(
+        plan,
+        node,
+        "vllm-headless",
+        ("bash", "-c", launcher, "vllm-launcher"),
+        tuple(vllm_launcher_args(plan, gpu_memory_utilization, node)),
+        mounts_token,
+    )
+
+
 def _service(
     plan: DeploymentPlan,
     node: NodePlan,
@@ -156,7 +178,7 @@ def _service(
         command=command,
         env=tuple(f"{key}={value}" for key, value in sorted(node_env(plan, node).items())),
         restart=RESTART_POLICY[role],
-        host_pid=role in HOST_PID_ROLES,
+        host_pid=role in HOST_PID_ROLES and plan.uses_ray,
         mounts=(
             Mount(cfg.model.cache_dir, CONTAINER_HF_HOME),
             Mount(node.ray_dir, CONTAINER_RAY_DIR),

@@ -13,6 +13,7 @@ from typing import Literal
 
 from stacks.config import (
     BASTION,
+    MP_PORT_SPAN,
     RAY_CLIENT_SERVER_PORT,
     HostConfig,
     StackConfig,
@@ -99,11 +100,28 @@ class DeploymentPlan:
         return sum(n.gpus for n in self.nodes)
 
     @property
+    def uses_ray(self) -> bool:
+        """vllm.executor ray: a Ray cluster, the server its driver. Else vLLM's mp mode."""
+        return self.config.vllm.executor == "ray"
+
+    @property
     def ray_address(self) -> str:
         return f"{self.head.fabric_ip}:{self.config.ray.port}"
 
-    def container_name(self, purpose: Literal["ray-head", "ray-worker", "vllm"]) -> str:
-        return f"{self.config.docker.container_prefix}-{purpose}"
+    @property
+    def rendezvous(self) -> str:
+        """mp: where every node's ranks meet (vLLM's --master-addr and --master-port)."""
+        return f"{self.head.fabric_ip}:{self.config.vllm.master_port}"
+
+    def node_rank(self, node: NodePlan) -> int:
+        """mp: the head is node rank 0, the workers follow in hosts order."""
+        return [self.head, *self.workers].index(node)
+
+    def container_name(
+        self, purpose: Literal["ray-head", "ray-worker", "vllm", "vllm-headless"]
+    ) -> str:
+        """A headless node's server is `<prefix>-vllm` too: one name to look for on any node."""
+        return f"{self.config.docker.container_prefix}-{purpose.removesuffix('-headless')}"
 
     @property
     def labels(self) -> dict[str, str]:
@@ -151,8 +169,6 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
         {
             # vLLM's own IP for the driver and each rank (vllm/envs.py VLLM_HOST_IP).
             "VLLM_HOST_IP": node.fabric_ip,
-            # A driver must join the cluster, never start a private local Ray.
-            "RAY_ADDRESS": plan.ray_address,
             "NCCL_SOCKET_IFNAME": node.fabric_interface,
             "GLOO_SOCKET_IFNAME": node.fabric_interface,
             "TP_SOCKET_IFNAME": node.fabric_interface,
@@ -169,6 +185,12 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
         # server's log and warns when RDMA was expected but sockets were used.
         env.setdefault("NCCL_DEBUG", "INFO")
         env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    if not plan.uses_ray:
+        # Where the message queues' ports start on this node (config.MP_PORT_SPAN).
+        env["VLLM_PORT"] = str(plan.config.vllm.master_port + 1)
+        return env
+    # A driver must join the cluster, never start a private local Ray.
+    env["RAY_ADDRESS"] = plan.ray_address
     # Ray's memory monitor kills tasks and actors above its host-memory threshold; on GB10 the
     # GPU's allocations (weights, KV cache) come out of the same unified memory, so the vLLM
     # ranks are its likely victims. The raylet reads this at start ("To disable worker killing,
@@ -217,6 +239,11 @@ def node_check_specs(plan: DeploymentPlan) -> str:
 
 def log_specs(plan: DeploymentPlan, include_vllm: bool = False) -> str:
     """`node|dest|container` words for the diagnostics in the wait scripts (head is local: `-`)."""
+    if not plan.uses_ray:
+        return " ".join(
+            f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{plan.container_name('vllm')}"
+            for n in plan.nodes
+        )
     specs = [f"{plan.head.name}|-|{plan.container_name('ray-head')}"]
     specs += [
         f"{w.name}|{w.fabric_destination}|{plan.container_name('ray-worker')}" for w in plan.workers
@@ -230,7 +257,7 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     """preflight.sh's flags for `node`: the ports and container names it must find free, and
     the memory, disk and GPUs it must find."""
     cfg = plan.config
-    single_ports = [p for p in ray_listen_ports(plan, node) if ":" not in p]
+    single_ports = [p for p in cluster_listen_ports(plan, node) if ":" not in p]
     ports = [str(cfg.vllm.port), *single_ports] if node.is_head else single_ports
     containers = own_container_names(plan, node)
     return {
@@ -259,28 +286,48 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
 
 
 def own_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
-    """This deployment's containers on `node`."""
-    if node.is_head:
-        return [plan.container_name("ray-head"), plan.container_name("vllm")]
-    return [plan.container_name("ray-worker")]
+    """This deployment's containers on `node`, with either executor: a switch of executors
+    finds the other one's still running (its delete comes last)."""
+    ray = plan.container_name("ray-head" if node.is_head else "ray-worker")
+    return [ray, plan.container_name("vllm")]
 
 
-def vllm_launcher_args(plan: DeploymentPlan, gpu_memory_utilization: str) -> list[str]:
-    """The launcher's flags (components/scripts/vllm-launcher.sh), then `--` and vLLM's."""
-    return [
+def vllm_launcher_args(
+    plan: DeploymentPlan, gpu_memory_utilization: str, node: NodePlan | None = None
+) -> list[str]:
+    """The launcher's flags (components/scripts/vllm-launcher.sh), then `--` and vLLM's, for
+    the server on the head or, with executor mp, a headless `node`.
+
+    `--expect-ips` lists every node with either executor: the memory check reads it from the
+    running server to know where that server's memory is given back on a restart.
+    """
+    node = node or plan.head
+    flags = [
+        "--executor",
+        plan.config.vllm.executor,
         "--expect-ips",
         ",".join(n.fabric_ip for n in plan.nodes),
         "--gpus",
         str(plan.total_gpus),
         "--wait-seconds",
         str(plan.config.timeouts.ray_join_seconds),
-        "--key-file",
-        CONTAINER_API_KEY_FILE,
         "--scripts",
         CONTAINER_SCRIPTS_DIR,
-        "--",
-        *vllm_serve_args(plan, gpu_memory_utilization),
     ]
+    if node.is_head:
+        flags += ["--key-file", CONTAINER_API_KEY_FILE]
+    if not plan.uses_ray:
+        peers = plan.workers if node.is_head else (plan.head,)
+        flags += [
+            "--rendezvous",
+            plan.rendezvous,
+            "--peers",
+            ",".join(f"{p.name}={p.fabric_ip}" for p in peers),
+        ]
+        if node.is_head:
+            port = plan.config.vllm.port
+            flags += ["--health-url", f"http://{plan.probe_address}:{port}/health"]
+    return [*flags, "--", *vllm_serve_args(plan, gpu_memory_utilization, node)]
 
 
 def fixed_gpu_memory_utilization(plan: DeploymentPlan) -> str | None:
@@ -289,10 +336,15 @@ def fixed_gpu_memory_utilization(plan: DeploymentPlan) -> str | None:
     return None if value == "auto" else str(value)
 
 
-def vllm_serve_args(plan: DeploymentPlan, gpu_memory_utilization: str) -> list[str]:
-    """Arguments after `vllm serve`, from typed config (never probed from the image) and, with
-    `auto`, the fraction the memory check derived (`gpu_memory_utilization`)."""
+def vllm_serve_args(
+    plan: DeploymentPlan, gpu_memory_utilization: str, node: NodePlan | None = None
+) -> list[str]:
+    """Arguments after `vllm serve` on `node` (the head by default), from typed config (never
+    probed from the image) and, with `auto`, the fraction the memory check derived
+    (`gpu_memory_utilization`). With executor mp every node gets the same arguments but its
+    node rank, and the workers `--headless` (vLLM docs, parallelism_scaling.md)."""
     cfg = plan.config
+    node = node or plan.head
     args = [
         cfg.model.id,
         "--served-model-name",
@@ -308,10 +360,24 @@ def vllm_serve_args(plan: DeploymentPlan, gpu_memory_utilization: str) -> list[s
         "--pipeline-parallel-size",
         str(cfg.vllm.pipeline_parallel_size),
         "--distributed-executor-backend",
-        "ray",
+        cfg.vllm.executor,
         "--gpu-memory-utilization",
         gpu_memory_utilization,
     ]
+    if not plan.uses_ray:
+        master_addr, master_port = plan.rendezvous.rsplit(":", 1)
+        args += [
+            "--nnodes",
+            str(len(plan.nodes)),
+            "--node-rank",
+            str(plan.node_rank(node)),
+            "--master-addr",
+            master_addr,
+            "--master-port",
+            master_port,
+        ]
+        if not node.is_head:
+            args.append("--headless")
     if cfg.vllm.max_model_len is not None:
         args += ["--max-model-len", str(cfg.vllm.max_model_len)]
     return args + list(cfg.vllm.extra_args)
@@ -383,8 +449,13 @@ def _state_dir(host: HostConfig) -> str:
     return f"{home}/.spark-vllm"
 
 
-def ray_listen_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
-    """Ports (and one range) Ray listens on, on every interface, on `node`."""
+def cluster_listen_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """Ports (and one range) the nodes listen on for each other, on every interface, on `node`:
+    Ray's, or with executor mp the rendezvous (head) and vLLM's message queues."""
+    if not plan.uses_ray:
+        first = plan.config.vllm.master_port + 1
+        queues = f"{first}:{first + MP_PORT_SPAN - 1}"
+        return [str(plan.config.vllm.master_port), queues] if node.is_head else [queues]
     ray = plan.config.ray
     ports = [
         ray.node_manager_port,

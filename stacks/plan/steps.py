@@ -26,10 +26,10 @@ from stacks.plan.nodes import (
     CONTAINER_SCRIPTS_DIR,
     DeploymentPlan,
     NodePlan,
+    cluster_listen_ports,
     log_specs,
     node_check_specs,
     preflight_flags,
-    ray_listen_ports,
 )
 
 # Which bundle `<stateDir>/bin` holds (its digest): the scripts' delete checks it.
@@ -227,12 +227,13 @@ def preflight(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
 
 
 def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None:
-    """Ray's ports reachable on lo and the fabric only (Ray cannot bind to one interface)."""
+    """The cluster's ports (Ray's, or mp's rendezvous and message queues) reachable on lo and
+    the fabric only (neither Ray nor torch.distributed binds to one interface)."""
     if not plan.config.fabric.firewall:
         return None
     flags = {
         "fabric_interface": node.fabric_interface,
-        "tcp_ports": ",".join(ray_listen_ports(plan, node)),
+        "tcp_ports": ",".join(cluster_listen_ports(plan, node)),
     }
     checks = (check("firewall", FIREWALL_CHAIN),)
     return _undoable(f"{name}-firewall", node, "firewall.sh", ("apply", "remove"), flags, checks)
@@ -422,6 +423,7 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) 
             # Only the head serves: a worker's check does not depend on (or re-run for) them.
             extra_args=json.dumps(list(plan.config.vllm.extra_args) if node.is_head else []),
             check_flags="yes" if node.is_head else "no",
+            executor=plan.config.vllm.executor,
             timeout_seconds=IMAGE_FACTS_SECONDS,
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
@@ -567,6 +569,9 @@ def vllm_ready(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
         "measure_completions": cfg.vllm.measure_completions,
         # With HCAs, NCCL should run over RoCE: the wait reads which transport it chose.
         "expect_transport": "ib" if plan.expects_rdma else "none",
+        "executor": cfg.vllm.executor,
+        # mp: where the nodes meet; the diagnostics check each node's way there.
+        **({} if plan.uses_ray else {"rendezvous": plan.rendezvous}),
     }
     model = cfg.model
     snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}

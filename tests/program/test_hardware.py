@@ -50,7 +50,7 @@ def test_the_memory_check_measures_every_node_with_our_containers(
     head, worker = plan.head, plan.workers[0]
     assert flags["--nodes"].splitlines() == [
         f"{head.name}|-|{head.bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{head.fabric_ip}",
-        f"{worker.name}|{worker.fabric_destination}|{worker.bin_dir}|spark-vllm-ray-worker|"
+        f"{worker.name}|{worker.fabric_destination}|{worker.bin_dir}|spark-vllm-ray-worker,spark-vllm-vllm|"
         f"{worker.fabric_ip}",
     ]
     assert (flags["--gpus"], flags["--drop-page-cache"], flags["--utilization"]) == (

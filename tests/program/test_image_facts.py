@@ -130,7 +130,8 @@ def facts_script(tmp_path: Path, arch: str, extra: list[str]) -> subprocess.Comp
     (tmp_path / "bin" / "docker").chmod(0o755)
     env["FAKE_ARCH"] = arch
     flags = ["--image-id", "sha256:abc", "--ref", "example/vllm:1", "--extra-args"]
-    flags += [json.dumps(extra), "--check-flags", "yes", "--timeout-seconds", "60"]
+    flags += [json.dumps(extra), "--check-flags", "yes", "--executor", "ray"]
+    flags += ["--timeout-seconds", "60"]
     return run("image-facts.sh", "--host", "spark1", *flags, env=env)
 
 

@@ -72,6 +72,36 @@ CASES = [
      "hosts: List should have at least 1 item"),
     ("bad address", lambda c: with_host(c, 0, address="10.0.0.1; rm -rf /"),
      "hosts[0].address: Value error, '10.0.0.1; rm -rf /' is not a host name or IP address"),
+    ("unknown executor", lambda c: {**c, "vllm": {**c["vllm"], "executor": "slurm"}},
+     "vllm.executor: Input should be 'ray' or 'mp'"),
+    ("mp with mixed gpu counts", lambda c: with_host(with_host(
+        {**c, "vllm": {**c["vllm"], "executor": "mp", "tensorParallelSize": 6}}, 0, gpus=3),
+        1, gpus=2),
+     "hosts[0].gpus: spark1 declares 3 GPU(s), but vllm.executor mp places 2 rank(s) on every "
+     "node (6 ranks over 3 hosts); mixed GPU counts need executor ray"),
+    ("mp world size that does not divide",
+     lambda c: with_host(with_host(
+         {**c, "vllm": {**c["vllm"], "executor": "mp", "tensorParallelSize": 5}}, 0, gpus=2),
+         1, gpus=2),
+     "vllm.executor: mp places world_size / nnodes ranks on every node, and 5 ranks"),
+    ("nnodes with ray", lambda c: {**c, "vllm": {**c["vllm"], "extraArgs": ["--nnodes", "3"]}},
+     "vllm.extraArgs[0]: --nnodes is for vLLM's multi-node mode without Ray, which vLLM "
+     "refuses with the Ray executor; set vllm.executor: mp instead"),
+    ("ray flag with mp", lambda c: {**c, "vllm": {
+        **c["vllm"], "executor": "mp", "extraArgs": ["--ray-workers-use-nsight"]}},
+     "vllm.extraArgs[0]: --ray-workers-use-nsight configures vLLM's Ray executor; "
+     "vllm.executor is mp (no Ray)"),
+    ("headless is ours", lambda c: {**c, "vllm": {
+        **c["vllm"], "executor": "mp", "extraArgs": ["--headless"]}},
+     "vllm.extraArgs[0]: --headless is managed by spark-vllm"),
+    ("ray env with mp", lambda c: {**c, "vllm": {
+        **c["vllm"], "executor": "mp", "env": {"RAY_DEDUP_LOGS": "0"}}},
+     "vllm.env.RAY_DEDUP_LOGS: no Ray runs with vllm.executor mp"),
+    ("server port among mp's queue ports", lambda c: {**c, "vllm": {
+        **c["vllm"], "executor": "mp", "port": 29510}},
+     "vllm.port: 29510 is inside the ports vLLM's message queues use with executor mp"),
+    ("master port taken", lambda c: {**c, "vllm": {**c["vllm"], "masterPort": 6379}},
+     "ray.port: 6379 is also vllm.masterPort"),
 ]  # fmt: skip
 
 
