@@ -73,6 +73,7 @@ def deployed(lab_factory: Callable[..., Lab]) -> Iterator[Deployment]:
         mocks.teardown()
         raise
     record_timing("e2e first up (bastion, 2 hosts)", time.monotonic() - started)
+
     deployment = Deployment(lab, mocks, outputs)
     yield deployment
     deployment.mocks.teardown()  # idempotent: empty after the teardown test ran
@@ -250,10 +251,14 @@ def test_teardown_leaves_the_hosts_clean(deployed: Deployment) -> None:
     )
 
 
-def test_the_seeds_topology_with_three_hosts(lab_factory: Callable[..., Lab]) -> None:
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_the_seeds_topology_with_three_hosts(
+    lab_factory: Callable[..., Lab], executor: str
+) -> None:
     """No bastion: this machine reaches only the head; workers only through the head. Three
     hosts with different fabric interface names, TP x PP = 3. The state and cache directories
-    hold a space and a quote (every shell word is quoted, here and in the scripts)."""
+    hold a space and a quote (every shell word is quoted, here and in the scripts). With either
+    executor (one lab for both: the first run's teardown leaves it clean)."""
     lab = lab_factory(
         "seeds3",
         hosts=3,
@@ -268,25 +273,36 @@ def test_the_seeds_topology_with_three_hosts(lab_factory: Callable[..., Lab]) ->
     for host in config["spark-vllm:hosts"]:
         host["stateDir"] = state_dir
     config["spark-vllm:model"]["cacheDir"] = cache_dir
+    if executor == "mp":
+        config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "executor": "mp"}
+        del config["spark-vllm:ray"]
+    fabric = [lab.spec.host_fabric_ip(i) for i in range(3)]
+    served_by = "ray-worker" if executor == "ray" else "vllm"
     mocks = RealMocks()
     started = time.monotonic()
     try:
         outputs = deploy(lab, mocks, config)
-        record_timing("e2e up (seeds' topology, 3 hosts)", time.monotonic() - started)
+        record_timing(
+            f"e2e up (seeds' topology, 3 hosts, executor {executor})", time.monotonic() - started
+        )
         assert outputs["endpointUrl"] == f"http://{lab.spec.outside_far_ip}:8000/v1"
         status, reply = complete(outputs["endpointUrl"].removesuffix("/"), outputs["modelId"])
         assert status == 200 and reply["choices"][0]["text"].strip()
-        seen = host_sh(lab, "spark1", f'docker exec {PREFIX}-ray-head python3 -c "{RAY_NODES}"')
-        assert json.loads(seen.splitlines()[-1]) == sorted(
-            lab.spec.host_fabric_ip(i) for i in range(3)
-        )
+        # Every rank's node took part (the stand-in's text names them, rank 0's first).
+        ranks = reply["choices"][0]["text"].split()[0].removeprefix("ranks=").split(",")
+        assert ranks[0] == fabric[0] and sorted(ranks) == sorted(fabric), reply
+        if executor == "ray":
+            seen = host_sh(lab, "spark1", f'docker exec {PREFIX}-ray-head python3 -c "{RAY_NODES}"')
+            assert json.loads(seen.splitlines()[-1]) == sorted(fabric)
         for index, host in enumerate(("spark2", "spark3"), start=1):
             env = host_sh(lab, host, f"docker inspect --format '{{{{json .Config.Env}}}}' "
-                                     f"{PREFIX}-ray-worker")  # fmt: skip
+                                     f"{PREFIX}-{served_by}")  # fmt: skip
             assert f"GLOO_SOCKET_IFNAME={lab.spec.fabric_ifname(index)}" in env
-            # What both two-Spark references set: Ray's memory monitor off, a 64 MiB stack.
-            assert "RAY_memory_monitor_refresh_ms=0" in env and "RAY_NODE_IP_ADDRESS" not in env
-            stack = host_sh(lab, host, f"docker exec {PREFIX}-ray-worker sh -c 'ulimit -s'")
+            assert "RAY_NODE_IP_ADDRESS" not in env
+            # What both two-Spark references set: Ray's memory monitor off (with Ray), a
+            # 64 MiB stack.
+            assert ("RAY_memory_monitor_refresh_ms=0" in env) == (executor == "ray")
+            stack = host_sh(lab, host, f"docker exec {PREFIX}-{served_by} sh -c 'ulimit -s'")
             assert stack == "65536"
             # The weights reached the odd cache path, and every step's receipt the odd state dir.
             assert host_sh(lab, host, f"ls {q(cache_dir)}/hub").strip().startswith("models--")

@@ -1,0 +1,205 @@
+"""vllm.executor mp on the lab, for real: one vLLM container per node and no Ray, through the
+bastion; a worker rank killed; a worker that cannot reach the rendezvous; and a switch of
+executors on the running stack, both ways (the stand-in implements vLLM's mp mode: a
+rendezvous at the master port, each node checking its own ranks, README of the stand-in)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from lab import Lab
+from lab.stack import PROJECT
+from tests.lab.day_two import Stack, deployed, next_up
+from tests.lab.deploying import (
+    API_KEY,
+    PREFIX,
+    complete,
+    deploy,
+    host_sh,
+    lab_config,
+    reachable_from_bastion,
+)
+from tests.lab.faulting import wait_for
+from tests.lab.realmocks import RealMocks
+from tests.lab.timings import record_figure, record_timing
+
+pytestmark = pytest.mark.lab
+
+WORKER = "spark2"
+MASTER_PORT = 29501
+LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
+
+
+def mp_config(lab: Lab, **timeouts: int) -> dict[str, Any]:
+    """The lab stack with executor mp (no ray settings: nothing would read them)."""
+    config = {k: v for k, v in lab_config(lab).items() if k != f"{PROJECT}:ray"}
+    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "executor": "mp"}
+    if timeouts:
+        config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], **timeouts}
+    return config
+
+
+@pytest.fixture(scope="module")
+def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
+    lab = lab_factory("mp", hosts=2, topology="bastion")
+    started = time.monotonic()
+    with deployed(lab, mp_config(lab)) as stack:
+        record_timing("e2e first up (bastion, 2 hosts, executor mp)", time.monotonic() - started)
+        yield stack
+    lab.down()
+
+
+def server_answers(lab: Lab) -> bool:
+    """A real completion from inside the head, with the stack's API key."""
+    probe = (f"printf '%s\\n' {API_KEY} | timeout 20 docker exec -i {PREFIX}-vllm "
+             "python3 /spark-vllm/bin/vllm_probe.py 8000 tiny-chat 2>&1 | tail -n 1")  # fmt: skip
+    return host_sh(lab, "spark1", f"{probe} || true").startswith("ready")
+
+
+def restarts(lab: Lab, host: str) -> int:
+    script = f"docker inspect --format '{{{{.RestartCount}}}}' {PREFIX}-vllm"
+    return int(host_sh(lab, host, script))
+
+
+def test_every_node_serves_the_model_without_ray(stack: Stack) -> None:
+    lab, outputs = stack.lab, stack.outputs
+    assert outputs["executor"] == "mp" and "ready after" in outputs["readiness"]
+    status, reply = complete(stack.endpoint, outputs["modelId"])
+    assert status == 200
+    # The stand-in's text names every rank's node: both took part.
+    fabric = [lab.spec.host_fabric_ip(i) for i in range(2)]
+    assert reply["choices"][0]["text"].startswith(f"ranks={','.join(fabric)} "), reply
+    for host in ("spark1", WORKER):
+        running = host_sh(lab, host, "docker ps --format '{{.Names}}'").split()
+        assert running == [f"{PREFIX}-vllm"], (host, running)
+        assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host
+    worker_log = host_sh(lab, WORKER, f"docker logs {PREFIX}-vllm 2>&1")
+    assert "headless multiproc executor" in worker_log
+    assert f"joined the rendezvous at {fabric[0]}:{MASTER_PORT}" in worker_log
+    head_log = host_sh(lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1")
+    assert "every node joined the rendezvous" in head_log
+    # The rendezvous is on the fabric only: the firewall drops it on the mgmt network.
+    assert not reachable_from_bastion(lab, lab.spec.host_mgmt_ip(0), MASTER_PORT)
+
+
+def test_a_killed_worker_rank_takes_the_server_down_and_every_node_rejoins(stack: Stack) -> None:
+    lab = stack.lab
+    head_restarts = restarts(lab, "spark1")
+    started = time.monotonic()
+    # A crash of the worker's vLLM (SIGKILL, as the OOM killer would), not of its supervisor.
+    lab.sh(WORKER, "pkill -KILL -f '/vllm serve'")
+    # vLLM itself would not notice while idle; the head's launcher sees the rank's connection
+    # to the rendezvous go, stops the server, and Docker restarts both nodes' containers.
+    wait_for(lambda: restarts(lab, "spark1") > head_restarts, 60, "the head's server restarted")
+    wait_for(lambda: server_answers(lab), 180, "the server answers again")
+    record_timing("fault: a killed worker rank (mp), until the server answers (no pulumi)",
+                  time.monotonic() - started)  # fmt: skip
+    head_log = host_sh(lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1 | grep launcher")
+    assert f"{WORKER} ({lab.spec.host_fabric_ip(1)}) left the rendezvous" in head_log, head_log
+    run = next_up(stack, "pulumi up --refresh after a killed worker rank (mp)", stack.config,
+                  refresh=True)  # fmt: skip
+    assert run.changed() == {}, "nothing is left for pulumi to repair"
+
+
+def test_a_killed_head_server_brings_every_node_back_without_pulumi(stack: Stack) -> None:
+    lab = stack.lab
+    worker_restarts = restarts(lab, WORKER)
+    started = time.monotonic()
+    lab.sh("spark1", "pkill -KILL -f '/vllm serve'")
+    # The headless node would wait for ever (as vLLM's do); its launcher sees the head's store
+    # go and restarts its ranks, which join the restarted head's next rendezvous.
+    wait_for(lambda: restarts(lab, WORKER) > worker_restarts, 60, "the worker's ranks restarted")
+    wait_for(lambda: server_answers(lab), 180, "the server answers again")
+    record_timing("fault: a killed head server (mp), until the server answers (no pulumi)",
+                  time.monotonic() - started)  # fmt: skip
+    worker_log = host_sh(lab, WORKER, f"docker logs {PREFIX}-vllm 2>&1 | grep launcher")
+    assert "is gone (the server there stopped or restarted)" in worker_log, worker_log
+
+
+def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> None:
+    lab = stack.lab
+    worker_ip = lab.spec.host_fabric_ip(1)
+    block = ["-s", worker_ip, "-p", "tcp", "--dport", str(MASTER_PORT), "-j", "DROP"]
+    lab.exec("spark1", ["iptables", "-I", "INPUT", *block])
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception) as caught:
+            next_up(stack, "a worker blocked from the rendezvous (mp)",
+                    mp_config(lab, rayJoinSeconds=20))  # fmt: skip
+    finally:
+        lab.exec("spark1", ["iptables", "-D", "INPUT", *block])
+    record_timing("fault (mp): time to the error", time.monotonic() - started)
+    error = str(caught.value)
+    assert "spark1: vllm-ready: vLLM exited during start-up" in error, error
+    assert (
+        f"likely cause: {WORKER} ({worker_ip}) did not join the rendezvous at "
+        f"{lab.spec.host_fabric_ip(0)}:{MASTER_PORT} within 20s" in error
+    ), error
+    assert (
+        f"likely cause: {WORKER} cannot reach the rendezvous {lab.spec.host_fabric_ip(0)}:"
+        f"{MASTER_PORT}: the connection timed out" in error
+    ), error
+    for node in ("spark1", WORKER):
+        assert f"--- {node}: last 50 lines of {PREFIX}-vllm ---" in error
+    started = time.monotonic()
+    next_up(stack, "clean re-run after the blocked rendezvous (mp)", mp_config(lab))
+    record_timing("fault (mp): clean re-run", time.monotonic() - started)
+    assert server_answers(lab)
+
+
+def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stack: Stack) -> None:
+    lab = stack.lab
+    to_ray = {**lab_config(lab)}
+    run = next_up(stack, "switch executor: mp to ray", to_ray)
+    changed = run.changed()
+    assert changed["vllm-container"] == "replace" and changed["vllm-spark2"] == "delete"
+    assert {changed[n] for n in ("ray-head", "ray-spark2", "ray-joined")} == {"create"}
+    assert stack.outputs["executor"] == "ray"
+    assert complete(stack.endpoint, stack.outputs["modelId"])[0] == 200
+    for host, container in (("spark1", "ray-head"), (WORKER, "ray-worker")):
+        names = set(host_sh(lab, host, "docker ps --format '{{.Names}}'").split())
+        assert f"{PREFIX}-{container}" in names, (host, names)
+    assert host_sh(lab, WORKER, "docker ps -aq --filter name=spark-vllm-vllm") == ""
+
+    back = next_up(stack, "switch executor: ray to mp", mp_config(lab))
+    changed = back.changed()
+    assert changed["vllm-container"] == "replace" and changed["vllm-spark2"] == "create"
+    assert {changed[n] for n in ("ray-head", "ray-spark2", "ray-joined")} == {"delete"}
+    assert complete(stack.endpoint, stack.outputs["modelId"])[0] == 200
+    for host in ("spark1", WORKER):
+        assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host
+        running = host_sh(lab, host, "docker ps --format '{{.Names}}'").split()
+        assert running == [f"{PREFIX}-vllm"], (host, running)
+
+
+def test_time_to_ready_with_each_executor_side_by_side(stack: Stack) -> None:
+    """`pulumi up` of a new stack on hosts that hold the image and the weights already (kept
+    on destroy), until the first completion: Ray's cluster first, or vLLM's own rendezvous.
+    The server loads for 12 s as in the e2e (the stand-in's load time), so the difference is
+    what each executor adds. Same lab, same config but the executor, one after the other."""
+    lab = stack.lab
+    stack.state.teardown()  # the module's stack goes first: the hosts are empty again
+    seconds: dict[str, float] = {}
+    for executor in ("ray", "mp", "ray", "mp"):
+        config = lab_config(lab) if executor == "ray" else mp_config(lab)
+        config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "env": {LOAD_ENV: "12"}}
+        mocks = RealMocks()
+        started = time.monotonic()
+        try:
+            outputs = deploy(lab, mocks, config)
+            took = time.monotonic() - started
+        finally:
+            mocks.teardown()
+        assert outputs["executor"] == executor and "ready after" in outputs["readiness"]
+        seconds[executor] = min(took, seconds.get(executor, took))
+    record_figure(
+        "time to ready from `pulumi up`, image and weights in place (best of 2)",
+        f"executor ray {seconds['ray']:.1f} s, executor mp {seconds['mp']:.1f} s "
+        f"(mp/ray {seconds['mp'] / seconds['ray']:.2f}x)",
+    )
+    for host in lab.spec.host_names:
+        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
