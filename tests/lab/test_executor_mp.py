@@ -129,7 +129,7 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
     try:
         with pytest.raises(Exception) as caught:
             next_up(stack, "a worker blocked from the rendezvous (mp)",
-                    mp_config(lab, rayJoinSeconds=20))  # fmt: skip
+                    mp_config(lab, rayJoinSeconds=30))  # fmt: skip
     finally:
         lab.exec("spark1", ["iptables", "-D", "INPUT", *block])
     record_timing("fault (mp): time to the error", time.monotonic() - started)
@@ -137,7 +137,7 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
     assert "spark1: vllm-ready: vLLM exited during start-up" in error, error
     assert (
         f"likely cause: {WORKER} ({worker_ip}) did not join the rendezvous at "
-        f"{lab.spec.host_fabric_ip(0)}:{MASTER_PORT} within 20s" in error
+        f"{lab.spec.host_fabric_ip(0)}:{MASTER_PORT} within 30s" in error
     ), error
     assert (
         f"likely cause: {WORKER} cannot reach the rendezvous {lab.spec.host_fabric_ip(0)}:"
