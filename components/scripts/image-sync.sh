@@ -5,6 +5,11 @@
 #                 [--fabric-key K --fabric-known-hosts F]
 #                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # `docker load` tags only after the whole stream arrived, so a cut link leaves nothing tagged.
+# Layers the worker already holds (an update of an image it has) are not sent: the saved stream
+# carries them as empty files, which `docker load` never reads (image_layers.py says why). A
+# worker whose Docker keeps images in containerd (whose loader wants every blob) gets it whole,
+# and so does a worker whose load of the thinned stream fails.
+# Prints `spark-vllm-image-sent {"bytes": N, "layersKept": K, "layers": L}` once copied.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host worker target image-id ref timeout-minutes
@@ -19,6 +24,7 @@ remote_id() {
 check_fabric_ssh "$ARG_TARGET"
 if [ "$(remote_id)" = "$ARG_IMAGE_ID" ]; then
   echo "$ARG_WORKER already has $ARG_REF ($ARG_IMAGE_ID); nothing copied"
+  echo 'spark-vllm-image-sent {"bytes": 0, "layersKept": 0, "layers": 0}'
   exit 0
 fi
 docker image inspect "$ARG_IMAGE_ID" >/dev/null 2>&1 \
@@ -33,17 +39,63 @@ if [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null \
 fi
 export_fabric_ssh
 started=$SECONDS
-# Progress every few seconds: the saved stream's bytes (before compression), of the image's size.
-meters="$(mktemp -d)"
+layers="$(docker image inspect --format '{{json .RootFS.Layers}}' "$ARG_IMAGE_ID")"
+layer_count="$(python3 -c 'import json, sys; print(len(json.loads(sys.argv[1])))' "$layers")"
+# What the worker holds: its Docker's store, then every image's layers (one JSON list a line).
+worker_layers="$(fabric_ssh "$ARG_TARGET" "docker info --format '{{json .DriverStatus}}'; docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null || true)"
+held=0
+if [[ "$worker_layers" != *io.containerd.snapshotter* ]]; then
+  held="$(tail -n +2 <<<"$worker_layers" | python3 "$SPARK_BIN/image_layers.py" held "$layers" 2>/dev/null || echo 0)"
+fi
+# The index of the saved stream (which member holds which layer), once per image on this head.
+index_dir="$(dirname "$SPARK_BIN")/image-index" index=""
+if [ "$held" -gt 0 ]; then
+  index="$index_dir/${ARG_IMAGE_ID#sha256:}.json"
+  if [ ! -s "$index" ]; then
+    # Copies to several workers run at once: each writes its own part, renamed into place.
+    mkdir -p "$index_dir" && find "$index_dir" -name '*.json' ! -name "$(basename "$index")" -delete
+    if docker save "$source_ref" | python3 "$SPARK_BIN/image_layers.py" index > "$index.$$"; then
+      mv "$index.$$" "$index"
+    else
+      rm -f "$index.$$"; index="" held=0
+      note "$ARG_WORKER: reading the saved image's layers failed: sending it whole"
+    fi
+  fi
+fi
+# The bytes to send: the saved stream less the layers the worker holds.
 size="$(docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID")"
+if [ -n "$index" ]; then
+  size="$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); kept = set(d["layers"][: int(sys.argv[2])]); print(sum(v for k, v in d["sizes"].items() if k not in kept))' "$index" "$held")"
+  note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
+fi
+meters="$(mktemp -d)"
 report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
 reporter=$!
 trap 'kill "$reporter" 2>/dev/null || true; rm -rf "$meters"' EXIT
+# send HELD: the saved stream, its first HELD layers emptied (`whole`: all of it), to the worker.
+send() {
+  timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
+    'set -o pipefail; held=$6 layers_py=$7 index=$8
+     thin() { if [ "$held" = whole ]; then cat; else python3 "$layers_py" filter "$index" "$held"; fi; }
+     docker save "$1" | thin | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh "$3" "$4 | docker load"' \
+    image-sync "$source_ref" "$compress" "$ARG_TARGET" "$decompress" "$meters/save" "$1" \
+    "$SPARK_BIN/image_layers.py" "$index" >&2
+}
 set +e
-timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
-  'set -o pipefail; docker save "$1" | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh "$3" "$4 | docker load"' \
-  image-sync "$source_ref" "$compress" "$ARG_TARGET" "$decompress" "$meters/save" >&2
-status=$?
+if [ -n "$index" ]; then
+  send "$held"
+  status=$?
+  # Not when the link is what failed: the whole image would fail the same way, slower.
+  if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && fabric_ssh "$ARG_TARGET" true 2>/dev/null; then
+    note "$ARG_WORKER: loading the image without the layers it holds failed (exit $status): sending it whole"
+    held=0 size="$(docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID")"
+    send whole
+    status=$?
+  fi
+else
+  send whole
+  status=$?
+fi
 set -e
 kill "$reporter" 2>/dev/null || true
 elapsed=$(( SECONDS - started ))
@@ -55,3 +107,5 @@ fi
 [ "$(remote_id)" = "$ARG_IMAGE_ID" ] \
   || fail "after the copy $ARG_WORKER does not have image $ARG_IMAGE_ID" "the worker's Docker daemon rejected the image (architecture? disk?)"
 echo "copied $ARG_REF ($ARG_IMAGE_ID) to $ARG_WORKER in ${elapsed}s"
+printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": %s, "layers": %s}\n' \
+  "$(metered_bytes "$meters")" "$held" "$layer_count"

@@ -102,10 +102,14 @@ metered_bytes() {
 }
 
 # report_progress WORKER WHAT TOTAL_BYTES DIR SECONDS: every SECONDS, one line into the step's
-# output (`spark2: image 120 of 980 MB, 48 MB/s, ETA 17 s`); run it in the background.
+# output (`spark2: image 120 of 980 MB, 48 MB/s, ETA 17 s`); run it in the background. Its
+# sleep is killed with it: a sleep left behind would hold the step's output open until it ends.
 report_progress() {
-  local started=$SECONDS sent elapsed rate
-  while sleep "$5"; do
+  local started=$SECONDS sent elapsed rate nap=""
+  trap '[ -z "$nap" ] || kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep "$5" & nap=$!
+    wait "$nap" || return 0
     sent="$(metered_bytes "$4")" elapsed=$(( SECONDS - started ))
     rate=$(( sent / (elapsed > 0 ? elapsed : 1) ))
     printf '%s: %s %s of %s MB, %s MB/s, ETA %s s\n' "$1" "$2" $(( sent / 1000000 )) \

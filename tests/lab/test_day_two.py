@@ -211,12 +211,16 @@ def test_rotating_the_api_key(stack: Stack) -> None:
 def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
     """A new image ID (an upgrade of vLLM): pulled on the head, copied to the worker, and every
     container replaced, the old ones deleted first (their names are fixed)."""
+    # One new layer of 8 MB on top of the lab image (what an upgrade that changes one layer
+    # looks like): the worker holds every other layer, so only that one goes over the fabric.
+    new_layer = 8_000_000
     commit = (
-        f"docker create --name day2-v2 {IMAGE_NAME} true >/dev/null && "
+        f"docker run --name day2-v2 --entrypoint sh {IMAGE_NAME} "
+        f"-c 'head -c {new_layer} /dev/urandom > /opt/spark-vllm-lab-v2.bin' && "
         f"docker commit --change 'LABEL spark-vllm.lab=v2' day2-v2 {IMAGE_V2} >/dev/null && "
         "docker rm day2-v2 >/dev/null"
     )
-    stack.lab.sh("spark1", commit)
+    stack.lab.sh("spark1", commit, timeout=120)
     old_image = stack.outputs["imageId"]
     config = {**stack.config}
     config["spark-vllm:image"] = {**config["spark-vllm:image"], "ref": IMAGE_V2}
@@ -235,6 +239,21 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "vllm-ready": "replace",
     }
     assert stack.outputs["imageId"] != old_image
+    sync = next(e for e in run.state_entries() if e.name == "image-spark2-sync")
+    sent = json.loads(
+        next(line for line in sync.outputs["stdout"].splitlines()
+             if line.startswith("spark-vllm-image-sent "))
+        .removeprefix("spark-vllm-image-sent ")
+    )  # fmt: skip
+    inspect = f"docker image inspect --format '{{{{.Size}}}}' {IMAGE_V2}"
+    image_bytes = int(host_sh(stack.lab, "spark1", inspect))
+    record_figure(
+        "image update of one 8 MB layer: bytes sent",
+        f"{sent['bytes']} for the layer's {new_layer} ({sent['bytes'] / new_layer:.3f}x; "
+        f"{sent['layersKept']} of {sent['layers']} layers kept; the whole image: {image_bytes})",
+    )
+    assert sent["layersKept"] == sent["layers"] - 1, sent
+    assert sent["bytes"] <= 1.2 * new_layer, sent  # issue 11's goal for a one-layer update
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 

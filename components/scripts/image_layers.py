@@ -1,0 +1,111 @@
+"""Which of an image's layers a worker holds, and a `docker save` stream without them.
+
+    image_layers.py held LAYERS_JSON          < worker's `docker image inspect` RootFS.Layers lines
+    image_layers.py index                     < docker save stream   > index JSON
+    image_layers.py filter INDEX_FILE COUNT   < docker save stream   > the same stream, its first
+                                                                       COUNT layers emptied
+
+`docker load` reads a layer's file only when the daemon lacks that layer's chain: moby
+image/tarexport/load.go looks the chain ID up in the layer store first (`l.lss.Get(r.ChainID())`)
+and calls loadLayer only when it is missing (checked with Docker 20.10's loader in the lab). So a
+saved stream whose leading layers the worker already holds, as the same chain, can carry those
+layers as empty files, and the worker still ends up with the whole image (the image ID, from the
+config, is the same). A chain is the layer with every layer below it, so only a leading run of
+layers can be left out: a layer the worker holds on another base is still sent.
+
+The member that holds a layer is named by the stream's manifest.json (`Layers`, in rootfs
+order), which `docker save` writes last: `index` reads one whole stream to find them (its
+layers' bytes are read and dropped), so `filter` can empty them from the next stream as they go
+by. Standard library only: it runs with the hosts' own python3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sys
+import tarfile
+from collections.abc import Iterable
+from typing import BinaryIO
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """Each layer's chain ID (image-spec: ChainID(L0) = DiffID(L0), ChainID(Ln) =
+    sha256(ChainID(Ln-1) + " " + DiffID(Ln)))."""
+    chains: list[str] = []
+    for diff_id in diff_ids:
+        if not chains:
+            chains.append(diff_id)
+        else:
+            text = f"{chains[-1]} {diff_id}".encode()
+            chains.append("sha256:" + hashlib.sha256(text).hexdigest())
+    return chains
+
+
+def held_count(image_layers: list[str], worker_images: Iterable[list[str]]) -> int:
+    """How many of the image's leading layers a worker holds as the same chain."""
+    held = {chain for layers in worker_images for chain in chain_ids(layers)}
+    count = 0
+    for chain in chain_ids(image_layers):
+        if chain not in held:
+            break
+        count += 1
+    return count
+
+
+def index(stream: BinaryIO) -> dict[str, object]:
+    """The members that hold the image's layers, in rootfs order, and every member's size."""
+    sizes: dict[str, int] = {}
+    manifest: list[dict[str, object]] = []
+    with tarfile.open(fileobj=stream, mode="r|") as saved:
+        for member in saved:
+            sizes[member.name] = member.size
+            if member.name == "manifest.json":
+                handle = saved.extractfile(member)
+                manifest = json.load(handle) if handle is not None else []
+    if len(manifest) != 1:
+        raise SystemExit(f"image_layers.py: expected one image in the stream, got {len(manifest)}")
+    layers = manifest[0]["Layers"]
+    assert isinstance(layers, list)
+    return {"layers": layers, "sizes": sizes}
+
+
+def filtered(stream: BinaryIO, out: BinaryIO, emptied: set[str]) -> int:
+    """Copy the stream, the members in `emptied` as empty files; returns the bytes left out."""
+    left_out = 0
+    with (
+        tarfile.open(fileobj=stream, mode="r|") as saved,
+        tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as sent,
+    ):
+        for member in saved:
+            if member.name in emptied and member.isfile():
+                left_out += member.size
+                member.size = 0
+                sent.addfile(member, io.BytesIO(b""))
+            else:
+                sent.addfile(member, saved.extractfile(member) if member.isfile() else None)
+    return left_out
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else ""
+    if command == "held" and len(argv) == 2:
+        worker = [json.loads(line) for line in sys.stdin if line.strip().startswith("[")]
+        print(held_count(json.loads(argv[1]), worker))
+        return 0
+    if command == "index" and len(argv) == 1:
+        print(json.dumps(index(sys.stdin.buffer)))
+        return 0
+    if command == "filter" and len(argv) == 3:
+        with open(argv[1]) as handle:
+            layers = json.load(handle)["layers"]
+        left_out = filtered(sys.stdin.buffer, sys.stdout.buffer, set(layers[: int(argv[2])]))
+        print(f"image_layers.py: {left_out} bytes of held layers left out", file=sys.stderr)
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
