@@ -1,4 +1,4 @@
-"""python -m lab up|down|status [options]: see lab/README.md."""
+"""python -m lab up|down|status|bench [options]: see lab/README.md (bench: lab/bench.py)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,11 @@ def spec_from(args: argparse.Namespace) -> LabSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # python -m lab bench [--short] [--out DIR]: lab/bench.py
+        from lab.bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         lab = Lab(spec_from(args))
