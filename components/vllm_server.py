@@ -20,6 +20,7 @@ from components.steps import PENDING, Pending, host_step
 from stacks.plan import steps
 from stacks.plan.containers import (
     API_KEY_HASH_LABEL,
+    MP_NODES_LABEL,
     RAY_CLUSTER_LABEL,
     ContainerSpec,
     headless_container,
@@ -44,7 +45,7 @@ class VllmServerArgs:
 
 class VllmServer(pulumi.ComponentResource):
     container: docker.Container
-    headless_containers: list[docker.Container]  # executor mp: one per worker
+    headless_containers: list[docker.Container]  # executor mp: one per worker, started first
     readiness: remote.Command  # the served model answered a real completion
     fabric_transport: pulumi.Output[str]  # which network NCCL chose (README, Outputs)
 
@@ -58,23 +59,11 @@ class VllmServer(pulumi.ComponentResource):
             after=[head.scripts],
             stdin={"api-key": args.api_key},
         )
-        joined: list[pulumi.Resource] = [args.ray.joined] if args.ray is not None else []
-        self.container = self._container(
-            f"{name}-container",
-            args,
-            head,
-            functools.partial(vllm_container, plan, head.mounts_token, launcher_script()),
-            after=[*joined, key_file, *args.weights_ready],
-            id_labels=[
-                # The cluster it joined: any Ray container replaced (a new head, or a worker
-                # recreated after a refresh found it gone) replaces the wait, and the server.
-                *([(RAY_CLUSTER_LABEL, args.ray.joined.id)] if args.ray is not None else []),
-                # A new key must restart vLLM; only its hash (still a secret) is in the config.
-                (API_KEY_HASH_LABEL, args.api_key.apply(_sha256)),
-            ],
-        )
-        # mp: each worker's ranks join the head's rendezvous (they retry until it listens). A
-        # replaced head is not a reason to replace them: they rejoin the next one on their own
+        # mp: each worker's ranks first; they wait (bounded) for the head's rendezvous. The
+        # server then joins them, and carries their IDs: a replaced worker replaces the server
+        # too (deleted first, as a delete-before-replace base takes its dependents down), so a
+        # new worker always meets a new server, never one that already formed its group. A
+        # replaced server alone does not replace them: they rejoin the next one by themselves
         # (their launcher restarts them when the rendezvous they joined is gone).
         self.headless_containers = [
             self._container(
@@ -84,10 +73,40 @@ class VllmServer(pulumi.ComponentResource):
                 functools.partial(
                     headless_container, plan, worker.node, worker.mounts_token, launcher_script()
                 ),
-                after=[self.container, *args.weights_ready],
+                after=list(args.weights_ready),
             )
             for worker in (args.workers if args.ray is None else [])
         ]
+        joined: list[pulumi.Resource] = (
+            [args.ray.joined] if args.ray is not None else list(self.headless_containers)
+        )
+        cluster_label: list[tuple[str, pulumi.Input[str]]] = (
+            [(RAY_CLUSTER_LABEL, args.ray.joined.id)]
+            if args.ray is not None
+            else [
+                (
+                    MP_NODES_LABEL,
+                    pulumi.Output.all(*[c.id for c in self.headless_containers]).apply(
+                        lambda ids: ",".join(str(i) for i in ids) or "none"
+                    ),
+                )
+            ]
+        )
+        self.container = self._container(
+            f"{name}-container",
+            args,
+            head,
+            functools.partial(vllm_container, plan, head.mounts_token, launcher_script()),
+            after=[*joined, key_file, *args.weights_ready],
+            id_labels=[
+                # The cluster it joined: any Ray container replaced (a new head, or a worker
+                # recreated after a refresh found it gone) replaces the wait, and the server;
+                # with mp, the headless containers it meets.
+                *cluster_label,
+                # A new key must restart vLLM; only its hash (still a secret) is in the config.
+                (API_KEY_HASH_LABEL, args.api_key.apply(_sha256)),
+            ],
+        )
         containers = [self.container, *self.headless_containers]
         self.readiness = host_step(
             Pending(args.image_id, functools.partial(steps.vllm_ready, plan, name)),

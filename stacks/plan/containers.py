@@ -49,6 +49,7 @@ HOST_PID_ROLES: frozenset[Role] = frozenset({"ray-head", "vllm"})
 # Labels whose values are other resources' IDs (set by the components).
 RAY_HEAD_ID_LABEL = "spark-vllm.ray-head-id"  # a worker joined this head: a new head replaces it
 RAY_CLUSTER_LABEL = "spark-vllm.ray-cluster"  # the server joined this cluster (ray-joined's ID)
+MP_NODES_LABEL = "spark-vllm.mp-nodes"  # mp: the headless containers the server meets
 API_KEY_HASH_LABEL = "spark-vllm.api-key-sha256"  # a new key restarts vLLM; only its hash shows
 MOUNTS_LABEL = "spark-vllm.mounts"
 

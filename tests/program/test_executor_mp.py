@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from tests.program.conftest import SECRETS, ConfigFactory
-from tests.program.harness import Evaluation, evaluate
+from tests.program.harness import Evaluation, evaluate, fake_id
 
 
 def mp_config(make_config: ConfigFactory, hosts: int = 2, **vllm: Any) -> dict[str, Any]:
@@ -82,8 +83,15 @@ def test_each_node_gets_its_own_interfaces_and_no_ray_settings(mp: Evaluation) -
         assert not [key for key in env if key.startswith("RAY_")], env
 
 
-def test_the_worker_starts_after_the_head_and_the_wait_after_both(mp: Evaluation) -> None:
-    assert mp.depends_on("vllm-spark2", "vllm-container")
+def test_the_head_starts_after_the_worker_and_the_wait_after_both(mp: Evaluation) -> None:
+    """A replaced worker replaces the server too (its ID is a label there): a new worker never
+    meets a server whose group already formed."""
+    assert mp.depends_on("vllm-container", "vllm-spark2")
+    assert not mp.depends_on("vllm-spark2", "vllm-container")
+    worker = mp.named("vllm-spark2")
+    worker_id = fake_id(worker.typ, worker.name, json.dumps(worker.inputs, sort_keys=True))
+    labels = {lab["label"]: lab["value"] for lab in mp.named("vllm-container").inputs["labels"]}
+    assert labels["spark-vllm.mp-nodes"] == worker_id
     assert mp.depends_on("vllm-spark2", "memory-check")
     assert mp.depends_on("vllm-spark2", "image-spark2-sync")
     assert mp.depends_on("vllm-container", "memory-check")
