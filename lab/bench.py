@@ -51,6 +51,9 @@ REPO_DIR = f"{CACHE}/hub/models--bench--snapshot"
 IMAGE = "spark-vllm-bench:v1"
 IMAGE_UPDATE = "spark-vllm-bench:v2"
 MB = 1_000_000
+# OpenSSH's default preference is chacha20 first; AES-GCM is faster where the CPU has AES
+# instructions (x86 AES-NI, the Grace CPU's ARMv8 crypto extensions).
+CIPHERS = ("aes128-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes256-ctr")
 SENT = r'spark-vllm-(?:image|weights)-sent \{"bytes": ?(\d+)'  # the copy scripts' last lines
 
 
@@ -116,17 +119,18 @@ class Bench:
         )
 
     changed_file_bytes = 0
+    revision_b: dict[str, bytes] = {}  # noqa: RUF012 (set per run in make_workloads)
     payload = 0
     missing_after_cut = 0
 
     def make_workloads(self) -> None:
         """The images (v2 changes the top layer) and the snapshot's two revisions (the second
         changes one file), made on the head from random bytes (nothing compresses them)."""
-        layers = [os.urandom(size) for size in self.sizes.image_layers]
+        layers = [half_compressible(size) for size in self.sizes.image_layers]
         bench_dir = self.lab.node(HEAD).hostdir / "root/bench"
         bench_dir.mkdir(parents=True, exist_ok=True)
         (bench_dir / "v1.tar").write_bytes(image_tar(IMAGE, layers))
-        update = [*layers[:-1], os.urandom(self.sizes.image_layers[-1])]
+        update = [*layers[:-1], half_compressible(self.sizes.image_layers[-1])]
         (bench_dir / "v2.tar").write_bytes(image_tar(IMAGE_UPDATE, update))
         self.head(
             "docker load -i /root/bench/v1.tar >/dev/null && "
@@ -139,9 +143,9 @@ class Bench:
         }
         files["config.json"] = b'{"max_position_embeddings": 2048}'
         write_snapshot(repo, "a" * 40, files)
-        changed = dict(files)
-        changed["model-00001.safetensors"] = os.urandom(self.sizes.blobs[1])
-        write_snapshot(repo, "b" * 40, changed, ref=False)
+        # The next revision is written only for its own case: the seeds' method tars the whole
+        # model directory, which must hold the first revision alone until then.
+        self.revision_b = {**files, "model-00001.safetensors": os.urandom(self.sizes.blobs[1])}
         self.changed_file_bytes = self.sizes.blobs[1]
         self.payload = self.payload_bytes(IMAGE)
         self.head(f"head -c {self.payload} /dev/urandom > /root/bench/raw.bin")
@@ -300,6 +304,8 @@ class Bench:
             "spark-vllm",
             [self.spark(self.workers[:1], IMAGE_UPDATE, "main")],
         )
+        repo = self.lab.node(HEAD).hostdir / REPO_DIR.removeprefix("/")
+        write_snapshot(repo, "b" * 40, self.revision_b, ref=False)
         self.record(
             "revision (one file)",
             regime,
@@ -307,6 +313,41 @@ class Bench:
             "spark-vllm",
             [self.spark(self.workers[:1], IMAGE_UPDATE, "b" * 40)],
         )
+        # Gone again from the head: the next regime starts from the first revision alone.
+        shutil.rmtree(repo / "snapshots" / ("b" * 40))
+        changed = hashlib.sha256(self.revision_b["model-00001.safetensors"]).hexdigest()
+        (repo / "blobs" / changed).unlink()
+
+    def transport_choices(self, regime: str) -> None:
+        """What the cipher and the compression cost or save, per regime: the payload's bytes
+        (random, as weights are) over each cipher, and the saved image (about half
+        compressible, as images are) with and without zstd -1."""
+        worker = self.workers[0]
+        for cipher in CIPHERS:
+            started = time.monotonic()
+            self.head(f"cat /root/bench/raw.bin | {self.ssh(worker)} -c {cipher} 'cat >/dev/null'")
+            self.rows.append(
+                Row("ssh cipher", regime, 1, cipher, time.monotonic() - started, self.payload)
+            )
+        image_bytes = int(self.head(f"docker save {IMAGE} | wc -c"))
+        for method, squeeze, unsqueeze in (
+            ("no compression", "cat", "cat"),
+            ("zstd -1 -T0", "zstd -1 -T0 -q", "zstd -d -q"),
+        ):
+            started = time.monotonic()
+            self.head(
+                f"docker save {IMAGE} | {squeeze} | {self.ssh(worker)} '{unsqueeze} >/dev/null'"
+            )
+            self.rows.append(
+                Row(
+                    "image stream compression",
+                    regime,
+                    1,
+                    method,
+                    time.monotonic() - started,
+                    image_bytes,
+                )
+            )
 
     def resumed_copy(self, regime: str) -> None:
         """A weights copy cut at about half, then the retry: what it sends against what was
@@ -355,6 +396,7 @@ class Bench:
             self.shape(rate)
             self.reset_workers()
             self.first_copy(regime, rate)
+            self.transport_choices(regime)
             if rate:
                 self.resumed_copy(regime)
         self.shape(None)
@@ -425,6 +467,27 @@ class Bench:
             ("nothing changed: 0 bytes", unchanged.bytes == 0, f"{unchanged.bytes} bytes"),
         ]
 
+    def choices(self) -> list[str]:
+        """Per regime: the fastest cipher, and whether zstd pays for itself on an image."""
+        said = []
+        for regime in ("rate-limited", "unlimited"):
+            ciphers = [r for r in self.rows if r.case == "ssh cipher" and r.regime == regime]
+            squeeze = {
+                r.method: r.seconds
+                for r in self.rows
+                if r.case == "image stream compression" and r.regime == regime
+            }
+            if not ciphers or len(squeeze) != 2:
+                continue
+            best = min(ciphers, key=lambda r: r.seconds)
+            ratio = squeeze["zstd -1 -T0"] / squeeze["no compression"]
+            said.append(
+                f"- {regime}: fastest cipher {best.method} ("
+                + ", ".join(f"{r.method} {r.seconds:.1f} s" for r in ciphers)
+                + f"); an image stream with zstd -1 takes {ratio:.2f}x the time without"
+            )
+        return said
+
     def report(self, out: Path, command: str) -> str:
         out.mkdir(parents=True, exist_ok=True)
         goals = self.goals()
@@ -447,6 +510,7 @@ class Bench:
         ]
         lines += ["", "| goal | result | measured |", "|---|---|---|"]
         lines += [f"| {goal} | {'PASS' if ok else 'MISS'} | {value} |" for goal, ok, value in goals]
+        lines += ["", *self.choices()]
         text = "\n".join(lines) + "\n"
         (out / "bench.md").write_text(text)
         (out / "bench.json").write_text(
@@ -488,6 +552,14 @@ class Bench:
         axes[0].legend(fontsize=8)
         figure.tight_layout()
         figure.savefig(path, dpi=100)
+
+
+def half_compressible(size: int) -> bytes:
+    """Random 4 KiB blocks alternating with zeroed ones: about as compressible as an image's
+    binaries and libraries (zstd -1 about halves it)."""
+    block = 4096
+    chunks = [os.urandom(block) if i % 2 else bytes(block) for i in range(size // block + 1)]
+    return b"".join(chunks)[:size]
 
 
 def image_tar(ref: str, layers: list[bytes]) -> bytes:
