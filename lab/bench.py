@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lab.core import Lab
+from lab.net import tbf_shaping
 from lab.spec import LabSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,24 +164,7 @@ class Bench:
             ifname = self.lab.spec.fabric_ifname(index)
             self.lab.exec(host, ["tc", "qdisc", "del", "dev", ifname, "root"], check=False)
             if rate_mbit:
-                self.lab.exec(
-                    host,
-                    [
-                        "tc",
-                        "qdisc",
-                        "replace",
-                        "dev",
-                        ifname,
-                        "root",
-                        "tbf",
-                        "rate",
-                        f"{rate_mbit}mbit",
-                        "burst",
-                        "256kb",
-                        "latency",
-                        "50ms",
-                    ],
-                )
+                self.lab.exec(host, tbf_shaping(ifname, f"{rate_mbit}mbit"))
 
     # -- the methods -----------------------------------------------------------------------------
 

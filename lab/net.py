@@ -116,6 +116,12 @@ def delete_root_routes(spec: LabSpec) -> None:
         ok(["ip", "route", "del", *route])
 
 
+def tbf_shaping(ifname: str, rate: str) -> list[str]:
+    """`tc` shaping ifname's egress to rate (e.g. "1gbit"): the lab's one way to slow a link."""
+    return ["tc", "qdisc", "replace", "dev", ifname, "root", "tbf",
+            "rate", rate, "burst", "256kb", "latency", "50ms"]  # fmt: skip
+
+
 def shape_fabric(spec: LabSpec, node: str, ifname: str) -> None:
     """Optional link speed on the fabric so transfer tests see realistic timings."""
     if not spec.fabric_rate:
@@ -125,19 +131,7 @@ def shape_fabric(spec: LabSpec, node: str, ifname: str) -> None:
             "nsenter",
             f"--net={NETNS_DIR / spec.netns(node)}",
             "--",
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            ifname,
-            "root",
-            "tbf",
-            "rate",
-            spec.fabric_rate,
-            "burst",
-            "256kb",
-            "latency",
-            "50ms",
+            *tbf_shaping(ifname, spec.fabric_rate),
         ],
         timeout=20,
         what=f"{node}: shape {ifname} to {spec.fabric_rate}",

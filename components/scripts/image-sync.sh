@@ -40,7 +40,7 @@ fi
 export_fabric_ssh
 started=$SECONDS
 layers="$(docker image inspect --format '{{json .RootFS.Layers}}' "$ARG_IMAGE_ID")"
-layer_count="$(python3 -c 'import json, sys; print(len(json.loads(sys.argv[1])))' "$layers")"
+layer_count="$(grep -o 'sha256:' <<<"$layers" | wc -l)"
 # What the worker holds: its Docker's store, then every image's layers (one JSON list a line).
 worker_layers="$(fabric_ssh "$ARG_TARGET" "docker info --format '{{json .DriverStatus}}'; docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null || true)"
 held=0
@@ -65,7 +65,7 @@ fi
 # The bytes to send: the saved stream less the layers the worker holds.
 size="$(docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID")"
 if [ -n "$index" ]; then
-  size="$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); kept = set(d["layers"][: int(sys.argv[2])]); print(sum(v for k, v in d["sizes"].items() if k not in kept))' "$index" "$held")"
+  size="$(python3 "$SPARK_BIN/image_layers.py" to-send "$index" "$held")"
   note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
 fi
 meters="$(mktemp -d)"

@@ -4,6 +4,7 @@
     image_layers.py index                     < docker save stream   > index JSON
     image_layers.py filter INDEX_FILE COUNT   < docker save stream   > the same stream, its first
                                                                        COUNT layers emptied
+    image_layers.py to-send INDEX_FILE COUNT  > the bytes that stream carries (the progress total)
 
 `docker load` reads a layer's file only when the daemon lacks that layer's chain: moby
 image/tarexport/load.go looks the chain ID up in the layer store first (`l.lss.Get(r.ChainID())`)
@@ -71,6 +72,14 @@ def index(stream: BinaryIO) -> dict[str, object]:
     return {"layers": layers, "sizes": sizes}
 
 
+def bytes_to_send(index: dict[str, object], held: int) -> int:
+    """The saved stream's members but the first `held` layers: what `filter` leaves to send."""
+    layers, sizes = index["layers"], index["sizes"]
+    assert isinstance(layers, list) and isinstance(sizes, dict)
+    kept = set(layers[:held])
+    return sum(size for name, size in sizes.items() if name not in kept)
+
+
 def filtered(stream: BinaryIO, out: BinaryIO, emptied: set[str]) -> int:
     """Copy the stream, the members in `emptied` as empty files; returns the bytes left out."""
     left_out = 0
@@ -96,6 +105,10 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "index" and len(argv) == 1:
         print(json.dumps(index(sys.stdin.buffer)))
+        return 0
+    if command == "to-send" and len(argv) == 3:
+        with open(argv[1]) as handle:
+            print(bytes_to_send(json.load(handle), int(argv[2])))
         return 0
     if command == "filter" and len(argv) == 3:
         with open(argv[1]) as handle:

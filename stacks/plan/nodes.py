@@ -365,16 +365,15 @@ def vllm_serve_args(
         gpu_memory_utilization,
     ]
     if not plan.uses_ray:
-        master_addr, master_port = plan.rendezvous.rsplit(":", 1)
         args += [
             "--nnodes",
             str(len(plan.nodes)),
             "--node-rank",
             str(plan.node_rank(node)),
             "--master-addr",
-            master_addr,
+            plan.head.fabric_ip,
             "--master-port",
-            master_port,
+            str(cfg.vllm.master_port),
         ]
         if not node.is_head:
             args.append("--headless")

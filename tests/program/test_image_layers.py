@@ -76,6 +76,8 @@ def test_the_index_names_each_layers_member_and_the_filter_empties_the_held_ones
     assert index["layers"] == ["aaa/layer.tar", "bbb/layer.tar", "ccc/layer.tar"]
     assert index["sizes"]["aaa/layer.tar"] == 5000
     (tmp_path / "index.json").write_text(json.dumps(index))
+    left = int(run("to-send", str(tmp_path / "index.json"), "2", stdin=b"").stdout)
+    assert left == sum(index["sizes"].values()) - 8000
     done = run("filter", str(tmp_path / "index.json"), "2", stdin=stream)
     assert b"8000 bytes of held layers left out" in done.stderr
     with tarfile.open(fileobj=io.BytesIO(done.stdout)) as thin:
