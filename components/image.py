@@ -69,6 +69,7 @@ class ImageDistribution(pulumi.ComponentResource):
                 args.workers,
                 parent=self,
                 after=lambda worker: [recorded, worker.preflight, *args.fabric_ready],
+                relay_leader=steps.relay_leader(plan),
             ),
         }
         # Each node runs the image once before anything starts from it (image-facts.sh).

@@ -81,16 +81,31 @@ def head_to_workers(
     *,
     parent: pulumi.Resource,
     after: Callable[[WorkerHost], Sequence[pulumi.Resource]],
+    relay_leader: NodePlan | None = None,
 ) -> dict[str, remote.Command]:
     """`spec_for(worker, value)` for each worker: run on the head, its receipt kept on that
-    worker. What a worker gets from the head over the fabric (the image, the weights)."""
-    return {
-        worker.node.name: host_step(
+    worker. What a worker gets from the head over the fabric (the image, the weights).
+
+    With `relay_leader`, that worker's step relays to every worker (stacks/plan/steps.py
+    relay_leader): it runs once every worker is ready for it (each one's `after`), and the other
+    workers' steps run after it, to find what it brought (or copy what its chain could not)."""
+    workers = list(workers)
+
+    def step(worker: WorkerHost, extra: Sequence[pulumi.Resource]) -> remote.Command:
+        return host_step(
             Pending(value, functools.partial(spec_for, worker.node)),
             [head, worker],
             parent=parent,
-            after=after(worker),
+            after=[*after(worker), *extra],
         )
+
+    leader = next((w for w in workers if relay_leader and w.node.name == relay_leader.name), None)
+    if leader is None:
+        return {worker.node.name: step(worker, []) for worker in workers}
+    others = [worker for worker in workers if worker is not leader]
+    relayed = step(leader, [ready for worker in others for ready in after(worker)])
+    return {
+        worker.node.name: relayed if worker is leader else step(worker, [relayed])
         for worker in workers
     }
 

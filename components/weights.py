@@ -54,6 +54,7 @@ class ModelWeights(pulumi.ComponentResource):
                 parent=self,
                 # One transfer at a time per worker: both saturate the same fabric link.
                 after=lambda worker: [fetch, worker.scripts, args.image_ready[worker.node.name]],
+                relay_leader=steps.relay_leader(plan),
             ),
         }
         self.register_outputs({"manifest": self.manifest})

@@ -174,44 +174,63 @@ class Bench:
             f"--revision {revision}"
         ).strip()
 
-    def spark_script(self, worker: str, image: str, revision: str) -> str:
-        """What the program runs on the head for one worker: the image, then the weights."""
-        fabric = f"--fabric-key {KEY} --fabric-known-hosts {KNOWN}"
+    def relay_chain(self, workers: list[str]) -> str:
+        """The program's --relay for the first worker's steps: every worker, in order."""
+        return "\n".join(f"{w}|{self.target(w)}|{BIN}" for w in workers)
+
+    def image_script(self, worker: str, image: str, relay: str = "") -> str:
+        """What the program runs on the head to copy the image to one worker."""
         image_id = self.head(f"docker image inspect --format '{{{{.Id}}}}' {image}").strip()
         return (
             f"bash {BIN}/image-sync.sh --host {HEAD} --worker {worker} --target "
             f"{self.target(worker)} --image-id {image_id} --ref {image} --timeout-minutes 60 "
-            f"--compress zstd --progress-seconds 600 {fabric} && "
+            f"--compress zstd --progress-seconds 600 {self.fabric}"
+            + (f" --relay {shlex.quote(relay)}" if relay else "")
+        )
+
+    def weights_script(self, worker: str, revision: str, relay: str = "") -> str:
+        """What the program runs on the head to copy the weights to one worker."""
+        return (
             f"bash {BIN}/weights-sync.sh --host {HEAD} --worker {worker} --target "
             f"{self.target(worker)} --worker-bin {BIN} --cache-dir {CACHE} --model {MODEL} "
             f"--manifest {shlex.quote(self.manifest(revision))} --timeout-minutes 60 "
-            f"--progress-seconds 600 {fabric}"
+            f"--progress-seconds 600 {self.fabric}"
+            + (f" --relay {shlex.quote(relay)}" if relay else "")
         )
 
+    fabric = f"--fabric-key {KEY} --fabric-known-hosts {KNOWN}"
+
     def spark(self, workers: list[str], image: str, revision: str) -> tuple[float, int]:
-        """Every worker at once; the bytes are what the scripts say they sent."""
-        scripts = [
-            f"( {self.spark_script(w, image, revision)} ) >/root/bench/{w}.log 2>&1 &"
-            for w in workers
+        """As the program's graph runs the copies: with several workers, the first worker's
+        step relays to them all, then every other worker's step (finding it there) at once; the
+        image first, then the weights. The bytes are what the scripts say they sent."""
+        leader, others = workers[0], workers[1:]
+        relay = self.relay_chain(workers) if others else ""
+        stages = [
+            ("image", [(leader, self.image_script(leader, image, relay))]),
+            ("image", [(w, self.image_script(w, image)) for w in others]),
+            ("weights", [(leader, self.weights_script(leader, revision, relay))]),
+            ("weights", [(w, self.weights_script(w, revision)) for w in others]),
         ]
+        self.head("rm -f /root/bench/*.log")
         started = time.monotonic()
-        self.head(
-            " ".join(scripts)
-            + " wait; "
-            + " ".join(
-                f"grep -q '^spark-vllm-weights-sent' /root/bench/{w}.log || "
-                f"{{ cat /root/bench/{w}.log; exit 1; }};"
-                for w in workers
+        for kind, stage in stages:
+            if not stage:
+                continue
+            self.head(
+                " ".join(f"( {script} ) >>/root/bench/{w}.log 2>&1 &" for w, script in stage)
+                + " wait; "
+                + " ".join(
+                    f"grep -q '^spark-vllm-{kind}-sent' /root/bench/{w}.log || "
+                    f"{{ cat /root/bench/{w}.log; exit 1; }};"
+                    for w, _ in stage
+                )
             )
-        )
         seconds = time.monotonic() - started
         sent = 0
         for worker in workers:
             log = (self.lab.node(HEAD).hostdir / f"root/bench/{worker}.log").read_text()
-            sent += sum(
-                int(m)
-                for m in re.findall(r'spark-vllm-(?:image|weights)-sent \{"bytes": ?(\d+)', log)
-            )
+            sent += sum(int(m) for m in re.findall(SENT, log))
         return seconds, sent
 
     def seeds(self, workers: list[str], image: str) -> tuple[float, int]:
@@ -340,7 +359,7 @@ class Bench:
         self.lab.sh(worker, f"rm -rf {REPO_DIR}")
         total = sum(self.sizes.blobs)
         blobs = f"{REPO_DIR}/blobs"
-        script = self.spark_script(worker, IMAGE, "main").split(" && ", 1)[1]
+        script = self.weights_script(worker, "main")
         self.head(f"( {script} ) >/root/bench/cut.log 2>&1 &")
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:

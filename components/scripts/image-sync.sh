@@ -3,13 +3,18 @@
 #   image-sync.sh --host H --worker W --target ssh://user@ip:port --image-id ID --ref REF
 #                 --timeout-minutes M [--compress zstd|none] [--progress-seconds S]
 #                 [--fabric-key K --fabric-known-hosts F]
+#                 [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
 #                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # `docker load` tags only after the whole stream arrived, so a cut link leaves nothing tagged.
 # Layers the worker already holds (an update of an image it has) are not sent: the saved stream
 # carries them as empty files, which `docker load` never reads (image_layers.py says why). A
 # worker whose Docker keeps images in containerd (whose loader wants every blob) gets it whole,
 # and so does a worker whose load of the thinned stream fails.
-# Prints `spark-vllm-image-sent {"bytes": N, "layersKept": K, "layers": L}` once copied.
+# With --relay (two or more workers, the head's fabric key managed), the workers that lack the
+# image get one stream that passes from worker to worker (relay.sh), so the head's link carries
+# one copy, not one per worker; each worker's own step then finds the image there, or copies it
+# itself when its part of the chain failed.
+# Prints `spark-vllm-image-sent {"bytes": N, "layersKept": K, "layers": L, "relayed": R}` last.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host worker target image-id ref timeout-minutes
@@ -18,94 +23,185 @@ if [ "${ARG_REMOVE:-no}" = yes ]; then
   fabric_ssh "$ARG_TARGET" "$(words docker image rm "$ARG_REF" "$ARG_IMAGE_ID") >/dev/null 2>&1 || true"
   exit 0
 fi
+# remote_id DEST: the image ID DEST has for this image (empty when it lacks it).
 remote_id() {
-  fabric_ssh "$ARG_TARGET" "$(words docker image inspect --format '{{.Id}}' "$ARG_IMAGE_ID") 2>/dev/null || true"
+  fabric_ssh "$1" "$(words docker image inspect --format '{{.Id}}' "$ARG_IMAGE_ID") 2>/dev/null || true"
 }
+# layers_held DEST: how many of the image's leading layers DEST holds, or `containerd` when its
+# Docker keeps images there (every image's layers, one JSON list a line, after its store).
+layers_held() {
+  local held
+  held="$(fabric_ssh "$1" "docker info --format '{{json .DriverStatus}}'; docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null || true)"
+  if [[ "$held" == *io.containerd.snapshotter* ]]; then
+    echo containerd
+  else
+    tail -n +2 <<<"$held" | python3 "$SPARK_BIN/image_layers.py" held "$layers" 2>/dev/null || echo 0
+  fi
+}
+# has_zstd DEST: DEST can unpack a zstd stream.
+has_zstd() { fabric_ssh "$1" "command -v zstd" >/dev/null 2>&1; }
+
+meters="$(mktemp -d)"
+reporter=""
+trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters"; fabric_multiplex_end' EXIT
+fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
-if [ "$(remote_id)" = "$ARG_IMAGE_ID" ]; then
-  echo "$ARG_WORKER already has $ARG_REF ($ARG_IMAGE_ID); nothing copied"
-  echo 'spark-vllm-image-sent {"bytes": 0, "layersKept": 0, "layers": 0}'
-  exit 0
-fi
 docker image inspect "$ARG_IMAGE_ID" >/dev/null 2>&1 \
+  || [ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ] \
   || fail "image $ARG_IMAGE_ID is not on the head" "it was removed after the pull; run 'pulumi up --refresh'"
 # Save by reference when it names this exact image (keeps the tag), else by ID.
 source_ref="$ARG_IMAGE_ID"
 [ "$(docker image inspect --format '{{.Id}}' "$ARG_REF" 2>/dev/null)" = "$ARG_IMAGE_ID" ] && source_ref="$ARG_REF"
-compress="cat"; decompress="cat"
-if [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null \
-   && fabric_ssh "$ARG_TARGET" "command -v zstd" >/dev/null 2>&1; then
-  compress="zstd -1 -T0 -q"; decompress="zstd -d -q"
-fi
-export_fabric_ssh
-started=$SECONDS
-layers="$(docker image inspect --format '{{json .RootFS.Layers}}' "$ARG_IMAGE_ID")"
+layers="$(docker image inspect --format '{{json .RootFS.Layers}}' "$ARG_IMAGE_ID" 2>/dev/null || echo '[]')"
 layer_count="$(grep -o 'sha256:' <<<"$layers" | wc -l)"
-# What the worker holds: its Docker's store, then every image's layers (one JSON list a line).
-worker_layers="$(fabric_ssh "$ARG_TARGET" "docker info --format '{{json .DriverStatus}}'; docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null || true)"
-held=0
-if [[ "$worker_layers" != *io.containerd.snapshotter* ]]; then
-  held="$(tail -n +2 <<<"$worker_layers" | python3 "$SPARK_BIN/image_layers.py" held "$layers" 2>/dev/null || echo 0)"
-fi
-# The index of the saved stream (which member holds which layer), once per image on this head.
+compress="cat" decompress="cat"
+export_fabric_ssh
+
+# use_index HELD: sets `index`, the saved stream's index (which member holds which layer), made
+# once per image on this head; empty (send it whole) when HELD is 0 or indexing fails.
 index_dir="$(dirname "$SPARK_BIN")/image-index" index=""
-if [ "$held" -gt 0 ]; then
-  index="$index_dir/${ARG_IMAGE_ID#sha256:}.json"
-  if [ ! -s "$index" ]; then
+use_index() {
+  index=""
+  [ "$1" -gt 0 ] || return 0
+  local file="$index_dir/${ARG_IMAGE_ID#sha256:}.json"
+  if [ ! -s "$file" ]; then
     # Copies to several workers run at once: each writes its own part, renamed into place.
-    mkdir -p "$index_dir" && find "$index_dir" -name '*.json' ! -name "$(basename "$index")" -delete
-    if docker save "$source_ref" | python3 "$SPARK_BIN/image_layers.py" index > "$index.$$"; then
-      mv "$index.$$" "$index"
+    mkdir -p "$index_dir" && find "$index_dir" -name '*.json' ! -name "$(basename "$file")" -delete
+    if docker save "$source_ref" | python3 "$SPARK_BIN/image_layers.py" index > "$file.$$"; then
+      mv "$file.$$" "$file"
     else
-      rm -f "$index.$$"; index="" held=0
+      rm -f "$file.$$"
       note "$ARG_WORKER: reading the saved image's layers failed: sending it whole"
+      return 0
     fi
   fi
+  index="$file"
+}
+# stream_size HELD: the bytes of the saved stream less its first HELD layers (`whole`: all).
+stream_size() {
+  if [ "$1" = whole ] || [ -z "$index" ]; then
+    docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID"
+  else
+    python3 "$SPARK_BIN/image_layers.py" to-send "$index" "$1"
+  fi
+}
+# send HELD METER DEST REMOTE [agent]: the saved stream, its first HELD layers emptied (`whole`:
+# all of it), counted into METER, to DEST's REMOTE command. With `agent`, under an ssh-agent
+# holding the fabric key alone, forwarded to DEST for the chain's hops (it ends with the copy).
+send() {
+  local run=(bash -c)
+  [ "${5:-}" != agent ] || run=(ssh-agent bash -c 'ssh-add -q "$ARG_FABRIC_KEY" 2>/dev/null && bash -c "$@"' relay)
+  timeout "${ARG_TIMEOUT_MINUTES}m" "${run[@]}" \
+    'set -o pipefail; held=$6 layers_py=$7 index=$8 forward=$9
+     thin() { if [ "$held" = whole ] || [ -z "$index" ]; then cat; else python3 "$layers_py" filter "$index" "$held"; fi; }
+     docker save "$1" | thin | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh $forward "$3" "$4"' \
+    image-sync "$source_ref" "$compress" "$3" "$4" "$2" "$1" \
+    "$SPARK_BIN/image_layers.py" "$index" "$([ "${5:-}" = agent ] && echo -A)"
+}
+
+relayed=0
+# relay_to_chain: one stream through every worker of --relay that lacks the image, when two or
+# more do; the others (and any a hop failed to reach) are left to their own steps.
+relay_to_chain() {
+  local line name dest bin held chain="" least="" members=0 zstd=yes output status=0
+  local -a lines
+  mapfile -t lines <<<"$ARG_RELAY"
+  # ssh reads stdin: the members are walked from an array, not a `while read` over a here-string.
+  for line in "${lines[@]}"; do
+    IFS='|' read -r name dest bin <<<"$line"
+    [ -n "$name" ] || continue
+    if ! fabric_ssh "$dest" true >/dev/null 2>&1; then
+      note "$name cannot be reached over the fabric: its own step copies the image"
+      continue
+    fi
+    [ "$(remote_id "$dest")" != "$ARG_IMAGE_ID" ] || continue
+    held="$(layers_held "$dest")"
+    [ "$held" != containerd ] || continue  # its loader wants every blob: its own step sends it whole
+    has_zstd "$dest" || zstd=no
+    { [ -n "$least" ] && [ "$least" -le "$held" ]; } || least="$held"
+    chain+="$line"$'\n' members=$(( members + 1 ))
+  done
+  chain="${chain%$'\n'}"
+  [ "$members" -ge 2 ] || return 0
+  [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null && [ "$zstd" = yes ] \
+    && compress="zstd -1 -T0 -q" decompress="zstd -d -q"
+  use_index "$least"
+  [ -n "$index" ] || least=0
+  local size names sink started=$SECONDS
+  size="$(stream_size "$least")" names="$(chain_names "$chain")" sink="$decompress | docker load"
+  note "relaying $ARG_REF to $names in one chain (they all hold $least of $layer_count layers; $(( size / 1000000 )) MB)"
+  report_progress "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
+  reporter=$!
+  output="$(send "$least" "$meters/relay" "$(chain_destination "$chain")" \
+    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" agent)" \
+    || status=$?
+  kill "$reporter" 2>/dev/null || true
+  reporter=""
+  mapfile -t lines <<<"$chain"
+  for line in "${lines[@]}"; do
+    IFS='|' read -r name dest bin <<<"$line"
+    if [ "$(remote_id "$dest")" = "$ARG_IMAGE_ID" ]; then
+      relayed=$(( relayed + 1 ))
+    else
+      note "$name did not get the image from the chain (relay status $(relayed_status "$output" "$name"), stream exit $status): its own step copies it"
+    fi
+  done
+  note "relayed $ARG_REF to $relayed of $members workers in $(( SECONDS - started ))s"
+}
+if [ -n "${ARG_RELAY:-}" ] && [ -n "${ARG_FABRIC_KEY:-}" ]; then
+  relay_to_chain
 fi
-# The bytes to send: the saved stream less the layers the worker holds.
-size="$(docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID")"
-if [ -n "$index" ]; then
-  size="$(python3 "$SPARK_BIN/image_layers.py" to-send "$index" "$held")"
-  note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
+
+if [ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ]; then
+  echo "$ARG_WORKER has $ARG_REF ($ARG_IMAGE_ID); nothing more to copy"
+  printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": 0, "layers": 0, "relayed": %s}\n' \
+    "$(metered_bytes "$meters")" "$relayed"
+  exit 0
 fi
-meters="$(mktemp -d)"
+docker image inspect "$ARG_IMAGE_ID" >/dev/null 2>&1 \
+  || fail "image $ARG_IMAGE_ID is not on the head" "it was removed after the pull; run 'pulumi up --refresh'"
+if [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null && has_zstd "$ARG_TARGET"; then
+  compress="zstd -1 -T0 -q" decompress="zstd -d -q"
+else
+  compress="cat" decompress="cat"
+fi
+started=$SECONDS
+held="$(layers_held "$ARG_TARGET")"
+[ "$held" != containerd ] || held=0
+use_index "$held"
+[ -n "$index" ] || held=0
+size="$(stream_size "$held")"
+[ "$held" -eq 0 ] \
+  || note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
 report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
 reporter=$!
-trap 'kill "$reporter" 2>/dev/null || true; rm -rf "$meters"' EXIT
-# send HELD: the saved stream, its first HELD layers emptied (`whole`: all of it), to the worker.
-send() {
-  timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
-    'set -o pipefail; held=$6 layers_py=$7 index=$8
-     thin() { if [ "$held" = whole ]; then cat; else python3 "$layers_py" filter "$index" "$held"; fi; }
-     docker save "$1" | thin | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh "$3" "$4 | docker load"' \
-    image-sync "$source_ref" "$compress" "$ARG_TARGET" "$decompress" "$meters/save" "$1" \
-    "$SPARK_BIN/image_layers.py" "$index" >&2
-}
+load="$decompress | docker load"
 set +e
-if [ -n "$index" ]; then
-  send "$held"
+if [ "$held" -gt 0 ]; then
+  send "$held" "$meters/save" "$ARG_TARGET" "$load" >&2
   status=$?
   # Not when the link is what failed: the whole image would fail the same way, slower.
   if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && fabric_ssh "$ARG_TARGET" true 2>/dev/null; then
     note "$ARG_WORKER: loading the image without the layers it holds failed (exit $status): sending it whole"
-    held=0 size="$(docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID")"
-    send whole
+    held=0
+    send whole "$meters/whole" "$ARG_TARGET" "$load" >&2
     status=$?
   fi
 else
-  send whole
+  send whole "$meters/save" "$ARG_TARGET" "$load" >&2
   status=$?
 fi
 set -e
 kill "$reporter" 2>/dev/null || true
+reporter=""
 elapsed=$(( SECONDS - started ))
 if [ "$status" -ne 0 ]; then
   cause="the fabric link to $ARG_TARGET dropped, the worker's disk is full, or its Docker daemon failed"
   [ "$status" -eq 124 ] && cause="the transfer is slower than timeouts.imageTransferMinutes=$ARG_TIMEOUT_MINUTES allows"
   fail "copying $ARG_REF to $ARG_WORKER failed after ${elapsed}s (exit $status); nothing was tagged there" "$cause"
 fi
-[ "$(remote_id)" = "$ARG_IMAGE_ID" ] \
+[ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ] \
   || fail "after the copy $ARG_WORKER does not have image $ARG_IMAGE_ID" "the worker's Docker daemon rejected the image (architecture? disk?)"
 echo "copied $ARG_REF ($ARG_IMAGE_ID) to $ARG_WORKER in ${elapsed}s"
-printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": %s, "layers": %s}\n' \
-  "$(metered_bytes "$meters")" "$held" "$layer_count"
+printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": %s, "layers": %s, "relayed": %s}\n' \
+  "$(metered_bytes "$meters")" "$held" "$layer_count" "$relayed"

@@ -7,6 +7,10 @@
 #   weights-sync.sh --host H --worker W --target ssh://user@ip:port --worker-bin DIR --cache-dir C
 #                   --model M --manifest "commit files bytes" --timeout-minutes T
 #                   [--progress-seconds S] [--fabric-key ...]
+#                   [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
+# With --relay (two or more workers lack the revision, the head's fabric key managed), the blobs
+# none of them holds go once through a chain of them (relay.sh): the head's link carries one
+# copy, not one per worker. The rest (a blob held in part, the links) stays per worker.
 # Prints `spark-vllm-weights-sent {json}` (bytes sent, blobs kept, resumed, sent) as its last line.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
@@ -17,32 +21,110 @@ repo="models--${ARG_MODEL//\//--}"
 hub="$ARG_CACHE_DIR/hub"
 worker_blobs="$hub/$repo/blobs"
 
-worker_manifest() {
-  fabric_ssh "$ARG_TARGET" "$(words bash "$ARG_WORKER_BIN/hf-manifest.sh" --host "$ARG_WORKER" \
-    --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL" --revision "$commit")" 2>&1
+worker_manifest() {  # DEST BIN
+  fabric_ssh "$1" "$(words bash "$2/hf-manifest.sh" --host "$ARG_WORKER" \
+    --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL" --revision "$commit")" 2>&1 </dev/null
+}
+# blob_sizes DEST BIN: `NAME SIZE` of each of this revision's blobs DEST holds (0: absent).
+blob_sizes() {
+  local call
+  call="$(words bash "$2/hf-blob-sizes.sh" --host "$ARG_WORKER" --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL")"
+  printf '%s\n' "${!head_size[@]}" | fabric_ssh "$1" "$call" 2>&1
 }
 sent_line() {
-  printf 'spark-vllm-weights-sent {"bytes":%s,"total":%s,"kept":%s,"resumed":%s,"sent":%s}\n' "$@"
+  printf 'spark-vllm-weights-sent {"bytes":%s,"total":%s,"kept":%s,"resumed":%s,"sent":%s,"relayed":%s}\n' "$@"
 }
+meters="$(mktemp -d)"  # one dd progress log per transfer: what went into ssh, counted by dd
+reporter=""
+trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters"; fabric_multiplex_end' EXIT
+fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
-if [ "$(worker_manifest)" = "$ARG_MANIFEST" ]; then
-  echo "$ARG_WORKER already has $ARG_MODEL@$commit ($files files, $bytes bytes); nothing copied"
-  sent_line 0 "$bytes" "$files" 0 0
-  exit 0
-fi
 snapshot="$hub/$repo/snapshots/$commit"
-[ -d "$snapshot" ] || fail "the head has no snapshot $commit of $ARG_MODEL" "the fetch step did not complete"
-
 # The revision's blobs (what its snapshot links to), with the head's sizes.
 declare -A head_size=()
-while read -r link; do
-  blob="$(readlink -f "$link")"
-  head_size["$(basename "$blob")"]="$(stat -c %s "$blob")"
-done < <(find "$snapshot" -type l)
+if [ -d "$snapshot" ]; then
+  while read -r link; do
+    blob="$(readlink -f "$link")"
+    head_size["$(basename "$blob")"]="$(stat -c %s "$blob")"
+  done < <(find "$snapshot" -type l)
+fi
+export_fabric_ssh
+
+# metered_send LOG DEST REMOTE_COMMAND [agent]: stdin to DEST's REMOTE_COMMAND over the fabric,
+# counted. Bounded by the step's timeout; prints the remote command's output. With `agent`, under
+# an ssh-agent holding the fabric key alone, forwarded for the chain's hops (it ends with the copy).
+metered_send() {
+  local run=(bash -c) forward=""
+  [ "${4:-}" != agent ] || run=(ssh-agent bash -c 'ssh-add -q "$ARG_FABRIC_KEY" 2>/dev/null && bash -c "$@"' relay) forward=-A
+  timeout "${ARG_TIMEOUT_MINUTES}m" "${run[@]}" \
+    'set -o pipefail; dd bs=1M status=progress 2>"$1" | fabric_ssh $4 "$2" "$3"' \
+    weights-sync "$1" "$2" "$3" "$forward"
+}
+
+relayed=0
+# relay_to_chain: the blobs that none of --relay's workers lacking this revision holds at all,
+# in one tar stream passed from worker to worker (relay.sh), when two or more lack it. Each
+# worker's own step then sends what is left for it (a blob held in part, the snapshot's links).
+relay_to_chain() {
+  local line name dest bin sizes chain="" members=0 output status=0 size=0
+  local -a lines blobs=()
+  declare -A held_somewhere=()
+  mapfile -t lines <<<"$ARG_RELAY"
+  for line in "${lines[@]}"; do
+    IFS='|' read -r name dest bin <<<"$line"
+    [ -n "$name" ] || continue
+    if ! fabric_ssh "$dest" true >/dev/null 2>&1 </dev/null; then
+      note "$name cannot be reached over the fabric: its own step copies the weights"
+      continue
+    fi
+    [ "$(worker_manifest "$dest" "$bin")" != "$ARG_MANIFEST" ] || continue
+    sizes="$(blob_sizes "$dest" "$bin")" || continue
+    while read -r blob held; do
+      [ "${held:-0}" = 0 ] || held_somewhere["$blob"]=1
+    done <<<"$sizes"
+    chain+="$line"$'\n' members=$(( members + 1 ))
+  done
+  chain="${chain%$'\n'}"
+  [ "$members" -ge 2 ] || return 0
+  for name in "${!head_size[@]}"; do
+    [ -n "${held_somewhere[$name]:-}" ] && continue
+    blobs+=("$repo/blobs/$name") size=$(( size + head_size[$name] ))
+  done
+  [ "${#blobs[@]}" -gt 0 ] || return 0
+  local names started=$SECONDS sink
+  names="$(chain_names "$chain")"
+  sink="$(words mkdir -p "$hub") && $(words tar -C "$hub" -xf -)"
+  note "relaying ${#blobs[@]} blob(s) of $ARG_MODEL@$commit ($size bytes) to $names in one chain"
+  report_progress "$names" weights "$size" "$meters" "$PROGRESS_SECONDS" &
+  reporter=$!
+  output="$(tar -C "$hub" -cf - "${blobs[@]}" | metered_send "$meters/relay" "$(chain_destination "$chain")" \
+    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" agent)" \
+    || status=$?
+  kill "$reporter" 2>/dev/null || true
+  reporter=""
+  mapfile -t lines <<<"$chain"
+  for line in "${lines[@]}"; do
+    IFS='|' read -r name dest bin <<<"$line"
+    if [ "$(relayed_status "$output" "$name")" = 0 ]; then
+      relayed=$(( relayed + 1 ))
+    else
+      note "$name did not take the chain's blobs (relay status $(relayed_status "$output" "$name"), stream exit $status): its own step sends what it lacks"
+    fi
+  done
+  note "relayed ${#blobs[@]} blob(s) to $relayed of $members workers in $(( SECONDS - started ))s"
+}
+if [ -n "${ARG_RELAY:-}" ] && [ -n "${ARG_FABRIC_KEY:-}" ] && [ -d "$snapshot" ]; then
+  relay_to_chain
+fi
+
+if [ "$(worker_manifest "$ARG_TARGET" "$ARG_WORKER_BIN")" = "$ARG_MANIFEST" ]; then
+  echo "$ARG_WORKER has $ARG_MODEL@$commit ($files files, $bytes bytes); nothing more to copy"
+  sent_line "$(metered_bytes "$meters")" "$bytes" "$files" 0 0 "$relayed"
+  exit 0
+fi
+[ -d "$snapshot" ] || fail "the head has no snapshot $commit of $ARG_MODEL" "the fetch step did not complete"
 declare -A worker_size=()
-sizes_call="$(words bash "$ARG_WORKER_BIN/hf-blob-sizes.sh" --host "$ARG_WORKER" \
-  --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL")"
-sizes="$(printf '%s\n' "${!head_size[@]}" | fabric_ssh "$ARG_TARGET" "$sizes_call" 2>&1)" \
+sizes="$(blob_sizes "$ARG_TARGET" "$ARG_WORKER_BIN")" \
   || fail "cannot read which blobs $ARG_WORKER has: ${sizes//$'\n'/ }" "the worker's scripts are missing (run pulumi up again)"
 while read -r name size; do worker_size["$name"]="$size"; done <<<"$sizes"
 
@@ -61,20 +143,10 @@ for name in "${!head_size[@]}"; do
 done
 echo "$ARG_WORKER: $ARG_MODEL@$commit: ${#kept[@]} blob(s) kept, ${#resumed[@]} resumed, ${#whole[@]} to send; $to_send of $bytes bytes to go" >&2
 
-export_fabric_ssh
 started=$SECONDS
-meters="$(mktemp -d)"  # one dd progress log per transfer: what went into ssh, counted by dd
 report_progress "$ARG_WORKER" weights "$to_send" "$meters" "$PROGRESS_SECONDS" &
 reporter=$!
-trap 'kill "$reporter" 2>/dev/null || true; rm -rf "$meters"' EXIT
 
-# metered_send LOG REMOTE_COMMAND: stdin to the worker's REMOTE_COMMAND over the fabric, counted.
-# Bounded by the step's timeout; prints the remote command's output.
-metered_send() {
-  timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
-    'set -o pipefail; dd bs=1M status=progress 2>"$1" | fabric_ssh "$2" "$3"' \
-    weights-sync "$1" "$ARG_TARGET" "$2"
-}
 failed() {
   local cause="the fabric link to $ARG_TARGET dropped or the worker's disk is full"
   [ "$1" -eq 124 ] && cause="the copy is slower than timeouts.weightsTransferMinutes=$ARG_TIMEOUT_MINUTES allows"
@@ -86,7 +158,7 @@ for entry in "${resumed[@]}"; do
   blob="$worker_blobs/$name"
   set +e
   out="$(tail -c "+$(( offset + 1 ))" "$hub/$repo/blobs/$name" \
-    | metered_send "$meters/$index" "$(words cat) >> $(words "$blob") && $(words sha256sum "$blob")")"
+    | metered_send "$meters/$index" "$ARG_TARGET" "$(words cat) >> $(words "$blob") && $(words sha256sum "$blob")")"
   status=$?
   set -e
   [ "$status" -eq 0 ] || failed "$status"
@@ -97,14 +169,15 @@ done
 # Whole blobs first, the snapshot's links last: a cut leaves no link to a blob that is not there.
 set +e
 tar -C "$hub" -cf - "${whole[@]}" "$repo/refs" "$repo/snapshots/$commit" \
-  | metered_send "$meters/tar" "$(words mkdir -p "$hub") && $(words tar -C "$hub" -xf -)" >&2
+  | metered_send "$meters/tar" "$ARG_TARGET" "$(words mkdir -p "$hub") && $(words tar -C "$hub" -xf -)" >&2
 status=$?
 set -e
 [ "$status" -eq 0 ] || failed "$status"
 kill "$reporter" 2>/dev/null || true
-after="$(worker_manifest)"
+reporter=""
+after="$(worker_manifest "$ARG_TARGET" "$ARG_WORKER_BIN")"
 [ "$after" = "$ARG_MANIFEST" ] \
   || fail "after the copy $ARG_WORKER reports '$after', the head has '$ARG_MANIFEST'" "the copy was incomplete (disk full?) or the cache is being changed concurrently"
 sent="$(metered_bytes "$meters")"
 echo "copied $ARG_MODEL@$commit to $ARG_WORKER ($files files, $bytes bytes; $sent bytes sent) in $(( SECONDS - started ))s"
-sent_line "$sent" "$bytes" "${#kept[@]}" "${#resumed[@]}" "${#whole[@]}"
+sent_line "$sent" "$bytes" "${#kept[@]}" "${#resumed[@]}" "${#whole[@]}" "$relayed"

@@ -7,6 +7,7 @@ Gloo on loopback and env not reaching a worker are handled (../shared/ANCHORS.md
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -229,12 +230,17 @@ def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     return ["start", f"--address={plan.ray_address}", *common]
 
 
-def node_check_specs(plan: DeploymentPlan) -> str:
-    """`node|dest|bin`, one node a line (a state dir may hold a space): where the wait scripts
-    re-check image, weights and memory."""
+def node_lines(nodes: Iterable[NodePlan]) -> str:
+    """`node|dest|bin`, one node a line (a state dir may hold a space; the config refuses `|`
+    and line breaks in paths): how head-side scripts reach each node's scripts (the head: `-`)."""
     return "\n".join(
-        f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}" for n in plan.nodes
+        f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}" for n in nodes
     )
+
+
+def node_check_specs(plan: DeploymentPlan) -> str:
+    """Where the wait scripts re-check image, weights and memory: every node."""
+    return node_lines(plan.nodes)
 
 
 def log_specs(plan: DeploymentPlan, include_vllm: bool = False) -> str:

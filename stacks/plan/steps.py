@@ -29,6 +29,7 @@ from stacks.plan.nodes import (
     cluster_listen_ports,
     log_specs,
     node_check_specs,
+    node_lines,
     preflight_flags,
 )
 
@@ -310,6 +311,24 @@ def pin_worker_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpe
     )
 
 
+def relay_leader(plan: DeploymentPlan) -> NodePlan | None:
+    """The worker whose image and weights steps relay to every worker (relay.sh: one stream
+    passed from worker to worker, so the head's link carries one copy, not one per worker):
+    the first, when there are two or more and the program manages the fabric key it forwards.
+    With `fabric.trust: existing` each worker's step copies on its own."""
+    if len(plan.workers) < 2 or not fabric_trust_managed(plan):
+        return None
+    return plan.workers[0]
+
+
+def relay_flags(plan: DeploymentPlan, worker: NodePlan) -> dict[str, str]:
+    """`--relay` (every worker, in order) for the leader's copies; nothing for the others."""
+    leader = relay_leader(plan)
+    if leader is None or worker.name != leader.name:
+        return {}
+    return {"relay": node_lines(plan.workers)}
+
+
 # -- image -------------------------------------------------------------------------------------
 
 
@@ -367,6 +386,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
         "timeout_minutes": minutes,
         "compress": "zstd",
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
+        **relay_flags(plan, worker),
     }
     return _head_to_worker(
         plan,
@@ -489,6 +509,7 @@ def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan, manifest: st
         "manifest": manifest,
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
+        **relay_flags(plan, worker),
     }
     done = check("snapshot", model.cache_dir, model.id, commit)
     return _head_to_worker(

@@ -43,6 +43,15 @@ def deploy(
     return run_program(cli, "lab", mocks, max_parallel=8)
 
 
+def copy_report(outputs: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A copy step's last `spark-vllm-<kind>-sent {json}` line (image-sync.sh, weights-sync.sh):
+    the bytes it sent, what the worker kept, and how many workers its relay chain served."""
+    prefix = f"spark-vllm-{kind}-sent "
+    lines = [line for line in outputs["stdout"].splitlines() if line.startswith(prefix)]
+    assert lines, outputs["stdout"]
+    return dict(json.loads(lines[-1].removeprefix(prefix)))
+
+
 def lab_config(lab: Lab) -> dict[str, Any]:
     return {**stack_config(lab.spec), f"{PROJECT}:apiKey": API_KEY}
 

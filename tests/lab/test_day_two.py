@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import re
 import shlex
 import shutil
@@ -31,6 +30,7 @@ from tests.lab.deploying import (
     REPO,
     EndpointPoller,
     complete,
+    copy_report,
     host_sh,
     lab_config,
     reachable_from_bastion,
@@ -240,11 +240,7 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
     }
     assert stack.outputs["imageId"] != old_image
     sync = next(e for e in run.state_entries() if e.name == "image-spark2-sync")
-    sent = json.loads(
-        next(line for line in sync.outputs["stdout"].splitlines()
-             if line.startswith("spark-vllm-image-sent "))
-        .removeprefix("spark-vllm-image-sent ")
-    )  # fmt: skip
+    sent = copy_report(sync.outputs, "image")
     inspect = f"docker image inspect --format '{{{{.Size}}}}' {IMAGE_V2}"
     image_bytes = int(host_sh(stack.lab, "spark1", inspect))
     record_figure(
@@ -421,8 +417,7 @@ def test_a_weights_copy_cut_midway_resumes_and_sends_only_what_is_missing(stack:
     assert any(
         re.fullmatch(r"spark2: weights \d+ of 4 MB, \d+ MB/s, ETA \d+ s", line) for line in progress
     ), copy.outputs["stderr"]
-    line = copy.outputs["stdout"].splitlines()[-1]
-    sent = json.loads(line.removeprefix("spark-vllm-weights-sent "))
+    sent = copy_report(copy.outputs, "weights")
     assert (sent["resumed"], sent["sent"]) == (1, 1), sent
     assert sent["kept"] == len(by_size) - 2, sent
     # The tar stream adds its headers and end blocks (about 10 KiB here; nothing on a 100 GB model).

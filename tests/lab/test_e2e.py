@@ -27,6 +27,7 @@ from tests.lab.deploying import (
     PREFIX,
     RAY_NODES,
     complete,
+    copy_report,
     deploy,
     forward_through_bastion,
     host_sh,
@@ -258,7 +259,8 @@ def test_the_seeds_topology_with_three_hosts(
     """No bastion: this machine reaches only the head; workers only through the head. Three
     hosts with different fabric interface names, TP x PP = 3. The state and cache directories
     hold a space and a quote (every shell word is quoted, here and in the scripts). With either
-    executor (one lab for both: the first run's teardown leaves it clean)."""
+    executor (one lab for both: the first run's teardown leaves it clean); the mp run also has
+    the fabric between the two workers blocked, so the copies' relay chain falls back."""
     lab = lab_factory(
         "seeds3",
         hosts=3,
@@ -278,6 +280,14 @@ def test_the_seeds_topology_with_three_hosts(
         del config["spark-vllm:ray"]
     fabric = [lab.spec.host_fabric_ip(i) for i in range(3)]
     served_by = "ray-worker" if executor == "ray" else "vllm"
+    # With mp, spark2 cannot reach spark3 over the fabric: the relay chain's hop between them
+    # fails, and spark3's own steps copy what the chain could not bring.
+    hop_blocked = executor == "mp"
+    hop = ["INPUT", "-s", fabric[1], "-p", "tcp", "--dport", "22", "-j", "DROP"]
+    if hop_blocked:
+        lab.exec("spark3", ["iptables", "-I", *hop])
+        for worker in ("spark2", "spark3"):  # what the first run left (keepOnDestroy): copy anew
+            host_sh(lab, worker, f"docker image prune -af >/dev/null; rm -rf {q(cache_dir)}/hub")
     mocks = RealMocks()
     started = time.monotonic()
     try:
@@ -291,6 +301,19 @@ def test_the_seeds_topology_with_three_hosts(
         # Every rank's node took part (the stand-in's text names them, rank 0's first).
         ranks = reply["choices"][0]["text"].split()[0].removeprefix("ranks=").split(",")
         assert ranks[0] == fabric[0] and sorted(ranks) == sorted(fabric), reply
+        # The first worker's copies relay to both workers (one stream through spark2 to
+        # spark3, not one per worker from the head); spark3's own steps find it there.
+        steps = {entry.name: entry.outputs for entry in mocks.state_entries()}
+        for kind, step in (("image", "image-{}-sync"), ("weights", "weights-{}-copy")):
+            relayed = copy_report(steps[step.format("spark2")], kind)["relayed"]
+            assert relayed == (1 if hop_blocked else 2), (kind, relayed)
+        image3 = copy_report(steps["image-spark3-sync"], "image")
+        weights3 = copy_report(steps["weights-spark3-copy"], "weights")
+        if hop_blocked:
+            assert image3["bytes"] > 0 and weights3["sent"] > 0, (image3, weights3)
+        else:
+            assert image3["bytes"] == 0 and weights3["sent"] == 0, (image3, weights3)
+            assert weights3["kept"] > 0, weights3
         if executor == "ray":
             seen = host_sh(lab, "spark1", f'docker exec {PREFIX}-ray-head python3 -c "{RAY_NODES}"')
             assert json.loads(seen.splitlines()[-1]) == sorted(fabric)
@@ -312,6 +335,8 @@ def test_the_seeds_topology_with_three_hosts(
             )
     finally:
         mocks.teardown()
+        if hop_blocked:
+            lab.exec("spark3", ["iptables", "-D", *hop])
     for host in ("spark1", "spark2", "spark3"):
         assert host_sh(lab, host, "docker ps -aq") == ""
         assert host_sh(lab, host, f"test -e {q(state_dir)}/bin && echo left || true") == ""
