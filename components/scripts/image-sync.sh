@@ -85,18 +85,18 @@ stream_size() {
     python3 "$SPARK_BIN/image_layers.py" to-send "$index" "$1"
   fi
 }
-# send HELD METER DEST REMOTE [agent]: the saved stream, its first HELD layers emptied (`whole`:
-# all of it), counted into METER, to DEST's REMOTE command. With `agent`, under an ssh-agent
-# holding the fabric key alone, forwarded to DEST for the chain's hops (it ends with the copy).
+# send HELD METER DEST REMOTE [CHAIN]: the saved stream, its first HELD layers emptied (`whole`:
+# all of it), counted into METER, to DEST's REMOTE command. With CHAIN, under an agent holding
+# the fabric key for CHAIN's hops alone (lib.sh with_relay_agent), forwarded to DEST.
 send() {
   local run=(bash -c)
-  [ "${5:-}" != agent ] || run=(ssh-agent bash -c 'ssh-add -q "$ARG_FABRIC_KEY" 2>/dev/null && bash -c "$@"' relay)
+  [ -z "${5:-}" ] || run=(bash -c 'with_relay_agent "$@"' send "$5" bash -c)
   timeout "${ARG_TIMEOUT_MINUTES}m" "${run[@]}" \
     'set -o pipefail; held=$6 layers_py=$7 index=$8 forward=$9
      thin() { if [ "$held" = whole ] || [ -z "$index" ]; then cat; else python3 "$layers_py" filter "$index" "$held"; fi; }
      docker save "$1" | thin | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh $forward "$3" "$4"' \
     image-sync "$source_ref" "$compress" "$3" "$4" "$2" "$1" \
-    "$SPARK_BIN/image_layers.py" "$index" "$([ "${5:-}" = agent ] && echo -A)"
+    "$SPARK_BIN/image_layers.py" "$index" "$([ -z "${5:-}" ] || echo -A)"
 }
 
 relayed=0
@@ -133,7 +133,7 @@ relay_to_chain() {
   report_progress "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
   reporter=$!
   output="$(send "$least" "$meters/relay" "$(chain_destination "$chain")" \
-    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" agent)" \
+    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" "$chain")" \
     || status=$?
   kill "$reporter" 2>/dev/null || true
   reporter=""

@@ -98,7 +98,7 @@ fabric_multiplex_end() {
 # export_fabric_ssh: make fabric_ssh (and what it uses) callable from a `bash -c` child, which a
 # `timeout` around a pipeline needs.
 export_fabric_ssh() {
-  export -f fabric_ssh ssh_option_value
+  export -f fabric_ssh ssh_option_value with_relay_agent relay_agent_limits
   export ARG_FABRIC_KEY="${ARG_FABRIC_KEY:-}" ARG_FABRIC_KNOWN_HOSTS="${ARG_FABRIC_KNOWN_HOSTS:-}"
   export FABRIC_MUX="${FABRIC_MUX:-}"
 }
@@ -139,6 +139,41 @@ relay_call() {
   [[ "$2" != *$'\n'* ]] || rest="${2#*$'\n'}"
   words bash "$bin/relay.sh" --host "$name" --sink "$1" --chain "$rest" \
     --known-hosts "$3" --agent-key "$4"
+}
+
+# relay_agent_limits CHAIN: where the forwarded key may sign in (ssh-add -h, OpenSSH 8.9 on):
+# the head to the first member, then each member to the next, one ssh-add argument a line.
+# Root on a relaying worker can use the key only to reach the next member, only while the copy
+# runs, and never take it (an agent signs; it does not hand the key out).
+relay_agent_limits() {
+  local name dest bin hop from=""
+  while IFS='|' read -r name dest bin; do
+    hop="${dest#ssh://}" && hop="${hop%:*}"  # user@ip
+    printf -- '-h\n%s\n' "${from:+$from>}$hop"
+    from="${hop#*@}"
+  done <<<"$1"
+}
+
+# with_relay_agent CHAIN COMMAND...: COMMAND under an ssh-agent of its own holding the fabric key
+# for CHAIN's hops alone (relay_agent_limits; each hop is bound to the host key the head pinned
+# for it). The agent ends with COMMAND. Fails (exit 97) where ssh-add cannot limit the key: no
+# unlimited key is ever forwarded.
+with_relay_agent() {
+  RELAY_LIMITS="$(relay_agent_limits "$1")"
+  export RELAY_LIMITS
+  shift
+  ssh-agent bash -c '
+    keys="$(mktemp)"
+    # ssh-add -H looks the hops up by host name alone: the pins without their [ip]:port form.
+    sed -E "s/^\[([^]]*)\]:[0-9]+ /\1 /" "$ARG_FABRIC_KNOWN_HOSTS" >"$keys"
+    mapfile -t limits <<<"$RELAY_LIMITS"
+    if ! out="$(ssh-add -q -H "$keys" "${limits[@]}" "$ARG_FABRIC_KEY" 2>&1)"; then
+      rm -f "$keys"
+      echo "ssh-add cannot limit the forwarded key to the relay hops (OpenSSH 8.9 or later needed): $(tr "\n" " " <<<"$out")" >&2
+      exit 97
+    fi
+    rm -f "$keys"
+    exec "$@"' with-relay-agent "$@"
 }
 
 # relayed_status CHAIN_OUTPUT NAME: the exit status relay.sh reported for NAME ("none" if it

@@ -5,8 +5,9 @@
 #   relay.sh --host H --sink CMD [--chain MEMBERS --known-hosts K --agent-key PUB]
 # MEMBERS: the workers after this one, a `name|destination|bin` line each (lib.sh relay_call).
 # The hop to the next worker signs in with the head's fabric key through the agent the head
-# forwards for this one copy (the key never lands on a worker; nothing is left here once the
-# copy ends), and checks the next worker's host key against the head's pins (--known-hosts).
+# forwards for this one copy, limited to the chain's hops (lib.sh with_relay_agent: the key
+# never lands on a worker, signs for nothing else, and nothing is left here once the copy ends),
+# and checks the next worker's host key against the head's pins (--known-hosts).
 # Prints `spark-vllm-relayed NAME STATUS` for this worker and, passed back up the chain, for
 # each worker after it. A next hop that fails does not stop this worker's own copy (tee -p
 # carries on with the outputs that still read), nor the reverse.
@@ -27,6 +28,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 printf '%s\n' "$ARG_KNOWN_HOSTS" >"$work/known_hosts"
 printf '%s\n' "$ARG_AGENT_KEY" >"$work/fabric.pub"
+chmod 600 "$work/fabric.pub"  # ssh reads an -i file as a private key first
 # fabric_ssh with the head's pins and, by its public half, the forwarded key (ssh -i takes a
 # public key file to pick that key from the agent).
 ARG_FABRIC_KEY="$work/fabric.pub" ARG_FABRIC_KNOWN_HOSTS="$work/known_hosts"

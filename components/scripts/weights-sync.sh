@@ -50,12 +50,12 @@ if [ -d "$snapshot" ]; then
 fi
 export_fabric_ssh
 
-# metered_send LOG DEST REMOTE_COMMAND [agent]: stdin to DEST's REMOTE_COMMAND over the fabric,
-# counted. Bounded by the step's timeout; prints the remote command's output. With `agent`, under
-# an ssh-agent holding the fabric key alone, forwarded for the chain's hops (it ends with the copy).
+# metered_send LOG DEST REMOTE_COMMAND [CHAIN]: stdin to DEST's REMOTE_COMMAND over the fabric,
+# counted. Bounded by the step's timeout; prints the remote command's output. With CHAIN, under
+# an agent holding the fabric key for CHAIN's hops alone (lib.sh with_relay_agent), forwarded.
 metered_send() {
   local run=(bash -c) forward=""
-  [ "${4:-}" != agent ] || run=(ssh-agent bash -c 'ssh-add -q "$ARG_FABRIC_KEY" 2>/dev/null && bash -c "$@"' relay) forward=-A
+  [ -z "${4:-}" ] || run=(bash -c 'with_relay_agent "$@"' metered-send "$4" bash -c) forward=-A
   timeout "${ARG_TIMEOUT_MINUTES}m" "${run[@]}" \
     'set -o pipefail; dd bs=1M status=progress 2>"$1" | fabric_ssh $4 "$2" "$3"' \
     weights-sync "$1" "$2" "$3" "$forward"
@@ -98,7 +98,7 @@ relay_to_chain() {
   report_progress "$names" weights "$size" "$meters" "$PROGRESS_SECONDS" &
   reporter=$!
   output="$(tar -C "$hub" -cf - "${blobs[@]}" | metered_send "$meters/relay" "$(chain_destination "$chain")" \
-    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" agent)" \
+    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" "$chain")" \
     || status=$?
   kill "$reporter" 2>/dev/null || true
   reporter=""

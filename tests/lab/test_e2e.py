@@ -307,6 +307,8 @@ def test_the_seeds_topology_with_three_hosts(
         for kind, step in (("image", "image-{}-sync"), ("weights", "weights-{}-copy")):
             relayed = copy_report(steps[step.format("spark2")], kind)["relayed"]
             assert relayed == (1 if hop_blocked else 2), (kind, relayed)
+        if not hop_blocked:
+            assert_the_forwarded_key_signs_for_the_chains_hops_only(lab, state_dir)
         image3 = copy_report(steps["image-spark3-sync"], "image")
         weights3 = copy_report(steps["weights-spark3-copy"], "weights")
         if hop_blocked:
@@ -340,3 +342,33 @@ def test_the_seeds_topology_with_three_hosts(
     for host in ("spark1", "spark2", "spark3"):
         assert host_sh(lab, host, "docker ps -aq") == ""
         assert host_sh(lab, host, f"test -e {q(state_dir)}/bin && echo left || true") == ""
+
+
+def assert_the_forwarded_key_signs_for_the_chains_hops_only(lab: Lab, state_dir: str) -> None:
+    """The agent a relay forwards holds the head's fabric key limited to the chain's hops
+    (lib.sh with_relay_agent, ssh-add -h, bound to the pinned host keys): with the chain
+    spark2 -> spark3 the hop signs in; with a chain of spark2 alone, spark2 cannot use the key
+    to reach spark3, though the very same key is authorized there."""
+    bin_dir = f"{state_dir}/bin"
+    members = [f"spark{i}|ssh://root@{lab.spec.host_fabric_ip(i - 1)}:22|{bin_dir}" for i in (2, 3)]
+    script = (
+        f". {q(bin_dir)}/lib.sh\n"
+        f"ARG_FABRIC_KEY={q(state_dir)}/fabric_ed25519\n"
+        f"ARG_FABRIC_KNOWN_HOSTS={q(state_dir)}/fabric_known_hosts\n"
+        "export_fabric_ssh\n"
+        'hop="$(relay_call "cat >/dev/null" "$2" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" '
+        '"$(cat "$ARG_FABRIC_KEY.pub")")"\n'
+        'echo relayed | with_relay_agent "$1" bash -c \'fabric_ssh -A "$1" "$2"\' _ '
+        '"$(chain_destination "$2")" "$hop"\n'
+    )
+    for limits, spark3 in ((members, "0"), (members[:1], "none")):
+        done = lab.exec(
+            "spark1",
+            ["bash", "-c", script, "_", "\n".join(limits), "\n".join(members)],
+            check=False,
+        )
+        statuses = dict(
+            line.split()[1:] for line in done.stdout.splitlines() if "spark-vllm-relayed" in line
+        )
+        assert statuses.get("spark2") == "0", (done.stdout, done.stderr)
+        assert statuses.get("spark3", "none") == spark3, (limits, done.stdout, done.stderr)
