@@ -100,27 +100,41 @@ send() {
 }
 
 relayed=0
+# image_fact DEST: what the chain needs to know of a worker: `unreachable`, `has` (the image),
+# `containerd` (its loader wants every blob: its own step sends the image whole), or
+# `HELD zstd|plain` (the leading layers it holds, and whether it can unpack zstd).
+image_fact() {
+  fabric_ssh "$1" true >/dev/null 2>&1 || { echo unreachable; return 0; }
+  [ "$(remote_id "$1")" != "$ARG_IMAGE_ID" ] || { echo has; return 0; }
+  local held
+  held="$(layers_held "$1")"
+  if [ "$held" = containerd ]; then echo containerd
+  elif has_zstd "$1"; then echo "$held zstd"
+  else echo "$held plain"
+  fi
+}
 # relay_to_chain: one stream through every worker of --relay that lacks the image, when two or
 # more do; the others (and any a hop failed to reach) are left to their own steps.
 relay_to_chain() {
-  local line name dest bin held chain="" least="" members=0 zstd=yes output status=0
+  local line name dest bin fact unpack chain="" least="" members=0 zstd=yes output status=0 index=0
   local -a lines
+  local facts
+  facts="$(mktemp -d)"
+  probe_members "$ARG_RELAY" "$facts" image_fact
   mapfile -t lines <<<"$ARG_RELAY"
-  # ssh reads stdin: the members are walked from an array, not a `while read` over a here-string.
   for line in "${lines[@]}"; do
     IFS='|' read -r name dest bin <<<"$line"
-    [ -n "$name" ] || continue
-    if ! fabric_ssh "$dest" true >/dev/null 2>&1; then
-      note "$name cannot be reached over the fabric: its own step copies the image"
-      continue
-    fi
-    [ "$(remote_id "$dest")" != "$ARG_IMAGE_ID" ] || continue
-    held="$(layers_held "$dest")"
-    [ "$held" != containerd ] || continue  # its loader wants every blob: its own step sends it whole
-    has_zstd "$dest" || zstd=no
-    { [ -n "$least" ] && [ "$least" -le "$held" ]; } || least="$held"
+    index=$(( index + 1 ))
+    read -r fact unpack <"$facts/$index" || fact=unreachable
+    case "$fact" in
+      unreachable) note "$name cannot be reached over the fabric: its own step copies the image"; continue ;;
+      has | containerd) continue ;;
+    esac
+    [ "$unpack" = zstd ] || zstd=no
+    { [ -n "$least" ] && [ "$least" -le "$fact" ]; } || least="$fact"
     chain+="$line"$'\n' members=$(( members + 1 ))
   done
+  rm -rf "$facts"
   chain="${chain%$'\n'}"
   [ "$members" -ge 2 ] || return 0
   [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null && [ "$zstd" = yes ] \

@@ -130,6 +130,22 @@ chain_names() {
   cut -d'|' -f1 <<<"$1" | paste -sd, -
 }
 
+# probe_members CHAIN DIR FUNCTION: `FUNCTION DEST BIN` for every member at once (their ssh
+# handshakes and questions in parallel, not one member after another), each one's output in
+# DIR/1, DIR/2, ... in the chain's order.
+probe_members() {
+  local line name dest bin index=0
+  local -a lines pids=()
+  mapfile -t lines <<<"$1"
+  for line in "${lines[@]}"; do
+    IFS='|' read -r name dest bin <<<"$line"
+    index=$(( index + 1 ))
+    "$3" "$dest" "$bin" >"$2/$index" 2>/dev/null </dev/null &
+    pids+=("$!")
+  done
+  wait "${pids[@]}" || true
+}
+
 # relay_call SINK CHAIN KNOWN_HOSTS AGENT_KEY: the command line that runs relay.sh on CHAIN's
 # first member: it stores its stdin with SINK and passes it on to the rest of CHAIN. One level
 # of quoting whatever the chain's length: each member builds the call for the next.

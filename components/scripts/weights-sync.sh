@@ -62,28 +62,40 @@ metered_send() {
 }
 
 relayed=0
+# weights_fact DEST BIN: what the chain needs to know of a worker: `unreachable`, `has` (this
+# revision, whole), or the size it holds of each of the revision's blobs (`NAME SIZE` lines).
+weights_fact() {
+  fabric_ssh "$1" true >/dev/null 2>&1 || { echo unreachable; return 0; }
+  [ "$(worker_manifest "$1" "$2")" != "$ARG_MANIFEST" ] || { echo has; return 0; }
+  local sizes
+  sizes="$(blob_sizes "$1" "$2")" || { echo unreachable; return 0; }
+  printf '%s\n' "$sizes"
+}
 # relay_to_chain: the blobs that none of --relay's workers lacking this revision holds at all,
 # in one tar stream passed from worker to worker (relay.sh), when two or more lack it. Each
 # worker's own step then sends what is left for it (a blob held in part, the snapshot's links).
 relay_to_chain() {
-  local line name dest bin sizes chain="" members=0 output status=0 size=0
+  local line name dest bin fact chain="" members=0 output status=0 size=0 index=0 blob held
   local -a lines blobs=()
+  local facts
   declare -A held_somewhere=()
+  facts="$(mktemp -d)"
+  probe_members "$ARG_RELAY" "$facts" weights_fact
   mapfile -t lines <<<"$ARG_RELAY"
   for line in "${lines[@]}"; do
     IFS='|' read -r name dest bin <<<"$line"
-    [ -n "$name" ] || continue
-    if ! fabric_ssh "$dest" true >/dev/null 2>&1 </dev/null; then
-      note "$name cannot be reached over the fabric: its own step copies the weights"
-      continue
-    fi
-    [ "$(worker_manifest "$dest" "$bin")" != "$ARG_MANIFEST" ] || continue
-    sizes="$(blob_sizes "$dest" "$bin")" || continue
+    index=$(( index + 1 ))
+    fact="$(cat "$facts/$index")"
+    case "$fact" in
+      unreachable | "") note "$name cannot be reached over the fabric: its own step copies the weights"; continue ;;
+      has) continue ;;
+    esac
     while read -r blob held; do
       [ "${held:-0}" = 0 ] || held_somewhere["$blob"]=1
-    done <<<"$sizes"
+    done <<<"$fact"
     chain+="$line"$'\n' members=$(( members + 1 ))
   done
+  rm -rf "$facts"
   chain="${chain%$'\n'}"
   [ "$members" -ge 2 ] || return 0
   for name in "${!head_size[@]}"; do
