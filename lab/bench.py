@@ -127,6 +127,7 @@ class Bench:
     revision_b: dict[str, bytes] = {}  # noqa: RUF012 (set per run in make_workloads)
     payload = 0
     missing_after_cut = 0
+    image_missing_after_cut = 0
 
     def make_workloads(self) -> None:
         """The images (v2 changes the top layer) and the snapshot's two revisions (the second
@@ -160,7 +161,7 @@ class Bench:
             self.lab.sh(
                 worker,
                 f"docker image rm -f {IMAGE} {IMAGE_UPDATE} >/dev/null 2>&1; "
-                f"docker image prune -af >/dev/null; rm -rf {REPO_DIR}",
+                f"docker image prune -af >/dev/null; rm -rf {REPO_DIR} {STATE}/image-stage",
             )
 
     def shape(self, rate_mbit: int | None) -> None:
@@ -187,7 +188,8 @@ class Bench:
         image_id = self.head(f"docker image inspect --format '{{{{.Id}}}}' {image}").strip()
         return (
             f"bash {BIN}/image-sync.sh --host {HEAD} --worker {worker} --target "
-            f"{self.target(worker)} --image-id {image_id} --ref {image} --timeout-minutes 60 "
+            f"{self.target(worker)} --worker-bin {BIN} --image-id {image_id} --ref {image} "
+            "--timeout-minutes 60 "
             f"--compress zstd --progress-seconds 600 {self.fabric}"
             + (f" --relay {shlex.quote(relay)}" if relay else "")
         )
@@ -358,44 +360,56 @@ class Bench:
             )
 
     def resumed_copy(self, regime: str) -> None:
-        """A weights copy cut at about half, then the retry: what it sends against what was
-        missing when it started."""
+        """A weights copy and an image copy (uncompressed, so that bytes compare with bytes),
+        each cut at about half, then retried: what the retry sends against what was missing
+        when it started."""
         worker = self.workers[0]
         self.lab.sh(worker, f"rm -rf {REPO_DIR}")
-        total = sum(self.sizes.blobs)
-        blobs = f"{REPO_DIR}/blobs"
-        script = self.weights_script(worker, "main")
+        self.missing_after_cut = self.cut_and_resume(
+            "resume after a cut",
+            self.weights_script(worker, "main"),
+            f"{REPO_DIR}/blobs",
+            sum(self.sizes.blobs),
+            regime,
+        )
+        self.reset_workers()
+        image = self.image_script(worker, IMAGE).replace("--compress zstd", "--compress none")
+        self.image_missing_after_cut = self.cut_and_resume(
+            "image resume after a cut",
+            image,
+            f"{STATE}/image-stage",
+            int(self.head(f"docker save {IMAGE} | wc -c")),
+            regime,
+        )
+
+    def cut_and_resume(self, case: str, script: str, landing: str, total: int, regime: str) -> int:
+        """Run `script` for the first worker, cut it (the copy and its pipeline on the head)
+        once `landing` there holds about half of `total`, run it again; a row with what the
+        retry sent, and what was missing when it started."""
+        worker = self.workers[0]
+
+        def landed() -> int:
+            out = self.lab.sh(worker, f"du -sb --apparent-size {landing} 2>/dev/null | cut -f1")
+            return int(out.stdout.strip() or 0)
+
         self.head(f"( {script} ) >/root/bench/cut.log 2>&1 &")
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            held = int(
-                self.lab.sh(
-                    worker, f"du -sb --apparent-size {blobs} 2>/dev/null | cut -f1 || echo 0"
-                ).stdout.strip()
-                or 0
-            )
-            if held >= total // 2:
-                break
+        while time.monotonic() < deadline and landed() < total // 2:
             time.sleep(0.2)
-        # The cut: the copy and its pipeline (nothing else on the head uses ssh, tar or dd).
+        # The cut (nothing else on the head runs these): the worker sees its stream end early.
         self.head(
-            "pkill -KILL -f '[w]eights-sync.sh'; pkill -KILL -x ssh; pkill -KILL -x tar; "
-            "pkill -KILL -x dd; true"
+            "pkill -KILL -f '[w]eights-sync.sh|[i]mage-sync.sh'; pkill -KILL -x ssh; "
+            "pkill -KILL -x tar; pkill -KILL -x dd; pkill -KILL -x docker; true"
         )
         time.sleep(1)
-        held = int(
-            self.lab.sh(
-                worker, f"du -sb --apparent-size {blobs} 2>/dev/null | cut -f1 || echo 0"
-            ).stdout.strip()
-            or 0
-        )
+        missing = total - landed()
         started = time.monotonic()
         self.head(f"{script} > /root/bench/resume.log 2>&1")
         seconds = time.monotonic() - started
         log = (self.lab.node(HEAD).hostdir / "root/bench/resume.log").read_text()
-        sent = int(re.findall(r'spark-vllm-weights-sent \{"bytes":(\d+)', log)[-1])
-        self.rows.append(Row("resume after a cut", regime, 1, "spark-vllm", seconds, sent))
-        self.missing_after_cut = total - held
+        sent = int(re.findall(SENT, log)[-1])
+        self.rows.append(Row(case, regime, 1, "spark-vllm", seconds, sent))
+        return missing
 
     def run(self) -> None:
         self.prepare()
@@ -432,9 +446,10 @@ class Bench:
         layer = self.find("image update (one layer)", limited, 1, "spark-vllm")
         revision = self.find("revision (one file)", limited, 1, "spark-vllm")
         resumed = self.find("resume after a cut", limited, 1, "spark-vllm")
+        image_resumed = self.find("image resume after a cut", limited, 1, "spark-vllm")
         unchanged = self.find("nothing changed", limited, 1, "spark-vllm")
         assert one and floor and many and seeds_many and raw and free and layer and revision
-        assert resumed and unchanged
+        assert resumed and image_resumed and unchanged
         layer_bytes = self.sizes.image_layers[-1]
         return [
             (
@@ -471,6 +486,11 @@ class Bench:
                 "resume after a cut at ~50%: bytes <= 1.1x what was missing",
                 resumed.bytes <= 1.1 * self.missing_after_cut,
                 f"{resumed.bytes / max(self.missing_after_cut, 1):.3f}x",
+            ),
+            (
+                "image resume after a cut at ~50%: bytes <= 1.1x what was missing",
+                image_resumed.bytes <= 1.1 * self.image_missing_after_cut,
+                f"{image_resumed.bytes / max(self.image_missing_after_cut, 1):.3f}x",
             ),
             ("nothing changed: 0 bytes", unchanged.bytes == 0, f"{unchanged.bytes} bytes"),
         ]

@@ -3,6 +3,7 @@
 #   image-sync.sh --host H --worker W --target ssh://user@ip:port --image-id ID --ref REF
 #                 --timeout-minutes M [--compress zstd|none] [--progress-seconds S]
 #                 [--fabric-key K --fabric-known-hosts F]
+#                 [--worker-bin DIR] (the worker's scripts: what a cut copy left is staged beside)
 #                 [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
 #                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # `docker load` tags only after the whole stream arrived, so a cut link leaves nothing tagged.
@@ -10,6 +11,9 @@
 # carries them as empty files, which `docker load` never reads (image_layers.py says why). A
 # worker whose Docker keeps images in containerd (whose loader wants every blob) gets it whole,
 # and so does a worker whose load of the thinned stream fails.
+# A copy cut midway does not start again from nothing: the worker stages what arrives
+# (image_stage.py receive, beside its scripts in image-stage/), and the next copy sends only
+# what the stage lacks, completing a member staged in part from where it stopped.
 # With --relay (two or more workers, the head's fabric key managed), the workers that lack the
 # image get one stream that passes from worker to worker (relay.sh), so the head's link carries
 # one copy, not one per worker; each worker's own step then finds the image there, or copies it
@@ -19,8 +23,11 @@
 parse_flags "$@"
 require host worker target image-id ref timeout-minutes
 if [ "${ARG_REMOVE:-no}" = yes ]; then
-  # Destroy with image.keepOnDestroy false: untag and remove it on the worker (gone is fine).
+  # Destroy with image.keepOnDestroy false: untag and remove it on the worker (gone is fine),
+  # and what a cut copy left staged.
   fabric_ssh "$ARG_TARGET" "$(words docker image rm "$ARG_REF" "$ARG_IMAGE_ID") >/dev/null 2>&1 || true"
+  [ -z "${ARG_WORKER_BIN:-}" ] \
+    || fabric_ssh "$ARG_TARGET" "rm -rf $(words "$(dirname "$ARG_WORKER_BIN")/image-stage")" || true
   exit 0
 fi
 # remote_id DEST: the image ID DEST has for this image (empty when it lacks it).
@@ -43,7 +50,7 @@ has_zstd() { fabric_ssh "$1" "command -v zstd" >/dev/null 2>&1; }
 
 meters="$(mktemp -d)"
 reporter=""
-trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters"; fabric_multiplex_end' EXIT
+trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.staged"; fabric_multiplex_end' EXIT
 fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
 docker image inspect "$ARG_IMAGE_ID" >/dev/null 2>&1 \
@@ -57,8 +64,9 @@ layer_count="$(grep -o 'sha256:' <<<"$layers" | wc -l)"
 compress="cat" decompress="cat"
 export_fabric_ssh
 
-# use_index HELD: sets `index`, the saved stream's index (which member holds which layer), made
-# once per image on this head; empty (send it whole) when HELD is 0 or indexing fails.
+# use_index N: sets `index`, the saved stream's index (which member holds which layer, every
+# member's size), made once per image on this head; empty (send it whole) when N, the members
+# the worker has (held layers, staged members), is 0, or when indexing fails.
 index_dir="$(dirname "$SPARK_BIN")/image-index" index=""
 use_index() {
   index=""
@@ -77,13 +85,24 @@ use_index() {
   fi
   index="$file"
 }
-# stream_size HELD: the bytes of the saved stream less its first HELD layers (`whole`: all).
+staged_names="$meters.staged"  # the members the worker has staged whole, one a line
+: >"$staged_names"
+# stream_size HELD: the bytes of the saved stream less its first HELD layers and the staged
+# members (`whole`: all).
 stream_size() {
   if [ "$1" = whole ] || [ -z "$index" ]; then
     docker image inspect --format '{{.Size}}' "$ARG_IMAGE_ID"
   else
-    python3 "$SPARK_BIN/image_layers.py" to-send "$index" "$1"
+    python3 "$SPARK_BIN/image_layers.py" to-send "$index" "$1" "$staged_names"
   fi
+}
+# load_command BIN: what a worker runs to load the stream, BIN its scripts (a shell word): stage
+# what arrives (image_stage.py), load it, and drop the stage once the load succeeded.
+load_command() {
+  local stage
+  stage="\"\$(dirname $1)\"/image-stage/${ARG_IMAGE_ID#sha256:}"
+  printf '%s | python3 %s/image_stage.py receive %s | docker load && rm -rf %s' \
+    "$decompress" "$1" "$stage" "$stage"
 }
 # send HELD METER DEST REMOTE [CHAIN]: the saved stream, its first HELD layers emptied (`whole`:
 # all of it), counted into METER, to DEST's REMOTE command. With CHAIN, under an agent holding
@@ -92,20 +111,27 @@ send() {
   local run=(bash -c)
   [ -z "${5:-}" ] || run=(bash -c 'with_relay_agent "$@"' send "$5" bash -c)
   timeout "${ARG_TIMEOUT_MINUTES}m" "${run[@]}" \
-    'set -o pipefail; held=$6 layers_py=$7 index=$8 forward=$9
-     thin() { if [ "$held" = whole ] || [ -z "$index" ]; then cat; else python3 "$layers_py" filter "$index" "$held"; fi; }
+    'set -o pipefail; held=$6 layers_py=$7 index=$8 forward=$9 staged=${10}
+     thin() { if [ "$held" = whole ] || [ -z "$index" ]; then cat; else python3 "$layers_py" filter "$index" "$held" "$staged"; fi; }
      docker save "$1" | thin | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh $forward "$3" "$4"' \
     image-sync "$source_ref" "$compress" "$3" "$4" "$2" "$1" \
-    "$SPARK_BIN/image_layers.py" "$index" "$([ -z "${5:-}" ] || echo -A)"
+    "$SPARK_BIN/image_layers.py" "$index" "$([ -z "${5:-}" ] || echo -A)" "$staged_names"
 }
 
 relayed=0
-# image_fact DEST: what the chain needs to know of a worker: `unreachable`, `has` (the image),
-# `containerd` (its loader wants every blob: its own step sends the image whole), or
+# image_fact DEST BIN: what the chain needs to know of a worker: `unreachable`, `has` (the image),
+# `staged` (a copy cut earlier: its own step resumes it), `containerd` (its loader wants every
+# blob: its own step sends the image whole), or
 # `HELD zstd|plain` (the leading layers it holds, and whether it can unpack zstd).
 image_fact() {
   fabric_ssh "$1" true >/dev/null 2>&1 || { echo unreachable; return 0; }
   [ "$(remote_id "$1")" != "$ARG_IMAGE_ID" ] || { echo has; return 0; }
+  local stage
+  stage="$(dirname "$2")/image-stage/${ARG_IMAGE_ID#sha256:}"
+  if [ -n "$(fabric_ssh "$1" "$(words find "$stage" -type f -size +0) 2>/dev/null | head -n 1")" ]; then
+    echo staged  # a copy cut earlier: its own step resumes it
+    return 0
+  fi
   local held
   held="$(layers_held "$1")"
   if [ "$held" = containerd ]; then echo containerd
@@ -116,19 +142,19 @@ image_fact() {
 # relay_to_chain: one stream through every worker of --relay that lacks the image, when two or
 # more do; the others (and any a hop failed to reach) are left to their own steps.
 relay_to_chain() {
-  local line name dest bin fact unpack chain="" least="" members=0 zstd=yes output status=0 index=0
+  local line name dest fact unpack chain="" least="" members=0 zstd=yes output status=0 index=0
   local -a lines
   local facts
   facts="$(mktemp -d)"
   probe_members "$ARG_RELAY" "$facts" image_fact
   mapfile -t lines <<<"$ARG_RELAY"
   for line in "${lines[@]}"; do
-    IFS='|' read -r name dest bin <<<"$line"
+    IFS="|" read -r name dest _ <<<"$line"
     index=$(( index + 1 ))
     read -r fact unpack <"$facts/$index" || fact=unreachable
     case "$fact" in
       unreachable) note "$name cannot be reached over the fabric: its own step copies the image"; continue ;;
-      has | containerd) continue ;;
+      has | staged | containerd) continue ;;
     esac
     [ "$unpack" = zstd ] || zstd=no
     { [ -n "$least" ] && [ "$least" -le "$fact" ]; } || least="$fact"
@@ -142,7 +168,9 @@ relay_to_chain() {
   use_index "$least"
   [ -n "$index" ] || least=0
   local size names sink started=$SECONDS
-  size="$(stream_size "$least")" names="$(chain_names "$chain")" sink="$decompress | docker load"
+  # Each member stages what arrives beside its own scripts (relay.sh exports SPARK_BIN).
+  size="$(stream_size "$least")" names="$(chain_names "$chain")"
+  sink="$(load_command '"$SPARK_BIN"')"
   note "relaying $ARG_REF to $names in one chain (they all hold $least of $layer_count layers; $(( size / 1000000 )) MB)"
   report_progress "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
   reporter=$!
@@ -153,7 +181,7 @@ relay_to_chain() {
   reporter=""
   mapfile -t lines <<<"$chain"
   for line in "${lines[@]}"; do
-    IFS='|' read -r name dest bin <<<"$line"
+    IFS="|" read -r name dest _ <<<"$line"
     if [ "$(remote_id "$dest")" = "$ARG_IMAGE_ID" ]; then
       relayed=$(( relayed + 1 ))
     else
@@ -168,7 +196,7 @@ fi
 
 if [ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ]; then
   echo "$ARG_WORKER has $ARG_REF ($ARG_IMAGE_ID); nothing more to copy"
-  printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": 0, "layers": 0, "relayed": %s}\n' \
+  printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": 0, "layers": 0, "staged": 0, "relayed": %s}\n' \
     "$(metered_bytes "$meters")" "$relayed"
   exit 0
 fi
@@ -179,25 +207,56 @@ if [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null && has_zstd 
 else
   compress="cat" decompress="cat"
 fi
+# resume_staged STAGED: what a copy cut earlier left staged on the worker (`NAME SIZE` lines):
+# members staged whole go as empty files (the worker fills them in from its stage), and one
+# staged in part is completed first with the tail it lacks.
+resume_staged() {
+  local kind name have want count=0 line
+  local -a plan
+  mapfile -t plan < <(python3 "$SPARK_BIN/image_stage.py" resume "$index" <<<"$1")
+  for line in "${plan[@]}"; do
+    read -r kind name have want <<<"$line"
+    if [ "$kind" = part ]; then
+      count=$(( count + 1 ))
+      # docker save ends on a broken pipe once the member is out: the size below is the check.
+      timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
+        'docker save "$1" | python3 "$2" tail "$3" "$4" | dd bs=1M status=progress 2>"$5" | fabric_ssh "$6" "$7"' \
+        resume "$source_ref" "$SPARK_BIN/image_stage.py" "$name" "$have" "$meters/part$count" \
+        "$ARG_TARGET" "cat >> $(words "$stage/$name")" >&2 || true
+      have="$(fabric_ssh "$ARG_TARGET" "$(words stat -c %s "$stage/$name")" 2>/dev/null || echo 0)"
+      [ "$have" = "$want" ] || { note "$ARG_WORKER: completing its staged $name failed: sending it again"; continue; }
+    fi
+    echo "$name" >>"$staged_names"
+  done
+  note "$ARG_WORKER has $(grep -c . "$staged_names") member(s) of the image staged from a copy cut earlier ($count completed): not sent again"
+}
+
 started=$SECONDS
 held="$(layers_held "$ARG_TARGET")"
 [ "$held" != containerd ] || held=0
-use_index "$held"
-[ -n "$index" ] || held=0
+stage="$(dirname "${ARG_WORKER_BIN:-/nonexistent/bin}")/image-stage/${ARG_IMAGE_ID#sha256:}"
+staged=""
+[ -z "${ARG_WORKER_BIN:-}" ] \
+  || staged="$(fabric_ssh "$ARG_TARGET" "$(words find "$stage" -type f -size +0 -printf '%P %s\n') 2>/dev/null" || true)"
+use_index $(( held + ${#staged} ))
+[ -n "$index" ] || held=0 staged=""
+[ -z "$staged" ] || resume_staged "$staged"
 size="$(stream_size "$held")"
 [ "$held" -eq 0 ] \
   || note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
 report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
 reporter=$!
 load="$decompress | docker load"
+[ -z "${ARG_WORKER_BIN:-}" ] || load="$(load_command "$(words "$ARG_WORKER_BIN")")"
 set +e
-if [ "$held" -gt 0 ]; then
+if [ -n "$index" ]; then
   send "$held" "$meters/save" "$ARG_TARGET" "$load" >&2
   status=$?
   # Not when the link is what failed: the whole image would fail the same way, slower.
   if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && fabric_ssh "$ARG_TARGET" true 2>/dev/null; then
     note "$ARG_WORKER: loading the image without the layers it holds failed (exit $status): sending it whole"
     held=0
+    : >"$staged_names"
     send whole "$meters/whole" "$ARG_TARGET" "$load" >&2
     status=$?
   fi
@@ -217,5 +276,5 @@ fi
 [ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ] \
   || fail "after the copy $ARG_WORKER does not have image $ARG_IMAGE_ID" "the worker's Docker daemon rejected the image (architecture? disk?)"
 echo "copied $ARG_REF ($ARG_IMAGE_ID) to $ARG_WORKER in ${elapsed}s"
-printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": %s, "layers": %s, "relayed": %s}\n' \
-  "$(metered_bytes "$meters")" "$held" "$layer_count" "$relayed"
+printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": %s, "layers": %s, "staged": %s, "relayed": %s}\n' \
+  "$(metered_bytes "$meters")" "$held" "$layer_count" "$(grep -c . "$staged_names")" "$relayed"

@@ -2,9 +2,12 @@
 
     image_layers.py held LAYERS_JSON          < worker's `docker image inspect` RootFS.Layers lines
     image_layers.py index                     < docker save stream   > index JSON
-    image_layers.py filter INDEX_FILE COUNT   < docker save stream   > the same stream, its first
-                                                                       COUNT layers emptied
-    image_layers.py to-send INDEX_FILE COUNT  > the bytes that stream carries (the progress total)
+    image_layers.py filter INDEX_FILE COUNT [NAMES_FILE]
+                                              < docker save stream   > the same stream, its first
+                                                COUNT layers emptied (and the members NAMES_FILE
+                                                lists, one a line: what the worker has staged)
+    image_layers.py to-send INDEX_FILE COUNT [NAMES_FILE]
+                                              > the bytes that stream carries (the progress total)
 
 `docker load` reads a layer's file only when the daemon lacks that layer's chain: moby
 image/tarexport/load.go looks the chain ID up in the layer store first (`l.lss.Get(r.ChainID())`)
@@ -72,12 +75,18 @@ def index(stream: BinaryIO) -> dict[str, object]:
     return {"layers": layers, "sizes": sizes}
 
 
-def bytes_to_send(index: dict[str, object], held: int) -> int:
-    """The saved stream's members but the first `held` layers: what `filter` leaves to send."""
-    layers, sizes = index["layers"], index["sizes"]
-    assert isinstance(layers, list) and isinstance(sizes, dict)
-    kept = set(layers[:held])
-    return sum(size for name, size in sizes.items() if name not in kept)
+def emptied(index: dict[str, object], held: int, staged: set[str]) -> set[str]:
+    """The members the worker does not need: its first `held` layers, and what it has staged."""
+    layers = index["layers"]
+    assert isinstance(layers, list)
+    return set(layers[:held]) | staged
+
+
+def bytes_to_send(index: dict[str, object], left_out: set[str]) -> int:
+    """The saved stream's members but those left out: what `filter` leaves to send."""
+    sizes = index["sizes"]
+    assert isinstance(sizes, dict)
+    return sum(size for name, size in sizes.items() if name not in left_out)
 
 
 def filtered(stream: BinaryIO, out: BinaryIO, emptied: set[str]) -> int:
@@ -106,15 +115,19 @@ def main(argv: list[str]) -> int:
     if command == "index" and len(argv) == 1:
         print(json.dumps(index(sys.stdin.buffer)))
         return 0
-    if command == "to-send" and len(argv) == 3:
+    if command in ("to-send", "filter") and len(argv) in (3, 4):
         with open(argv[1]) as handle:
-            print(bytes_to_send(json.load(handle), int(argv[2])))
-        return 0
-    if command == "filter" and len(argv) == 3:
-        with open(argv[1]) as handle:
-            layers = json.load(handle)["layers"]
-        left_out = filtered(sys.stdin.buffer, sys.stdout.buffer, set(layers[: int(argv[2])]))
-        print(f"image_layers.py: {left_out} bytes of held layers left out", file=sys.stderr)
+            saved_index = json.load(handle)
+        staged: set[str] = set()
+        if len(argv) == 4:
+            with open(argv[3]) as handle:
+                staged = {line.strip() for line in handle if line.strip()}
+        left_out = emptied(saved_index, int(argv[2]), staged)
+        if command == "to-send":
+            print(bytes_to_send(saved_index, left_out))
+            return 0
+        count = filtered(sys.stdin.buffer, sys.stdout.buffer, left_out)
+        print(f"image_layers.py: {count} bytes of held layers left out", file=sys.stderr)
         return 0
     print(__doc__, file=sys.stderr)
     return 2

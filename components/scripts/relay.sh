@@ -14,6 +14,7 @@
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host sink
+export SPARK_BIN  # the sink may name this worker's own scripts
 store() {
   local status=0
   bash -c "$ARG_SINK" >&2 || status=$?

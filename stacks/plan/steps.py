@@ -383,6 +383,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
     flags: dict[str, str | float] = {
         "image_id": image_id,
         "ref": plan.config.image.ref,
+        "worker_bin": worker.bin_dir,  # what a cut copy left is staged beside it
         "timeout_minutes": minutes,
         "compress": "zstd",
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
