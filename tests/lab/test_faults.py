@@ -20,6 +20,7 @@ from tests.lab.deploying import (
     EXITED_AT_START,
     PREFIX,
     RAY_NODES,
+    copy_report,
     host_sh,
     lab_config,
 )
@@ -32,7 +33,7 @@ from tests.lab.faulting import (
     wait_for,
 )
 from tests.lab.realmocks import RealMocks
-from tests.lab.timings import record_timing
+from tests.lab.timings import record_figure, record_timing
 
 pytestmark = pytest.mark.lab
 
@@ -110,8 +111,24 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
         lab, WORKER, f"docker image inspect {IMAGE} >/dev/null 2>&1 && echo tagged || true"
     )
     assert tagged == "", "a partial image was left tagged on the worker"
+    # What arrived before the cut is staged on the worker, and the next copy resumes from it.
+    stage = "/root/.spark-vllm/image-stage"
+    staged = int(host_sh(lab, WORKER, f"du -sb --apparent-size {stage} | cut -f1"))
+    whole = int(host_sh(lab, "spark1", f"docker save {IMAGE} | wc -c"))
+    assert staged > 0, "nothing of the cut copy was staged"
     successful_up(lab, stack)
     assert host_sh(lab, WORKER, f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}")
+    sync = next(e for e in stack[-1].journal if e.name == f"image-{WORKER}-sync")
+    sent = copy_report(sync.outputs, "image")
+    missing = whole - staged
+    record_figure(
+        "image copy cut midway, resumed",
+        f"{sent['bytes']} bytes sent for {missing} missing of {whole} "
+        f"({sent['bytes'] / missing:.3f}x; {sent['staged']} members staged)",
+    )
+    assert sent["staged"] > 0, sent
+    assert sent["bytes"] <= 1.1 * missing + 64 * 1024, (sent, missing)
+    assert host_sh(lab, WORKER, f"ls -A {stage} 2>/dev/null || true") == ""  # dropped once loaded
 
 
 def test_stale_container_with_our_name(lab: Lab, stack: list[RealMocks]) -> None:
