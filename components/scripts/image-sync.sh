@@ -142,7 +142,7 @@ image_fact() {
 # relay_to_chain: one stream through every worker of --relay that lacks the image, when two or
 # more do; the others (and any a hop failed to reach) are left to their own steps.
 relay_to_chain() {
-  local line name dest fact unpack chain="" least="" members=0 zstd=yes output status=0 index=0
+  local line name dest fact unpack chain="" least="" members=0 zstd=yes output status=0 position=0
   local -a lines
   local facts
   facts="$(mktemp -d)"
@@ -150,8 +150,8 @@ relay_to_chain() {
   mapfile -t lines <<<"$ARG_RELAY"
   for line in "${lines[@]}"; do
     IFS="|" read -r name dest _ <<<"$line"
-    index=$(( index + 1 ))
-    read -r fact unpack <"$facts/$index" || fact=unreachable
+    position=$(( position + 1 ))
+    read -r fact unpack <"$facts/$position" || fact=unreachable
     case "$fact" in
       unreachable) note "$name cannot be reached over the fabric: its own step copies the image"; continue ;;
       has | staged | containerd) continue ;;

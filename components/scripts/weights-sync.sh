@@ -75,7 +75,7 @@ weights_fact() {
 # in one tar stream passed from worker to worker (relay.sh), when two or more lack it. Each
 # worker's own step then sends what is left for it (a blob held in part, the snapshot's links).
 relay_to_chain() {
-  local line name dest bin fact chain="" members=0 output status=0 size=0 index=0 blob held
+  local line name dest bin fact chain="" members=0 output status=0 size=0 position=0 blob held
   local -a lines blobs=()
   local facts
   declare -A held_somewhere=()
@@ -84,8 +84,8 @@ relay_to_chain() {
   mapfile -t lines <<<"$ARG_RELAY"
   for line in "${lines[@]}"; do
     IFS='|' read -r name dest bin <<<"$line"
-    index=$(( index + 1 ))
-    fact="$(cat "$facts/$index")"
+    position=$(( position + 1 ))
+    fact="$(cat "$facts/$position")"
     case "$fact" in
       unreachable | "") note "$name cannot be reached over the fabric: its own step copies the weights"; continue ;;
       has) continue ;;
