@@ -175,7 +175,7 @@ relay_to_chain() {
   report_progress "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
   reporter=$!
   output="$(send "$least" "$meters/relay" "$(chain_destination "$chain")" \
-    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" "$chain")" \
+    "$(chain_call "$sink" "$chain")" "$chain")" \
     || status=$?
   kill "$reporter" 2>/dev/null || true
   reporter=""

@@ -157,6 +157,12 @@ relay_call() {
     --known-hosts "$3" --agent-key "$4"
 }
 
+# chain_call SINK CHAIN: relay_call as the head makes it, with its pins and its fabric key's
+# public half (the chain's hops check the one and sign with the other through the agent).
+chain_call() {
+  relay_call "$1" "$2" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")"
+}
+
 # relay_agent_limits CHAIN: where the forwarded key may sign in (ssh-add -h, OpenSSH 8.9 on):
 # the head to the first member, then each member to the next, one ssh-add argument a line.
 # Root on a relaying worker can use the key only to reach the next member, only while the copy

@@ -110,7 +110,7 @@ relay_to_chain() {
   report_progress "$names" weights "$size" "$meters" "$PROGRESS_SECONDS" &
   reporter=$!
   output="$(tar -C "$hub" -cf - "${blobs[@]}" | metered_send "$meters/relay" "$(chain_destination "$chain")" \
-    "$(relay_call "$sink" "$chain" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" "$(cat "$ARG_FABRIC_KEY.pub")")" "$chain")" \
+    "$(chain_call "$sink" "$chain")" "$chain")" \
     || status=$?
   kill "$reporter" 2>/dev/null || true
   reporter=""
