@@ -107,23 +107,3 @@ def lab_factory() -> Iterator[Callable[..., Lab]]:
 def lab_bastion(lab_factory: Callable[..., Lab]) -> Lab:
     """bastion + spark1 (head: lab image, HF model) + spark2."""
     return lab_factory("bastion", hosts=2, topology="bastion")
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """How long the end-to-end runs took (CI logs keep it)."""
-    from tests.lab.timings import DAY_TWO, FIGURES, TIMINGS
-
-    if TIMINGS:
-        terminalreporter.section("lab timings")
-        for what, seconds in TIMINGS:
-            terminalreporter.write_line(f"{what}: {seconds:.1f} s")
-    if DAY_TWO:
-        terminalreporter.section("day two (plan, wall time, serving downtime)")
-        for scenario, counts, seconds, downtime in DAY_TWO:
-            terminalreporter.write_line(
-                f"{scenario}: {counts}; {seconds:.1f} s; downtime {downtime:.1f} s"
-            )
-    if FIGURES:
-        terminalreporter.section("lab figures")
-        for what, value in FIGURES:
-            terminalreporter.write_line(f"{what}: {value}")

@@ -24,3 +24,21 @@ FIGURES: list[tuple[str, str]] = []
 
 def record_figure(what: str, value: str) -> None:
     FIGURES.append((what, value))
+
+
+def export() -> dict[str, list[list[object]]]:
+    """Everything recorded in this process, as JSON-able lists (an xdist worker's hand-over)."""
+    return {
+        "timings": [list(row) for row in TIMINGS],
+        "day_two": [list(row) for row in DAY_TWO],
+        "figures": [list(row) for row in FIGURES],
+    }
+
+
+def merge(exported: dict[str, list[list[object]]]) -> None:
+    """Add what another process recorded (export()) to this one's lists."""
+    TIMINGS.extend((str(what), float(str(seconds))) for what, seconds in exported["timings"])
+    DAY_TWO.extend(
+        (str(s), str(c), float(str(t)), float(str(d))) for s, c, t, d in exported["day_two"]
+    )
+    FIGURES.extend((str(what), str(value)) for what, value in exported["figures"])
