@@ -100,5 +100,5 @@ while :; do
     give_up "vLLM was not ready within ${ARG_TIMEOUT_SECONDS}s (last probe: $last)" \
       "the engine is still loading (raise timeouts.vllmReadySeconds) or is hung (see the logs above)"
   fi
-  sleep 5
+  sleep 2  # a probe is one docker exec and one request: a server that is up is seen within 2 s
 done

@@ -32,6 +32,10 @@ pytestmark = pytest.mark.lab
 WORKER = "spark2"
 MASTER_PORT = 29501
 LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
+# A node that cannot join is detected by waiting out the join timeout: as long as the lab needs
+# (the head's own node is up well within it), not the production default (tests/program checks
+# that one), and the same as the Ray join fault's, for a like-for-like figure.
+JOIN_FAULT_SECONDS = 20
 
 
 def mp_config(lab: Lab, **timeouts: int) -> dict[str, Any]:
@@ -129,7 +133,7 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
     try:
         with pytest.raises(Exception) as caught:
             next_up(stack, "a worker blocked from the rendezvous (mp)",
-                    mp_config(lab, rayJoinSeconds=30))  # fmt: skip
+                    mp_config(lab, rayJoinSeconds=JOIN_FAULT_SECONDS))  # fmt: skip
     finally:
         lab.exec("spark1", ["iptables", "-D", "INPUT", *block])
     record_timing("fault (mp): time to the error", time.monotonic() - started)
@@ -137,7 +141,7 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
     assert "spark1: vllm-ready: vLLM exited during start-up" in error, error
     assert (
         f"likely cause: {WORKER} ({worker_ip}) did not join the rendezvous at "
-        f"{lab.spec.host_fabric_ip(0)}:{MASTER_PORT} within 30s" in error
+        f"{lab.spec.host_fabric_ip(0)}:{MASTER_PORT} within {JOIN_FAULT_SECONDS}s" in error
     ), error
     assert (
         f"likely cause: {WORKER} cannot reach the rendezvous {lab.spec.host_fabric_ip(0)}:"
@@ -180,11 +184,12 @@ def test_time_to_ready_with_each_executor_side_by_side(stack: Stack) -> None:
     """`pulumi up` of a new stack on hosts that hold the image and the weights already (kept
     on destroy), until the first completion: Ray's cluster first, or vLLM's own rendezvous.
     The server loads for 12 s as in the e2e (the stand-in's load time), so the difference is
-    what each executor adds. Same lab, same config but the executor, one after the other."""
+    what each executor adds. Same lab, same config but the executor, one after the other, once
+    each: the suite runs beside other tests, so this is a figure, not a benchmark."""
     lab = stack.lab
     stack.state.teardown()  # the module's stack goes first: the hosts are empty again
     seconds: dict[str, float] = {}
-    for executor in ("ray", "mp", "ray", "mp"):
+    for executor in ("ray", "mp"):
         config = lab_config(lab) if executor == "ray" else mp_config(lab)
         config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "env": {LOAD_ENV: "12"}}
         mocks = RealMocks()
@@ -195,9 +200,9 @@ def test_time_to_ready_with_each_executor_side_by_side(stack: Stack) -> None:
         finally:
             mocks.teardown()
         assert outputs["executor"] == executor and "ready after" in outputs["readiness"]
-        seconds[executor] = min(took, seconds.get(executor, took))
+        seconds[executor] = took
     record_figure(
-        "time to ready from `pulumi up`, image and weights in place (best of 2)",
+        "time to ready from `pulumi up`, image and weights in place (one each, beside other tests)",
         f"executor ray {seconds['ray']:.1f} s, executor mp {seconds['mp']:.1f} s "
         f"(mp/ray {seconds['mp'] / seconds['ray']:.2f}x)",
     )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stacks.config import TimeoutsConfig
 from tests.cli import CliError
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
@@ -206,3 +208,21 @@ def test_a_missing_known_hosts_file_is_named(make_config: ConfigFactory) -> None
         "invalid spark-vllm configuration:\n"
         "ssh.knownHostsFile: /nonexistent/known_hosts does not exist"
     )
+
+
+def test_the_production_timeouts_stay_what_the_readme_says() -> None:
+    """The lab's fault tests shorten the join timeout to what the lab needs (tests/lab): a user
+    who sets nothing still gets these, as the Configuration reference lists them."""
+    defaults = TimeoutsConfig().model_dump(by_alias=True)
+    assert defaults == {
+        "rayJoinSeconds": 300,
+        "vllmReadySeconds": 1800,
+        "vllmProgressSeconds": 30,
+        "copyProgressSeconds": 10,
+        "imageTransferMinutes": 60,
+        "weightsTransferMinutes": 240,
+    }
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("   | `timeouts` |"))
+    for key, value in defaults.items():
+        assert f"`{key}` ({value}" in row, (key, row)
