@@ -34,13 +34,13 @@ from tests.lab import timings
 # Seconds each lab module took in the last full run (`.ci/run` prints them under "time by
 # module"): the order work starts in. A module not listed counts as fast and goes after these.
 MODULE_COST: dict[str, float] = {
-    "tests/lab/test_day_two.py": 560,
-    "tests/lab/test_faults.py": 420,
-    "tests/lab/test_executor_mp.py": 340,
-    "tests/lab/test_e2e.py": 220,
-    "tests/lab/test_bench.py": 195,
-    "tests/lab/test_hardware_faults.py": 170,
-    "tests/lab/test_day_two_grow.py": 160,
+    "tests/lab/test_day_two.py": 600,
+    "tests/lab/test_faults.py": 350,
+    "tests/lab/test_e2e.py": 270,
+    "tests/lab/test_executor_mp.py": 260,
+    "tests/lab/test_bench.py": 200,
+    "tests/lab/test_day_two_grow.py": 165,
+    "tests/lab/test_hardware_faults.py": 110,
     "tests/standin/test_ray_backend.py": 70,
     "tests/lab/test_lab_infra.py": 45,
     "tests/standin/test_mp_backend.py": 25,
