@@ -119,7 +119,8 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
         f"({sent['bytes'] / missing:.3f}x; {sent['staged']} members staged)",
     )
     assert sent["staged"] > 0, sent
-    assert sent["bytes"] <= 1.1 * missing + 64 * 1024, (sent, missing)
+    notes = [line for line in sync.outputs["stderr"].splitlines() if "MB/s" not in line]
+    assert sent["bytes"] <= 1.1 * missing + 64 * 1024, (sent, missing, notes[-20:])
     assert host_sh(lab, WORKER, f"ls -A {stage} 2>/dev/null || true") == ""  # dropped once loaded
 
 
