@@ -150,12 +150,66 @@ def test_a_worker_that_cannot_join_is_reported_with_every_nodes_logs(
     successful_up(lab, stack)
 
 
+def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
+    lab.sh(WORKER, "kill $(cat /run/sshd.pid)")
+    try:
+        error = failing_up(lab, stack)
+    finally:
+        hostdir = lab.spec.state_dir / "hosts" / WORKER
+        lab.exec(WORKER, ["/usr/sbin/sshd", "-f", f"{hostdir}/ssh/sshd_config",
+                          "-E", f"{hostdir}/log/sshd.log"])  # fmt: skip
+    address = lab.spec.host_mgmt_ip(1)
+    # The facts read, before anything is planned, names the host, its address and the bastion.
+    assert f"spark2: facts: cannot read the host's state over SSH (root@{address}:22 via" in error
+    assert "likely cause: the host is down or unreachable" in error, error
+    successful_up(lab, stack)
+
+
+def test_stale_container_with_our_name(lab: Lab, stack: list[RealMocks]) -> None:
+    lab.exec("spark1", ["docker", "run", "-d", "--name", f"{PREFIX}-vllm", IMAGE, "sleep", "600"])
+    try:
+        error = failing_up(lab, stack)
+        assert "spark1: preflight: a container named spark-vllm-vllm already exists" in error
+        assert "docker rm -f spark-vllm-vllm" in error
+        # Nothing was started: the preflight stops the deployment before any container.
+        assert host_sh(lab, "spark1", "docker ps -q --filter label=spark-vllm.deployment") == ""
+    finally:
+        lab.exec("spark1", ["docker", "rm", "-f", f"{PREFIX}-vllm"])
+    successful_up(lab, stack)
+
+
+def test_serving_port_taken_on_the_head(lab: Lab, stack: list[RealMocks]) -> None:
+    pid = host_sh(lab, "spark1", "setsid python3 -m http.server 8000 >/dev/null 2>&1 & echo $!")
+    try:
+        wait_for(lambda: bool(host_sh(lab, "spark1", "ss -Hltn 'sport = :8000'")), 10,
+                 "the squatter listening")  # fmt: skip
+        error = failing_up(lab, stack)
+        assert "spark1: preflight: port 8000 is already in use" in error, error
+        assert "likely cause: another server or a stale container holds it" in error
+    finally:
+        lab.exec("spark1", ["kill", pid])
+    successful_up(lab, stack)
+
+
+def test_worker_configured_with_the_wrong_fabric_ip(lab: Lab, stack: list[RealMocks]) -> None:
+    config = lab_config(lab)
+    wrong = str(lab.spec.fabric_net.network_address + 99)
+    config[f"{PROJECT}:hosts"][1]["fabricIp"] = wrong
+    error = failing_up(lab, stack, config)
+    assert f"{WORKER}: preflight: the fabric interface" in error
+    assert f"has {lab.spec.host_fabric_ip(1)}, not {wrong}" in error
+    assert "likely cause: hosts[].fabricIp is wrong for this host" in error
+    successful_up(lab, stack)
+
+
 # The refusals below run one after another on one stack, as a user's next `up` follows a refused
 # one: each starts from the state the one before left (nothing of it started on the hosts), is
-# refused with its own message before anything starts, and is then fixed. The first `up` that
-# gets past them, the server that exits at once, and its clean re-run show that none of them
-# left anything behind that stops the next `up`; the killed raylet then starts from that
-# deployment. The chain's runs are torn down once, at the end of the module.
+# refused with its own message before anything starts, and is then fixed. Only refusals of a
+# changed setting belong here: the step that refuses it runs again whatever an earlier run left.
+# A fault in the hosts' state (above) is found by steps that ran once, so each of those starts
+# from nothing. The first `up` that gets past the chain, the server that exits at once, and its
+# clean re-run show that none of the refusals left anything behind that stops the next `up`;
+# the killed raylet then starts from that deployment. Torn down once, at the end of the module.
 
 
 def test_an_empty_api_key_is_refused_before_anything_runs(
@@ -166,54 +220,6 @@ def test_an_empty_api_key_is_refused_before_anything_runs(
     assert "invalid spark-vllm configuration:" in error
     assert "apiKey: is required and must not be empty" in error
     assert refusals[-1].state_entries() == [], "nothing was created"
-
-
-def test_worker_sshd_down(lab: Lab, refusals: list[RealMocks]) -> None:
-    lab.sh(WORKER, "kill $(cat /run/sshd.pid)")
-    try:
-        error = failing_up(lab, refusals)
-    finally:
-        hostdir = lab.spec.state_dir / "hosts" / WORKER
-        lab.exec(WORKER, ["/usr/sbin/sshd", "-f", f"{hostdir}/ssh/sshd_config",
-                          "-E", f"{hostdir}/log/sshd.log"])  # fmt: skip
-    address = lab.spec.host_mgmt_ip(1)
-    # The facts read, before anything is planned, names the host, its address and the bastion.
-    assert f"spark2: facts: cannot read the host's state over SSH (root@{address}:22 via" in error
-    assert "likely cause: the host is down or unreachable" in error, error
-
-
-def test_stale_container_with_our_name(lab: Lab, refusals: list[RealMocks]) -> None:
-    lab.exec("spark1", ["docker", "run", "-d", "--name", f"{PREFIX}-vllm", IMAGE, "sleep", "600"])
-    try:
-        error = failing_up(lab, refusals)
-        assert "spark1: preflight: a container named spark-vllm-vllm already exists" in error
-        assert "docker rm -f spark-vllm-vllm" in error
-        # Nothing was started: the preflight stops the deployment before any container.
-        assert host_sh(lab, "spark1", "docker ps -q --filter label=spark-vllm.deployment") == ""
-    finally:
-        lab.exec("spark1", ["docker", "rm", "-f", f"{PREFIX}-vllm"])
-
-
-def test_serving_port_taken_on_the_head(lab: Lab, refusals: list[RealMocks]) -> None:
-    pid = host_sh(lab, "spark1", "setsid python3 -m http.server 8000 >/dev/null 2>&1 & echo $!")
-    try:
-        wait_for(lambda: bool(host_sh(lab, "spark1", "ss -Hltn 'sport = :8000'")), 10,
-                 "the squatter listening")  # fmt: skip
-        error = failing_up(lab, refusals)
-        assert "spark1: preflight: port 8000 is already in use" in error, error
-        assert "likely cause: another server or a stale container holds it" in error
-    finally:
-        lab.exec("spark1", ["kill", pid])
-
-
-def test_worker_configured_with_the_wrong_fabric_ip(lab: Lab, refusals: list[RealMocks]) -> None:
-    config = lab_config(lab)
-    wrong = str(lab.spec.fabric_net.network_address + 99)
-    config[f"{PROJECT}:hosts"][1]["fabricIp"] = wrong
-    error = failing_up(lab, refusals, config)
-    assert f"{WORKER}: preflight: the fabric interface" in error
-    assert f"has {lab.spec.host_fabric_ip(1)}, not {wrong}" in error
-    assert "likely cause: hosts[].fabricIp is wrong for this host" in error
 
 
 def test_not_enough_disk_is_caught_before_anything_starts(
