@@ -3,6 +3,7 @@ likely cause, and the next `up` (after the fault is fixed) succeeds and serves a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -291,9 +292,11 @@ rm -rf "$work"
 
 
 @pytest.fixture
-def head_image(lab: Lab) -> Iterator[str]:
-    """A tag made on the head for one test, removed after it."""
-    ref = "spark-vllm-lab:fault"
+def head_image(lab: Lab, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A tag made on the head for one test, removed after it. A tag of its own per test: in the
+    chain, the next run plans from the state the last one left, which recorded the image the
+    tag named then (a tag that moves is another scenario)."""
+    ref = "spark-vllm-lab:fault-" + hashlib.sha256(request.node.name.encode()).hexdigest()[:8]
     yield ref
     for host in lab.spec.host_names:
         lab.sh(host, f"docker rmi -f {ref} >/dev/null 2>&1 || true")
