@@ -16,6 +16,14 @@ from tests.lab.realmocks import RealMocks, StackOutputs
 from tests.lab.timings import record_timing
 
 
+def module_lab(lab_factory: Callable[..., Lab], name: str) -> Iterator[Lab]:
+    """A two-host bastion lab for one fault module (a fixture's body), brought down after it to
+    free the machine for later modules (the factory checks for leftovers)."""
+    lab = lab_factory(name, hosts=2, topology="bastion")
+    yield lab
+    lab.down()
+
+
 def fault_runs(lab: Lab) -> Iterator[list[RealMocks]]:
     """The runs of one test (a fixture's body); the last one's journal is the stack, torn down
     at the end, and no container may be left."""

@@ -30,6 +30,7 @@ from tests.lab.faulting import (
     assert_no_container_started,
     failing_up,
     fault_runs,
+    module_lab,
     successful_up,
     wait_for,
 )
@@ -44,9 +45,7 @@ IMAGE = "spark-vllm-lab:latest"
 
 @pytest.fixture(scope="module")
 def lab(lab_factory: Callable[..., Lab]) -> Iterator[Lab]:
-    lab = lab_factory("faults", hosts=2, topology="bastion")
-    yield lab
-    lab.down()  # free the machine for later modules; the factory checks for leftovers
+    yield from module_lab(lab_factory, "faults")
 
 
 @pytest.fixture

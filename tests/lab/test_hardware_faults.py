@@ -17,6 +17,7 @@ from tests.lab.faulting import (
     assert_no_container_started,
     failing_up,
     fault_runs,
+    module_lab,
     successful_up,
 )
 from tests.lab.realmocks import RealMocks
@@ -28,9 +29,7 @@ WORKER = "spark2"
 
 @pytest.fixture(scope="module")
 def lab(lab_factory: Callable[..., Lab]) -> Iterator[Lab]:
-    lab = lab_factory("hardware", hosts=2, topology="bastion")
-    yield lab
-    lab.down()
+    yield from module_lab(lab_factory, "hardware")
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from tests.lab.faulting import (
     assert_no_container_started,
     failing_up,
     fault_runs,
+    module_lab,
     successful_up,
     wait_for,
 )
@@ -34,9 +35,7 @@ GIB = 1024**3
 
 @pytest.fixture(scope="module")
 def lab(lab_factory: Callable[..., Lab]) -> Iterator[Lab]:
-    lab = lab_factory("memory", hosts=2, topology="bastion")
-    yield lab
-    lab.down()
+    yield from module_lab(lab_factory, "memory")
 
 
 @pytest.fixture
