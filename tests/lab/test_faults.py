@@ -60,6 +60,24 @@ def refusals(lab: Lab) -> Iterator[list[RealMocks]]:
     yield from fault_runs(lab)
 
 
+def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
+    """First in the module: after an earlier test's runs, an ssh connection master to the worker
+    can outlive them and read the facts although sshd is down (the failure then comes from the
+    first step with ssh's own message; noted on issue 20)."""
+    lab.sh(WORKER, "kill $(cat /run/sshd.pid)")
+    try:
+        error = failing_up(lab, stack)
+    finally:
+        hostdir = lab.spec.state_dir / "hosts" / WORKER
+        lab.exec(WORKER, ["/usr/sbin/sshd", "-f", f"{hostdir}/ssh/sshd_config",
+                          "-E", f"{hostdir}/log/sshd.log"])  # fmt: skip
+    address = lab.spec.host_mgmt_ip(1)
+    # The facts read, before anything is planned, names the host, its address and the bastion.
+    assert f"spark2: facts: cannot read the host's state over SSH (root@{address}:22 via" in error
+    assert "likely cause: the host is down or unreachable" in error, error
+    successful_up(lab, stack)
+
+
 def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> None:
     # The worker must need the image (an earlier test's deployment left it there: images are
     # kept on destroy), and a slow fabric keeps the transfer in flight long enough to cut it.
@@ -124,47 +142,6 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
     assert host_sh(lab, WORKER, f"ls -A {stage} 2>/dev/null || true") == ""  # dropped once loaded
 
 
-def test_a_worker_that_cannot_join_is_reported_with_every_nodes_logs(
-    lab: Lab, stack: list[RealMocks]
-) -> None:
-    # A firewall on the fabric between the worker and Ray's head port.
-    block = ["-s", lab.spec.host_fabric_ip(1), "-p", "tcp", "--dport", "6379", "-j", "DROP"]
-    lab.exec("spark1", ["iptables", "-I", "INPUT", *block])
-    config = lab_config(lab)
-    # Detected by waiting out the join timeout: as long as the lab needs (the head's own node is
-    # up well within it), not the production default (tests/program checks that one).
-    config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], "rayJoinSeconds": 20}
-    try:
-        error = failing_up(lab, stack, config)
-    finally:
-        lab.exec("spark1", ["iptables", "-D", "INPUT", *block])
-    assert "spark1: ray-wait: Ray did not gather 2 GPU(s)" in error, error
-    assert f"missing={lab.spec.host_fabric_ip(1)}" in error
-    for node, container in (("spark1", "ray-head"), ("spark2", "ray-worker")):
-        assert f"--- {node}: last 50 lines of {PREFIX}-{container} ---" in error
-    assert "likely cause:" in error
-    # Checked, not only read in logs: both nodes answer, have the image, and their free memory.
-    assert "--- checked on every node ---" in error
-    assert "spark2: " in error and "MiB of memory available" in error
-    assert "is missing on" not in error
-    successful_up(lab, stack)
-
-
-def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
-    lab.sh(WORKER, "kill $(cat /run/sshd.pid)")
-    try:
-        error = failing_up(lab, stack)
-    finally:
-        hostdir = lab.spec.state_dir / "hosts" / WORKER
-        lab.exec(WORKER, ["/usr/sbin/sshd", "-f", f"{hostdir}/ssh/sshd_config",
-                          "-E", f"{hostdir}/log/sshd.log"])  # fmt: skip
-    address = lab.spec.host_mgmt_ip(1)
-    # The facts read, before anything is planned, names the host, its address and the bastion.
-    assert f"spark2: facts: cannot read the host's state over SSH (root@{address}:22 via" in error
-    assert "likely cause: the host is down or unreachable" in error, error
-    successful_up(lab, stack)
-
-
 def test_stale_container_with_our_name(lab: Lab, stack: list[RealMocks]) -> None:
     lab.exec("spark1", ["docker", "run", "-d", "--name", f"{PREFIX}-vllm", IMAGE, "sleep", "600"])
     try:
@@ -199,6 +176,32 @@ def test_worker_configured_with_the_wrong_fabric_ip(lab: Lab, stack: list[RealMo
     assert f"{WORKER}: preflight: the fabric interface" in error
     assert f"has {lab.spec.host_fabric_ip(1)}, not {wrong}" in error
     assert "likely cause: hosts[].fabricIp is wrong for this host" in error
+    successful_up(lab, stack)
+
+
+def test_a_worker_that_cannot_join_is_reported_with_every_nodes_logs(
+    lab: Lab, stack: list[RealMocks]
+) -> None:
+    # A firewall on the fabric between the worker and Ray's head port.
+    block = ["-s", lab.spec.host_fabric_ip(1), "-p", "tcp", "--dport", "6379", "-j", "DROP"]
+    lab.exec("spark1", ["iptables", "-I", "INPUT", *block])
+    config = lab_config(lab)
+    # Detected by waiting out the join timeout: as long as the lab needs (the head's own node is
+    # up well within it), not the production default (tests/program checks that one).
+    config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], "rayJoinSeconds": 20}
+    try:
+        error = failing_up(lab, stack, config)
+    finally:
+        lab.exec("spark1", ["iptables", "-D", "INPUT", *block])
+    assert "spark1: ray-wait: Ray did not gather 2 GPU(s)" in error, error
+    assert f"missing={lab.spec.host_fabric_ip(1)}" in error
+    for node, container in (("spark1", "ray-head"), ("spark2", "ray-worker")):
+        assert f"--- {node}: last 50 lines of {PREFIX}-{container} ---" in error
+    assert "likely cause:" in error
+    # Checked, not only read in logs: both nodes answer, have the image, and their free memory.
+    assert "--- checked on every node ---" in error
+    assert "spark2: " in error and "MiB of memory available" in error
+    assert "is missing on" not in error
     successful_up(lab, stack)
 
 
