@@ -34,17 +34,17 @@ from tests.lab import timings
 # Seconds each lab module took in the last full run (`.ci/run` prints them under "time by
 # module"): the order work starts in. A module not listed counts as fast and goes after these.
 MODULE_COST: dict[str, float] = {
-    "tests/lab/test_day_two.py": 600,
-    "tests/lab/test_faults.py": 350,
-    "tests/lab/test_e2e.py": 270,
-    "tests/lab/test_executor_mp.py": 260,
-    "tests/lab/test_bench.py": 200,
-    "tests/lab/test_day_two_grow.py": 165,
-    "tests/lab/test_hardware_faults.py": 110,
-    "tests/standin/test_ray_backend.py": 70,
-    "tests/lab/test_lab_infra.py": 45,
-    "tests/standin/test_mp_backend.py": 25,
-    "tests/lab/test_realmocks.py": 20,
+    "tests/lab/test_day_two.py": 633,
+    "tests/lab/test_faults.py": 485,
+    "tests/lab/test_executor_mp.py": 256,
+    "tests/lab/test_e2e.py": 233,
+    "tests/lab/test_bench.py": 201,
+    "tests/lab/test_day_two_grow.py": 137,
+    "tests/lab/test_hardware_faults.py": 128,
+    "tests/standin/test_ray_backend.py": 62,
+    "tests/lab/test_lab_infra.py": 46,
+    "tests/standin/test_mp_backend.py": 27,
+    "tests/lab/test_realmocks.py": 19,
 }
 _WORKER_KEY = "spark_vllm_lab_figures"
 
