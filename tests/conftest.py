@@ -31,8 +31,9 @@ import pytest
 
 from tests.lab import timings
 
-# Seconds each lab module took in the last full run (`.ci/run` prints them under "time by
-# module"): the order work starts in. A module not listed counts as fast and goes after these.
+# Seconds each costly module took in the last full run (pytest prints them under "time by
+# phase and module"): the order work starts in. A module not listed counts as fast and goes
+# after these.
 MODULE_COST: dict[str, float] = {
     "tests/lab/test_day_two.py": 633,
     "tests/lab/test_faults.py": 485,

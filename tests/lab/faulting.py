@@ -15,6 +15,12 @@ from tests.lab.engine import NextUp
 from tests.lab.realmocks import RealMocks, StackOutputs
 from tests.lab.timings import record_timing
 
+# A node that cannot join (Ray's head, or mp's rendezvous) is found by waiting out the join
+# timeout: as long as the lab needs (the head's own node is up well within it), not the
+# production default (tests/program/test_validation.py checks that one); the same for both
+# executors, for a like-for-like figure.
+JOIN_FAULT_SECONDS = 20
+
 
 def module_lab(lab_factory: Callable[..., Lab], name: str) -> Iterator[Lab]:
     """A two-host bastion lab for one fault module (a fixture's body), brought down after it to

@@ -23,7 +23,7 @@ from tests.lab.deploying import (
     lab_config,
     reachable_from_bastion,
 )
-from tests.lab.faulting import wait_for
+from tests.lab.faulting import JOIN_FAULT_SECONDS, wait_for
 from tests.lab.realmocks import RealMocks
 from tests.lab.timings import record_figure, record_timing
 
@@ -32,10 +32,6 @@ pytestmark = pytest.mark.lab
 WORKER = "spark2"
 MASTER_PORT = 29501
 LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
-# A node that cannot join is detected by waiting out the join timeout: as long as the lab needs
-# (the head's own node is up well within it), not the production default (tests/program checks
-# that one), and the same as the Ray join fault's, for a like-for-like figure.
-JOIN_FAULT_SECONDS = 20
 
 
 def mp_config(lab: Lab, **timeouts: int) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from tests.lab.deploying import (
 )
 from tests.lab.engine import NextUp, log_plan
 from tests.lab.faulting import (
+    JOIN_FAULT_SECONDS,
     assert_no_container_started,
     failing_up,
     fault_runs,
@@ -186,9 +187,8 @@ def test_a_worker_that_cannot_join_is_reported_with_every_nodes_logs(
     block = ["-s", lab.spec.host_fabric_ip(1), "-p", "tcp", "--dport", "6379", "-j", "DROP"]
     lab.exec("spark1", ["iptables", "-I", "INPUT", *block])
     config = lab_config(lab)
-    # Detected by waiting out the join timeout: as long as the lab needs (the head's own node is
-    # up well within it), not the production default (tests/program checks that one).
-    config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], "rayJoinSeconds": 20}
+    timeouts = {**config[f"{PROJECT}:timeouts"], "rayJoinSeconds": JOIN_FAULT_SECONDS}
+    config[f"{PROJECT}:timeouts"] = timeouts
     try:
         error = failing_up(lab, stack, config)
     finally:
