@@ -8,6 +8,7 @@ IP via {"node:<ip>": 0.001}, one actor per bundle, then the driver-node and uniq
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -78,7 +79,7 @@ def log_ranks(ranks: list[RankReport]) -> None:
     for report in ranks:
         logger.info(
             "rank %d: node_ip=%s host_ip=%s hostname=%s pid=%d snapshot=%s files=%d bytes=%d "
-            "NCCL_SOCKET_IFNAME=%s GLOO_SOCKET_IFNAME=%s",
+            "NCCL_SOCKET_IFNAME=%s GLOO_SOCKET_IFNAME=%s api_key_carried=%s",
             report.rank,
             report.node_ip,
             report.host_ip,
@@ -89,6 +90,7 @@ def log_ranks(ranks: list[RankReport]) -> None:
             report.snapshot.total_bytes,
             report.env.get("NCCL_SOCKET_IFNAME"),
             report.env.get("GLOO_SOCKET_IFNAME"),
+            "yes" if report.holds_api_key else "no",
         )
 
 
@@ -274,9 +276,10 @@ class RayEngine:
                 placement_group_capture_child_tasks=True,
             )
             actors.append(
-                actor_class.options(scheduling_strategy=strategy).remote(
-                    rank, self.config.model, self.config.revision
-                )
+                actor_class.options(
+                    scheduling_strategy=strategy,
+                    runtime_env={"env_vars": carried_env_vars()},
+                ).remote(rank, self.config.model, self.config.revision)
             )
         return actors
 
@@ -387,3 +390,35 @@ def build_engine(
             "inference and is not supported by `vllm serve` in the lab stand-in."
         )
     return SingleProcessEngine(config, driver_snapshot)
+
+
+# Set per worker by vLLM itself, never copied from the driver (RayDistributedExecutor).
+WORKER_SPECIFIC_ENV_VARS = frozenset(
+    {"VLLM_HOST_IP", "VLLM_HOST_PORT", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"}
+)
+
+
+def non_carry_over_env_vars() -> set[str]:
+    """vLLM's RAY_NON_CARRY_OVER_ENV_VARS: names listed in
+    `<VLLM_CONFIG_ROOT>/ray_non_carry_over_env_vars.json` (vllm/ray/ray_env.py)."""
+    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    root = os.path.expanduser(
+        os.environ.get("VLLM_CONFIG_ROOT") or os.path.join(config_home, "vllm")
+    )
+    try:
+        with open(os.path.join(root, "ray_non_carry_over_env_vars.json")) as listed:
+            return set(json.load(listed))
+    except (OSError, ValueError):
+        return set()
+
+
+def carried_env_vars() -> dict[str, str]:
+    """What vLLM's Ray executor copies from the driver to each worker's runtime env
+    (vllm/ray/ray_env.py get_env_vars_to_copy): its VLLM_* variables, less the worker-specific
+    ones and those the non-carry-over file lists."""
+    excluded = WORKER_SPECIFIC_ENV_VARS | non_carry_over_env_vars()
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name.startswith("VLLM_") and name not in excluded
+    }

@@ -1,7 +1,9 @@
 """The HTTP front end: vLLM's routes on a stdlib ThreadingHTTPServer.
 
 Auth follows vLLM's middleware: with an API key, every path under /v1 needs
-`Authorization: Bearer <key>` (401 {"error": "Unauthorized"}); /health and /version do not.
+`Authorization: Bearer <key>` (401 {"error": "Unauthorized"}); /health, /version, /metrics,
+/tokenize and /invocations do not, as in vLLM (they run models for anyone who reaches the port,
+which is why spark-vllm puts its front before it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from vllm_standin.openai_api import (
     models_response,
     plan_chat_completion,
     plan_completion,
+    plan_invocation,
+    plan_tokenize,
 )
 
 access_logger = logging.getLogger("uvicorn.access")
@@ -33,8 +37,11 @@ Planner = Callable[[dict[str, Any], ServedModel], PlannedResponse]
 POST_ROUTES: dict[str, Planner] = {
     "/v1/completions": plan_completion,
     "/v1/chat/completions": plan_chat_completion,
+    # vLLM's SageMaker route: chat or completion by the body's shape, outside /v1.
+    "/invocations": plan_invocation,
+    "/tokenize": plan_tokenize,
 }
-GET_ROUTES = ("/health", "/version", "/v1/models")
+GET_ROUTES = ("/health", "/version", "/v1/models", "/metrics")
 
 
 class ServerState:
@@ -53,6 +60,7 @@ class ServerState:
         self.engine_check = engine_check  # raises if a rank is gone
         self.engine_dead = threading.Event()
         self.dead_reason = ""
+        self.requests_answered = 0  # /metrics: vllm:request_success_total
 
     def mark_dead(self, reason: str) -> None:
         if not self.engine_dead.is_set():
@@ -121,6 +129,19 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.wfile.flush()
         self.close_connection = True
 
+    def send_metrics(self) -> None:
+        state = self.server.state
+        name = state.served.served_names[0]
+        body = (
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{model_name="{name}"}} {state.requests_answered}\n'
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     @property
     def path_only(self) -> str:
         return self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -155,6 +176,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.send_json(200, {"version": VERSION})
         elif path == "/v1/models":
             self.send_json(200, models_response(self.server.state.served))
+        elif path == "/metrics":
+            self.send_metrics()
         elif path in POST_ROUTES:
             self.send_json(405, {"detail": "Method Not Allowed"})
         else:
@@ -184,6 +207,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             state.mark_dead(str(error))
             self.send_json(500, ApiError(500, str(error), "EngineDeadError").body)
             return
+        state.requests_answered += 1
         if planned.events is not None:
             self.send_events(planned.events)
         else:

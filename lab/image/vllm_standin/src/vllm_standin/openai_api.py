@@ -302,3 +302,21 @@ def stream_chat(
     if wants_usage_chunk(body):
         yield sse({**chunk_header, "choices": [], "usage": total_usage})
     yield sse("[DONE]")
+
+
+def plan_invocation(body: dict[str, Any], served: ServedModel) -> PlannedResponse:
+    """vLLM's /invocations: a chat completion when the body has `messages`, else a completion."""
+    if "messages" in body:
+        return plan_chat_completion(body, served)
+    return plan_completion(body, served)
+
+
+def plan_tokenize(body: dict[str, Any], served: ServedModel) -> PlannedResponse:
+    """vLLM's /tokenize: the prompt's tokens (the stand-in's are word numbers)."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be a string", "BadRequestError")
+    tokens = [sum(map(ord, word)) % 50_000 for word in prompt.split()]
+    return PlannedResponse(
+        body={"count": len(tokens), "max_model_len": served.max_model_len, "tokens": tokens}
+    )

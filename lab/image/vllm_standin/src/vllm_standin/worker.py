@@ -36,6 +36,9 @@ class RankReport:
     snapshot: SnapshotReport
     env: dict[str, str | None]
     gloo_problem: str | None
+    # The API key reached this worker (vLLM's Ray executor copies the driver's VLLM_*): it must
+    # not (spark-vllm lists it in vLLM's non-carry-over file). Only whether, never the value.
+    holds_api_key: bool = False
 
 
 def interface_exists(name: str) -> bool:
@@ -110,6 +113,7 @@ class RankWorker:
             snapshot=measure_snapshot(self.model, self.revision),
             env=env,
             gloo_problem=gloo_interface_problem(env["GLOO_SOCKET_IFNAME"], hostname),
+            holds_api_key=bool(os.environ.get("VLLM_API_KEY")),
         )
 
     def ping(self) -> int:
