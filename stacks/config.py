@@ -16,6 +16,8 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
@@ -81,8 +83,14 @@ RAY_CLIENT_SERVER_PORT = 10001
 
 
 class ConfigModel(BaseModel):
+    # No `inf` or `nan` in any float: inf passes a lower bound (a link floor no link meets) and
+    # nan is neither above nor below anything a host script compares it with.
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,
     )
 
 
@@ -100,6 +108,11 @@ def _check_address(value: str) -> str:
     """An SSH address is an IP or a DNS name; anything with spaces or slashes is a paste error."""
     if not re.fullmatch(r"[A-Za-z0-9.:_-]+", value):
         raise ValueError(f"{value!r} is not a host name or IP address")
+    if value.startswith("-"):
+        raise ValueError(
+            f"{value!r} starts with '-', so ssh would read it as an option; "
+            "use the host's name or IP address"
+        )
     return value
 
 
@@ -115,6 +128,37 @@ def _host_path(value: str) -> str:
     if any(c in value for c in "|;\n\r"):
         raise ValueError("must not contain '|', ';' or a line break")
     return value
+
+
+def _one_error(message: str) -> Any:
+    """A wrap validator that reports any failure as one line, `<value> is <message>`: a union's
+    members would each give their own, under keys the user never wrote (`...constrained-float`)."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f"{value!r} is {message}") from None
+
+    return validate
+
+
+def _plain_hub_name(value: str) -> str:
+    """Model ids and revisions name directories on the hosts (the cache's models--org--name,
+    refs/<revision>): a '.' or '..' part, a leading '/' or an empty part would name another."""
+    parts = value.split("/")
+    if value.startswith("/"):
+        problem = "starts with '/'"
+    elif "" in parts:
+        problem = "has an empty part ('//', or '/' at the end)"
+    elif "." in parts or ".." in parts:
+        problem = "has a '.' or '..' part"
+    else:
+        return value
+    raise ValueError(
+        f"{value!r} {problem}, which would name another directory on the hosts; write it as the "
+        "Hugging Face Hub shows it (org/name; a branch, tag or commit)"
+    )
 
 
 class HostConfig(ConfigModel):
@@ -167,8 +211,10 @@ class ImageConfig(ConfigModel):
 
 
 class ModelConfig(ConfigModel):
-    id: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
-    revision: str = Field(default="main", pattern=r"^[\w./-]+$")
+    id: Annotated[str, AfterValidator(_plain_hub_name)] = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: Annotated[str, AfterValidator(_plain_hub_name)] = Field(
+        default="main", pattern=r"^[\w./-]+$"
+    )
     served_name: str | None = None
     cache_dir: str
 
@@ -193,7 +239,14 @@ class VllmConfig(ConfigModel):
     max_model_len: int | None = Field(default=None, ge=16)
     # A fraction of each node's total memory, or "auto": derived from what each node will have
     # free when the server starts (the memory check; README, Failures), less a safety margin.
-    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=0.98)] | Literal["auto"] = 0.8
+    gpu_memory_utilization: Annotated[
+        Annotated[float, Field(gt=0.0, le=0.98)] | Literal["auto"],
+        WrapValidator(
+            _one_error(
+                "neither a fraction above 0 and at most 0.98 nor auto; set e.g. 0.8, or auto"
+            )
+        ),
+    ] = 0.8
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     # "ray": a Ray cluster (a container per node) with the server on the head as its driver.

@@ -1,0 +1,96 @@
+"""Settings that would reach past what the program controls are refused, each as one keyed line:
+non-finite numbers, option-like addresses and path-walking model names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stacks.config import ConfigError, parse_stack_config
+from tests.program.conftest import ConfigFactory
+
+
+def problem(config: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(config)
+    return str(caught.value)
+
+
+def with_setting(config: dict[str, Any], section: str, **values: Any) -> dict[str, Any]:
+    config[section] = {**config.get(section, {}), **values}
+    return config
+
+
+# --- numbers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("fabric", "minLinkGbps", float("inf")),
+        ("fabric", "minLinkGbps", "inf"),  # YAML's `inf` is text; pydantic would read it as inf
+        ("preflight", "minFreeMemoryGib", float("nan")),
+        ("preflight", "minFreeMemoryGib", "nan"),
+        ("vllm", "gpuMemoryUtilization", float("nan")),
+        ("vllm", "gpuMemoryUtilization", "nan"),
+    ],
+)
+def test_a_non_finite_number_is_one_keyed_line(
+    make_config: ConfigFactory, section: str, key: str, value: object
+) -> None:
+    text = problem(with_setting(make_config(hosts=2), section, **{key: value}))
+    assert len(text.splitlines()) == 1, text
+    assert text.startswith(f"{section}.{key}: "), text
+
+
+def test_a_fraction_out_of_range_names_what_to_set(make_config: ConfigFactory) -> None:
+    text = problem(with_setting(make_config(hosts=2), "vllm", gpuMemoryUtilization=1.5))
+    assert text == (
+        "vllm.gpuMemoryUtilization: 1.5 is neither a fraction above 0 and at most 0.98 nor auto; "
+        "set e.g. 0.8, or auto"
+    )
+
+
+# --- addresses and model names ------------------------------------------------------------------
+
+
+def test_an_address_ssh_would_read_as_an_option_is_refused(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["hosts"][1]["address"] = "-oProxyCommand=x"  # `=` is refused anyway: not a name
+    assert "hosts[1].address:" in problem(config)
+    config["hosts"][1]["address"] = "-oProxyCommand"
+    assert problem(config) == (
+        "hosts[1].address: '-oProxyCommand' starts with '-', so ssh would read it as an option; "
+        "use the host's name or IP address"
+    )
+    config = make_config(hosts=2)
+    config["bastion"]["address"] = "-J"
+    assert problem(config).startswith("bastion.address: '-J' starts with '-'")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "what"),
+    [
+        ("id", "../model", "has a '.' or '..' part"),
+        ("id", "org/..", "has a '.' or '..' part"),
+        ("id", "./model", "has a '.' or '..' part"),
+        ("revision", "../../etc", "has a '.' or '..' part"),
+        ("revision", "refs/../../x", "has a '.' or '..' part"),
+        ("revision", "/etc", "starts with '/'"),
+        ("revision", "a//b", "has an empty part"),
+        ("revision", "main/", "has an empty part"),
+    ],
+)
+def test_a_model_name_that_walks_the_filesystem_is_refused(
+    make_config: ConfigFactory, key: str, value: str, what: str
+) -> None:
+    text = problem(with_setting(make_config(hosts=2), "model", **{key: value}))
+    assert text.startswith(f"model.{key}: {value!r} {what}"), text
+    assert "as the Hugging Face Hub shows it" in text
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "a" * 40, "release/2.x"])
+def test_plain_revisions_pass(make_config: ConfigFactory, revision: str) -> None:
+    config = parse_stack_config(with_setting(make_config(hosts=2), "model", revision=revision))
+    assert config.model.revision == revision
