@@ -75,10 +75,11 @@ OWNED_VLLM_FLAGS = frozenset(
 # Flags only vLLM's multi-node mode without Ray accepts: vLLM refuses nnodes > 1 with Ray
 # (vllm/config/parallel.py: "nnodes > 1 can only be set when distributed executor backend is mp").
 MP_ONLY_FLAGS = frozenset({"--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"})
-# vLLM's own ports on every node with vllm.executor mp: VLLM_PORT is where its message queues'
+# vLLM's own ports on every node, with either executor: VLLM_PORT is where its message queues'
 # ports start (vllm/utils/network_utils.py: from VLLM_PORT upwards, else random), set to
 # vllm.masterPort + 1 so that they stay inside a known range the firewall can cover.
 MP_PORT_SPAN = 32
+MAX_PORT = 65535
 RAY_CLIENT_SERVER_PORT = 10001
 
 
@@ -253,8 +254,8 @@ class VllmConfig(ConfigModel):
     # "mp": vLLM's own multi-node mode (vLLM 0.11.1 on): a vLLM container per node, no Ray;
     # every node must hold the same number of GPUs (README, Executors).
     executor: Literal["ray", "mp"] = "ray"
-    # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501);
-    # its message queues use the next MP_PORT_SPAN ports on every node.
+    # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501).
+    # With either executor, vLLM's message queues use the next MP_PORT_SPAN ports on every node.
     master_port: Port = 29501
     # Once ready: this many streamed completions measure time to first token and decode speed
     # (the `readiness` output); 0 skips it. Bounded to 2 minutes in all.
@@ -496,15 +497,25 @@ def _ports_distinct(cfg: StackConfig) -> None:
     ray = cfg.ray
     owners: dict[int, str] = {}
     ports = {"vllm.port": cfg.vllm.port, "vllm.masterPort": cfg.vllm.master_port}
-    if cfg.vllm.executor == "mp":
-        first, port = cfg.vllm.master_port + 1, cfg.vllm.port
-        if first <= port < first + MP_PORT_SPAN:
-            raise ConfigError(
-                f"vllm.port: {port} is inside the ports vLLM's message queues use with "
-                f"executor mp (vllm.masterPort + 1 to + {MP_PORT_SPAN}: "
-                f"{first}-{first + MP_PORT_SPAN - 1})"
-            )
+    first, last = cfg.vllm.master_port + 1, cfg.vllm.master_port + MP_PORT_SPAN
+    own_ports = f"vllm.masterPort + 1 to + {MP_PORT_SPAN}: {first}-{last}"
+    if last > MAX_PORT:
+        raise ConfigError(
+            f"vllm.masterPort: {cfg.vllm.master_port} puts vLLM's own ports ({own_ports}) past "
+            f"{MAX_PORT}; use a masterPort of at most {MAX_PORT - MP_PORT_SPAN}"
+        )
+    if first <= ray.max_worker_port and ray.min_worker_port <= last:
+        raise ConfigError(
+            f"vllm.masterPort: vLLM's own ports ({own_ports}) overlap "
+            f"ray.minWorkerPort..maxWorkerPort ({ray.min_worker_port}-{ray.max_worker_port}); "
+            "move one of them"
+        )
     for key, port in {**ports, **ray.fixed_ports}.items():
+        if first <= port <= last:
+            raise ConfigError(
+                f"{key}: {port} is inside the ports vLLM's message queues use ({own_ports}); "
+                "use another port, or move vllm.masterPort"
+            )
         if port in owners:
             raise ConfigError(f"{key}: {port} is also {owners[port]}")
         if ray.min_worker_port <= port <= ray.max_worker_port:

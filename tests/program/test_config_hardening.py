@@ -1,5 +1,6 @@
 """Settings that would reach past what the program controls are refused, each as one keyed line:
-non-finite numbers, option-like addresses and path-walking model names."""
+non-finite numbers, option-like addresses, path-walking model names and ports outside
+vLLM's range."""
 
 from __future__ import annotations
 
@@ -94,3 +95,41 @@ def test_a_model_name_that_walks_the_filesystem_is_refused(
 def test_plain_revisions_pass(make_config: ConfigFactory, revision: str) -> None:
     config = parse_stack_config(with_setting(make_config(hosts=2), "model", revision=revision))
     assert config.model.revision == revision
+
+
+# --- ports --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_vllms_own_ports_must_end_below_65536(make_config: ConfigFactory, executor: str) -> None:
+    config = with_setting(make_config(hosts=2), "vllm", executor=executor, masterPort=65504)
+    assert problem(config) == (
+        "vllm.masterPort: 65504 puts vLLM's own ports (vllm.masterPort + 1 to + 32: 65505-65536) "
+        "past 65535; use a masterPort of at most 65503"
+    )
+    config["vllm"]["masterPort"] = 65503
+    assert parse_stack_config(config).vllm.master_port == 65503
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_the_server_port_stays_out_of_vllms_own_ports(
+    make_config: ConfigFactory, executor: str
+) -> None:
+    config = with_setting(make_config(hosts=2), "vllm", executor=executor, port=29533)
+    assert problem(config) == (
+        "vllm.port: 29533 is inside the ports vLLM's message queues use (vllm.masterPort + 1 to "
+        "+ 32: 29502-29533); use another port, or move vllm.masterPort"
+    )
+
+
+def test_rays_ports_stay_out_of_vllms_own_ports(make_config: ConfigFactory) -> None:
+    config = with_setting(make_config(hosts=2), "vllm", masterPort=6370)
+    assert problem(config).startswith(
+        "ray.port: 6379 is inside the ports vLLM's message queues use "
+        "(vllm.masterPort + 1 to + 32: 6371-6402)"
+    )
+    config = with_setting(make_config(hosts=2), "vllm", masterPort=10990)
+    assert problem(config).startswith(
+        "vllm.masterPort: vLLM's own ports (vllm.masterPort + 1 to + 32: 10991-11022) overlap "
+        "ray.minWorkerPort..maxWorkerPort (10002-10999)"
+    )

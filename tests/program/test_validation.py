@@ -101,7 +101,8 @@ CASES = [
      "vllm.env.RAY_DEDUP_LOGS: no Ray runs with vllm.executor mp"),
     ("server port among mp's queue ports", lambda c: {**c, "vllm": {
         **c["vllm"], "executor": "mp", "port": 29510}},
-     "vllm.port: 29510 is inside the ports vLLM's message queues use with executor mp"),
+     "vllm.port: 29510 is inside the ports vLLM's message queues use (vllm.masterPort + 1 to "
+     "+ 32: 29502-29533)"),
     ("master port taken", lambda c: {**c, "vllm": {**c["vllm"], "masterPort": 6379}},
      "ray.port: 6379 is also vllm.masterPort"),
 ]  # fmt: skip
