@@ -75,6 +75,8 @@ OWNED_VLLM_FLAGS = frozenset(
 # Flags only vLLM's multi-node mode without Ray accepts: vLLM refuses nnodes > 1 with Ray
 # (vllm/config/parallel.py: "nnodes > 1 can only be set when distributed executor backend is mp").
 MP_ONLY_FLAGS = frozenset({"--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"})
+# vLLM reads its arguments from this YAML file, where any owned flag could be set unchecked.
+CONFIG_FILE_FLAG = "--config"
 # vLLM's own ports on every node, with either executor: VLLM_PORT is where its message queues'
 # ports start (vllm/utils/network_utils.py: from VLLM_PORT upwards, else random), set to
 # vllm.masterPort + 1 so that they stay inside a known range the firewall can cover.
@@ -526,6 +528,35 @@ def _ports_distinct(cfg: StackConfig) -> None:
         owners[port] = key
 
 
+# vLLM's parser (FlexibleArgumentParser.parse_args in vllm/utils/argparse_utils.py; before that
+# vllm/utils/__init__.py) folds `_` into `-` in a long option's name up to its first `.`
+# (`--api_key` is `--api-key`) and reads `--name.key v` as `--name '{"key": v}'`. The rest is
+# argparse (Python 3.11 tried; 3.12's Lib/argparse.py read): a long option's unambiguous prefix
+# (`--api-k`), a multi-letter short option's prefix (`-t` for `-tp`; `-t=2` on 3.12), a short
+# option's `=value` (`-tp=2`) and a one-letter one's attached value (`-n2`) all reach the option.
+# A multi-letter one's attached value (`-tp2`) does not.
+GUARDED_FLAGS = OWNED_VLLM_FLAGS | {CONFIG_FILE_FLAG}
+
+
+def _flag_reached(arg: str) -> tuple[str, list[str]] | None:
+    """The flag name `arg` is read as (folded) and the guarded flags it reaches; None for a
+    value (no leading `-`, a negative number, `-`, or `--` which ends the options)."""
+    if not arg.startswith("-") or arg in ("-", "--") or re.match(r"-\d", arg):
+        return None
+    if arg.startswith("--"):
+        name = arg.split("=", 1)[0].split(".", 1)[0]
+        name = "--" + name[2:].replace("_", "-")
+        if len(name) <= 2:
+            return name, []
+    else:
+        name = arg.split("=", 1)[0]
+        if arg[:2] in GUARDED_FLAGS and len(name) > 2:  # a one-letter option's attached value
+            return name, [arg[:2]]
+    if name in GUARDED_FLAGS:
+        return name, [name]
+    return name, sorted(flag for flag in GUARDED_FLAGS if flag.startswith(name))
+
+
 def _no_user_overrides(cfg: StackConfig) -> None:
     for key in cfg.vllm.env:
         if key in DERIVED_ENV_KEYS:
@@ -540,25 +571,39 @@ def _no_user_overrides(cfg: StackConfig) -> None:
                 f"vllm.env.{key}: no Ray runs with vllm.executor mp; remove it, or use executor ray"
             )
     for index, arg in enumerate(cfg.vllm.extra_args):
-        flag = arg.split("=", 1)[0]
-        if flag in MP_ONLY_FLAGS and not mp:
+        reached = _flag_reached(arg)
+        if reached is None:
+            continue
+        name, flags = reached
+        key = f"vllm.extraArgs[{index}]"
+        written = arg.split("=", 1)[0]
+        shown = (
+            flags[0] if flags == [written] else f"{written} (vLLM reads it as {' or '.join(flags)})"
+        )
+        if CONFIG_FILE_FLAG in flags:
             raise ConfigError(
-                f"vllm.extraArgs[{index}]: {flag} is for vLLM's multi-node mode without Ray, "
+                f"{key}: {shown} makes vLLM read more arguments from a YAML file on the head, "
+                "where any flag spark-vllm sets (--api-key, --port, ...) could be set past "
+                "these checks; write the flags in vllm.extraArgs instead"
+            )
+        if any(flag in MP_ONLY_FLAGS for flag in flags) and not mp:
+            raise ConfigError(
+                f"{key}: {shown} is for vLLM's multi-node mode without Ray, "
                 "which vLLM refuses with the Ray executor; set vllm.executor: mp instead "
                 "(spark-vllm then sets it per node)"
             )
-        if flag.startswith("--ray-") and mp:
+        if name.startswith("--ray-") and mp:
             raise ConfigError(
-                f"vllm.extraArgs[{index}]: {flag} configures vLLM's Ray executor; "
+                f"{key}: {name} configures vLLM's Ray executor; "
                 "vllm.executor is mp (no Ray): remove it, or use executor ray"
             )
-        if flag in OWNED_VLLM_FLAGS:
+        if flags:
             hint = (
                 "set the apiKey secret instead (pulumi config set --secret apiKey ...)"
-                if flag == "--api-key"
+                if flags == ["--api-key"]
                 else "it is set from the typed vllm/model settings"
             )
-            raise ConfigError(f"vllm.extraArgs[{index}]: {flag} is managed by spark-vllm; {hint}")
+            raise ConfigError(f"{key}: {shown} is managed by spark-vllm; {hint}")
 
 
 def describe_validation_error(error: ValidationError) -> str:

@@ -1,6 +1,6 @@
 """Settings that would reach past what the program controls are refused, each as one keyed line:
-non-finite numbers, option-like addresses, path-walking model names and ports outside
-vLLM's range."""
+non-finite numbers, option-like addresses, path-walking model names, ports outside vLLM's
+range and flags vLLM would read as ones spark-vllm sets."""
 
 from __future__ import annotations
 
@@ -133,3 +133,66 @@ def test_rays_ports_stay_out_of_vllms_own_ports(make_config: ConfigFactory) -> N
         "vllm.masterPort: vLLM's own ports (vllm.masterPort + 1 to + 32: 10991-11022) overlap "
         "ray.minWorkerPort..maxWorkerPort (10002-10999)"
     )
+
+
+# --- vLLM flags ---------------------------------------------------------------------------------
+
+REFUSED_FLAGS = [
+    (["--api_key", "x"], "--api_key (vLLM reads it as --api-key) is managed by spark-vllm; "
+     "set the apiKey secret instead"),
+    (["--api_key=x"], "--api_key (vLLM reads it as --api-key) is managed"),
+    (["--api-k=x"], "--api-k (vLLM reads it as --api-key) is managed"),
+    (["--api-key.x", "y"], "--api-key.x (vLLM reads it as --api-key) is managed"),
+    (["--served_model_name", "m"], "--served_model_name (vLLM reads it as --served-model-name)"),
+    (["--tensor_parallel_size=4"], "(vLLM reads it as --tensor-parallel-size) is managed"),
+    (["--host=0.0.0.0"], "--host is managed by spark-vllm"),
+    (["-tp=2"], "-tp is managed by spark-vllm"),
+    (["-t", "2"], "-t (vLLM reads it as -tp) is managed"),
+    (["-t=2"], "-t (vLLM reads it as -tp) is managed"),  # Python 3.12's argparse reads it so
+    (["-pp=2"], "-pp is managed"),
+    (["--node_rank", "1"], "--node_rank (vLLM reads it as --node-rank) is for vLLM's multi-node "
+     "mode without Ray"),
+    (["-n2"], "-n2 (vLLM reads it as -n) is for vLLM's multi-node mode without Ray"),
+    (["-r=1"], "-r is for vLLM's multi-node mode without Ray"),
+    (["--config", "serve.yaml"], "--config makes vLLM read more arguments from a YAML file on the "
+     "head, where any flag spark-vllm sets (--api-key, --port, ...) could be set past these "
+     "checks; write the flags in vllm.extraArgs instead"),
+    (["--config=serve.yaml"], "--config makes vLLM read more arguments from a YAML file"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), REFUSED_FLAGS, ids=[a[0] for a, _ in REFUSED_FLAGS])
+def test_flags_vllm_reads_as_owned_ones_are_refused(
+    make_config: ConfigFactory, args: list[str], message: str
+) -> None:
+    config = with_setting(make_config(hosts=2), "vllm", extraArgs=["--enforce-eager", *args])
+    text = problem(config)
+    assert text.startswith("vllm.extraArgs[1]: "), text
+    assert message in text, text
+
+
+def test_folded_flags_meet_the_executors_rules_too(make_config: ConfigFactory) -> None:
+    mp = with_setting(make_config(hosts=2), "vllm", executor="mp")
+    with_setting(mp, "vllm", extraArgs=["--ray_workers_use_nsight"])
+    assert problem(mp).startswith(
+        "vllm.extraArgs[0]: --ray-workers-use-nsight configures vLLM's Ray executor"
+    )
+    with_setting(mp, "vllm", extraArgs=["--head"])
+    assert problem(mp).startswith(
+        "vllm.extraArgs[0]: --head (vLLM reads it as --headless) is managed by spark-vllm"
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--kv-cache-dtype=fp8", "--enable_prefix_caching"],
+        ["--max-num-seqs", "8", "-q", "fp8", "-O3"],
+        ["-tp2"],  # not an option argparse knows (a multi-letter short one takes no attached value)
+        ["--compilation-config.cudagraph_mode", "FULL"],
+        ["--override-generation-config", "-1"],
+    ],
+)
+def test_other_flags_pass(make_config: ConfigFactory, args: list[str]) -> None:
+    config = parse_stack_config(with_setting(make_config(hosts=2), "vllm", extraArgs=args))
+    assert config.vllm.extra_args == args
