@@ -84,6 +84,43 @@ MP_PORT_SPAN = 32
 MAX_PORT = 65535
 RAY_CLIENT_SERVER_PORT = 10001
 
+# Host paths spark-vllm creates, writes and (on destroy) removes from: never a system tree, with
+# anything below it (/usr/local too: its bin and lib are on the system's search paths) ...
+SYSTEM_TREES = (
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/boot",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run",
+    "/var/run",
+    "/var/lock",
+    "/var/lib/docker",
+    "/var/lib/containerd",
+    "/snap",
+)
+# ... and not a directory that holds others' data as a whole; a directory of its own below one
+# of these is fine (/srv/hf, /opt/spark-vllm, /home/aurora/.cache/huggingface).
+SHARED_DIRS = frozenset(
+    {"/", "/home", "/root", "/var", "/var/lib", "/var/cache", "/var/tmp"}
+    | {"/opt", "/srv", "/mnt", "/media", "/tmp"}
+)
+STATE_DIR_NAME = ".spark-vllm"
+
+
+def default_state_dir(user: str) -> str:
+    """Where spark-vllm keeps its scripts, receipts and secrets on a host whose hosts[].stateDir
+    is not set: a directory in the SSH user's home."""
+    home = "/root" if user == "root" else f"/home/{user}"
+    return f"{home}/{STATE_DIR_NAME}"
+
 
 class ConfigModel(BaseModel):
     # No `inf` or `nan` in any float: inf passes a lower bound (a link floor no link meets) and
@@ -124,13 +161,43 @@ HostKey = Annotated[str | None, AfterValidator(_check_host_key)]
 
 
 def _host_path(value: str) -> str:
-    """An absolute path on the hosts. Spaces and quotes are fine (every shell word is quoted);
-    `|`, `;` and line breaks are not: receipts (receipt.sh) separate their fields with them."""
+    """An absolute path on the hosts, normalized (`//` and a trailing `/` dropped). Spaces and
+    quotes are fine (every shell word is quoted); `|`, `;` and line breaks are not: receipts
+    (receipt.sh) separate their fields with them. `.` and `..` are refused, not resolved: the
+    path checks below must see the directory the hosts will use."""
     if not value.startswith("/"):
         raise ValueError("must be an absolute path on the hosts")
     if any(c in value for c in "|;\n\r"):
         raise ValueError("must not contain '|', ';' or a line break")
-    return value
+    parts = [part for part in value.split("/") if part]
+    if any(part in (".", "..") for part in parts):
+        raise ValueError(
+            f"{value!r} has a '.' or '..' part; write the directory's plain absolute path"
+        )
+    return "/" + "/".join(parts)
+
+
+def _inside(path: str, directory: str) -> bool:
+    """path is directory or below it (both normalized)."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _own_directory(instead: str) -> Any:
+    """A validator: a directory spark-vllm may own, not a system tree nor a shared directory as
+    a whole; `instead` says what to use."""
+
+    def check(value: str) -> str:
+        for tree in SYSTEM_TREES:
+            if _inside(value, tree):
+                where = "" if value == tree else f"under {tree}, "
+                raise ValueError(f"{value} is {where}a system directory; use {instead}")
+        if value in SHARED_DIRS or re.fullmatch(r"/home/[^/]+", value):
+            raise ValueError(f"{value} is a directory other data lives in as well; use {instead}")
+        if re.fullmatch(r"(/root|/home/[^/]+)/\.ssh(/.*)?", value):
+            raise ValueError(f"{value} is where SSH keeps authorized_keys; use {instead}")
+        return value
+
+    return check
 
 
 def _one_error(message: str) -> Any:
@@ -144,6 +211,26 @@ def _one_error(message: str) -> Any:
             raise ValueError(f"{value!r} is {message}") from None
 
     return validate
+
+
+StateDirectory = Annotated[
+    str,
+    AfterValidator(_host_path),
+    AfterValidator(
+        _own_directory(
+            "a directory of its own, e.g. /srv/spark-vllm, or no stateDir (~/.spark-vllm)"
+        )
+    ),
+]
+CacheDirectory = Annotated[
+    str,
+    AfterValidator(_host_path),
+    AfterValidator(
+        _own_directory(
+            "a directory of its own, e.g. /home/<user>/.cache/huggingface or /srv/huggingface"
+        )
+    ),
+]
 
 
 def _plain_hub_name(value: str) -> str:
@@ -176,12 +263,8 @@ class HostConfig(ConfigModel):
     gpus: int = Field(default=1, ge=1, le=64)
     host_key: HostKey = None
     head: bool = False
-    state_dir: str | None = None
-
-    @field_validator("state_dir")
-    @classmethod
-    def _absolute_state_dir(cls, value: str | None) -> str | None:
-        return _host_path(value) if value is not None else None
+    # Unset: default_state_dir(user).
+    state_dir: StateDirectory | None = None
 
 
 class BastionConfig(ConfigModel):
@@ -219,12 +302,7 @@ class ModelConfig(ConfigModel):
         default="main", pattern=r"^[\w./-]+$"
     )
     served_name: str | None = None
-    cache_dir: str
-
-    @field_validator("cache_dir")
-    @classmethod
-    def _absolute_cache_dir(cls, value: str) -> str:
-        return _host_path(value).rstrip("/") or "/"
+    cache_dir: CacheDirectory
 
     @property
     def served_model_name(self) -> str:
@@ -391,6 +469,7 @@ class StackConfig(ConfigModel):
             _executor_places_every_rank,
             _ports_distinct,
             _no_user_overrides,
+            _cache_apart_from_state,
         ):
             check(self)
         return self
@@ -604,6 +683,27 @@ def _no_user_overrides(cfg: StackConfig) -> None:
                 else "it is set from the typed vllm/model settings"
             )
             raise ConfigError(f"{key}: {shown} is managed by spark-vllm; {hint}")
+
+
+def _cache_apart_from_state(cfg: StackConfig) -> None:
+    """The weights cache and a host's state directory must not hold one another: the program
+    removes its state on destroy, and copies whole cache trees between hosts."""
+    cache = cfg.model.cache_dir
+    for index, host in enumerate(cfg.hosts):
+        state = host.state_dir or default_state_dir(host.user)
+        if not (_inside(cache, state) or _inside(state, cache)):
+            continue
+        if host.state_dir is not None:
+            raise ConfigError(
+                f"hosts[{index}].stateDir: {state} and model.cacheDir {cache} overlap (one is "
+                "inside the other); give spark-vllm's state a directory of its own, apart from "
+                "the weights"
+            )
+        raise ConfigError(
+            f"model.cacheDir: {cache} overlaps {host.name}'s state directory {state} (the "
+            f"default for user {host.user}, as hosts[{index}].stateDir is not set); use another "
+            "cacheDir, e.g. /home/<user>/.cache/huggingface, or set hosts[].stateDir apart from it"
+        )
 
 
 def describe_validation_error(error: ValidationError) -> str:

@@ -1,6 +1,7 @@
 """Settings that would reach past what the program controls are refused, each as one keyed line:
 non-finite numbers, option-like addresses, path-walking model names, ports outside vLLM's
-range and flags vLLM would read as ones spark-vllm sets."""
+range, flags vLLM would read as ones spark-vllm sets and host directories that hold others'
+data."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from stacks.config import ConfigError, parse_stack_config
+from stacks.config import ConfigError, default_state_dir, parse_stack_config
 from tests.program.conftest import ConfigFactory
 
 
@@ -196,3 +197,76 @@ def test_folded_flags_meet_the_executors_rules_too(make_config: ConfigFactory) -
 def test_other_flags_pass(make_config: ConfigFactory, args: list[str]) -> None:
     config = parse_stack_config(with_setting(make_config(hosts=2), "vllm", extraArgs=args))
     assert config.vllm.extra_args == args
+
+
+# --- host directories ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "what"),
+    [
+        ("/", "/ is a directory other data lives in as well"),
+        ("/etc", "/etc is a system directory"),
+        ("/etc/spark", "/etc/spark is under /etc, a system directory"),
+        ("/usr/local/share/hf", "is under /usr, a system directory"),
+        ("/var/lib/docker/volumes/x", "is under /var/lib/docker, a system directory"),
+        ("/run/user/1000", "is under /run, a system directory"),
+        ("/proc/self", "is under /proc"),
+        ("/home", "/home is a directory other data lives in as well"),
+        ("/home/aurora", "/home/aurora is a directory other data lives in as well"),
+        ("/home/aurora/", "/home/aurora is a directory other data lives in as well"),
+        ("/root", "/root is a directory other data lives in as well"),
+        ("/root/.ssh", "is where SSH keeps authorized_keys"),
+        ("/tmp", "/tmp is a directory other data lives in as well"),
+        ("/var", "/var is a directory"),
+        ("/opt//", "/opt is a directory"),
+        ("/srv/./hf", "'/srv/./hf' has a '.' or '..' part"),
+        ("/srv/hf/../../etc", "has a '.' or '..' part"),
+    ],
+)
+def test_host_directories_that_hold_others_data_are_refused(
+    make_config: ConfigFactory, path: str, what: str
+) -> None:
+    cache = problem(with_setting(make_config(hosts=2), "model", cacheDir=path))
+    assert cache.startswith("model.cacheDir: ") and what in cache, cache
+    config = make_config(hosts=2)
+    config["hosts"][1]["stateDir"] = path
+    state = problem(config)
+    assert state.startswith("hosts[1].stateDir: ") and what in state, state
+    if "'.'" not in what:  # each says what to use instead
+        assert "/.cache/huggingface" in cache and "/srv/spark-vllm" in state
+
+
+def test_host_directories_are_normalized(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["hosts"][0]["stateDir"] = "//srv//spark-vllm/"
+    config["model"]["cacheDir"] = "/srv/hf/"
+    parsed = parse_stack_config(config)
+    assert (parsed.hosts[0].state_dir, parsed.model.cache_dir) == ("/srv/spark-vllm", "/srv/hf")
+
+
+def test_the_default_state_dir_is_in_the_users_home() -> None:
+    assert default_state_dir("root") == "/root/.spark-vllm"
+    assert default_state_dir("aurora") == "/home/aurora/.spark-vllm"
+
+
+def test_the_cache_and_a_state_dir_must_not_hold_one_another(make_config: ConfigFactory) -> None:
+    config = with_setting(make_config(hosts=2), "model", cacheDir="/home/aurora/.spark-vllm/hf")
+    assert problem(config) == (
+        "model.cacheDir: /home/aurora/.spark-vllm/hf overlaps spark1's state directory "
+        "/home/aurora/.spark-vllm (the default for user aurora, as hosts[0].stateDir is not set); "
+        "use another cacheDir, e.g. /home/<user>/.cache/huggingface, or set hosts[].stateDir "
+        "apart from it"
+    )
+    for state in ("/srv/hf", "/srv/hf/state"):
+        config = with_setting(make_config(hosts=2), "model", cacheDir="/srv/hf")
+        config["hosts"][1]["stateDir"] = state
+        assert problem(config).startswith(
+            f"hosts[1].stateDir: {state} and model.cacheDir /srv/hf overlap (one is inside the "
+            "other)"
+        )
+    config = with_setting(make_config(hosts=2), "model", cacheDir="/srv/hf/models")
+    config["hosts"][1]["stateDir"] = "/srv/hf"
+    assert problem(config).startswith("hosts[1].stateDir: /srv/hf and model.cacheDir")
+    config["hosts"][1]["stateDir"] = "/srv/hf-state"  # a sibling sharing a prefix is apart
+    parse_stack_config(config)
