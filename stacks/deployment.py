@@ -63,7 +63,7 @@ class Deployment:
 def build_deployment(settings: Settings) -> Deployment:
     config = settings.config
     plan = plan_deployment(config, settings.deployment_id, settings.known_hosts)
-    _warn_unpinned(plan)
+    _refuse_unpinned(plan)
     if not plan.uses_ray and config.ray.model_fields_set:
         pulumi.log.warn(
             "ray: "
@@ -142,12 +142,36 @@ def _warn_hardware(hosts: dict[str, Host]) -> None:
     facts.apply(warn)
 
 
-def _warn_unpinned(plan: DeploymentPlan) -> None:
+def _refuse_unpinned(plan: DeploymentPlan) -> None:
+    """Every SSH server must have a pinned key (the HF token, the API key and root-level commands
+    go to it), unless ssh.allowUnpinned accepts whatever key they present, loudly."""
     unpinned = unpinned_endpoints(plan)
-    if unpinned:
+    if not unpinned:
+        return
+    ssh = plan.config.ssh
+    if ssh.allow_unpinned:
         pulumi.log.warn(
             "SSH host keys are NOT pinned for: "
             + ", ".join(unpinned)
-            + ". Anyone on the path could impersonate these hosts. Set hosts[].hostKey / "
-            "bastion.hostKey, or ssh.knownHostsFile to a file that lists them."
+            + " (ssh.allowUnpinned: true). Anyone on the path could impersonate these hosts. "
+            "Set hosts[].hostKey / bastion.hostKey, or ssh.knownHostsFile to a file that lists "
+            "them."
         )
+        return
+    index = {host.name: i for i, host in enumerate(plan.config.hosts)}
+    keys = [
+        f"hosts[{index[label]}].hostKey" if label in index else f"{label}.hostKey"
+        for label in unpinned
+    ]
+    searched = (
+        f", and not in ssh.knownHostsFile {ssh.known_hosts_file}" if ssh.known_hosts_file else ""
+    )
+    raise pulumi.RunError(
+        "invalid spark-vllm configuration:\n"
+        f"{', '.join(keys)}: the SSH host keys of {', '.join(unpinned)} are not pinned (no "
+        f"hostKey{searched}), so anyone on the path could impersonate these hosts and receive the "
+        "secrets and commands meant for them. Pin them: set hosts[].hostKey / bastion.hostKey "
+        "(a line of the host's /etc/ssh/ssh_host_ed25519_key.pub), or ssh.knownHostsFile to a "
+        "file that lists them; or set ssh.allowUnpinned: true to accept any key they present, "
+        "with a warning on every run"
+    )

@@ -1,16 +1,18 @@
 """Settings that would reach past what the program controls are refused, each as one keyed line:
 non-finite numbers, option-like addresses, path-walking model names, ports outside vLLM's
-range, flags vLLM would read as ones spark-vllm sets and host directories that hold others'
-data."""
+range, flags vLLM would read as ones spark-vllm sets, host directories that hold others' data,
+and SSH hosts whose keys nobody pinned."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stacks.config import ConfigError, default_state_dir, parse_stack_config
-from tests.program.conftest import ConfigFactory
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import evaluate
 
 
 def problem(config: dict[str, Any]) -> str:
@@ -270,3 +272,52 @@ def test_the_cache_and_a_state_dir_must_not_hold_one_another(make_config: Config
     assert problem(config).startswith("hosts[1].stateDir: /srv/hf and model.cacheDir")
     config["hosts"][1]["stateDir"] = "/srv/hf-state"  # a sibling sharing a prefix is apart
     parse_stack_config(config)
+
+
+# --- unpinned hosts -----------------------------------------------------------------------------
+
+
+def unpinned(make_config: ConfigFactory) -> dict[str, Any]:
+    config = make_config(hosts=2)
+    del config["hosts"][1]["hostKey"]
+    del config["bastion"]["hostKey"]
+    return config
+
+
+def test_unpinned_hosts_are_refused_by_default(make_config: ConfigFactory) -> None:
+    with pytest.raises(Exception) as caught:
+        evaluate(unpinned(make_config), SECRETS)
+    assert type(caught.value).__name__ == "RunError", repr(caught.value)
+    assert str(caught.value) == (
+        "invalid spark-vllm configuration:\n"
+        "bastion.hostKey, hosts[1].hostKey: the SSH host keys of bastion, spark2 are not pinned "
+        "(no hostKey), so anyone on the path could impersonate these hosts and receive the "
+        "secrets and commands meant for them. Pin them: set hosts[].hostKey / bastion.hostKey "
+        "(a line of the host's /etc/ssh/ssh_host_ed25519_key.pub), or ssh.knownHostsFile to a "
+        "file that lists them; or set ssh.allowUnpinned: true to accept any key they present, "
+        "with a warning on every run"
+    )
+
+
+def test_a_known_hosts_file_without_the_host_is_named(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = unpinned(make_config)
+    known = tmp_path / "known_hosts"
+    known.write_text("[203.0.113.7]:2222 ssh-ed25519 AAAAkeyBastion\n")
+    config["ssh"]["knownHostsFile"] = str(known)
+    with pytest.raises(Exception) as caught:
+        evaluate(config, SECRETS)
+    assert str(caught.value).startswith(
+        "invalid spark-vllm configuration:\nhosts[1].hostKey: the SSH host keys of spark2 are "
+        f"not pinned (no hostKey, and not in ssh.knownHostsFile {known}), "
+    )
+
+
+def test_allow_unpinned_deploys_with_a_loud_warning(make_config: ConfigFactory) -> None:
+    config = unpinned(make_config)
+    config["ssh"]["allowUnpinned"] = True
+    ev = evaluate(config, SECRETS)
+    assert any("NOT pinned for: bastion, spark2 (ssh.allowUnpinned: true)" in w
+               for w in ev.warnings), ev.warnings  # fmt: skip
+    assert ev.named("spark2-preflight")

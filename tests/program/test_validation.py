@@ -176,9 +176,11 @@ def test_agent_auth_passes_the_socket_and_no_key(
 
 
 def test_unpinned_hosts_get_a_loud_warning(make_config: ConfigFactory) -> None:
+    """Only with ssh.allowUnpinned: without it they are refused (test_config_hardening)."""
     config = make_config(hosts=2)
     del config["hosts"][1]["hostKey"]
     del config["bastion"]["hostKey"]
+    config["ssh"]["allowUnpinned"] = True
     ev = evaluate(config, SECRETS)
     assert any("NOT pinned for: bastion, spark2" in w for w in ev.warnings)
 
