@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a worker, over its own connection: authorize (or revoke) the head's fabric key.
 #   authorize-key.sh add|remove --host H --marker M      (add reads the public key line on stdin)
-# Lines are found again by the marker in the key's comment, so removal needs no input.
+# Lines are found again by the marker, the key's comment: the line's last field, compared whole
+# (a marker ending in spark1 must not match spark10's line).
 . "$(dirname "$0")/lib.sh"
 action="$1"; shift
 parse_flags "$@"
@@ -10,19 +11,35 @@ umask 077  # authorized_keys is rewritten through a temp file: keep it private
 auth="$HOME/.ssh/authorized_keys"
 mkdir -p -m 700 "$HOME/.ssh"
 touch "$auth" && chmod 600 "$auth"
-without_marker() { grep -vF -- "$ARG_MARKER" "$auth" || true; }
+# Every line but those whose last field is the marker (from the environment: awk -v would
+# interpret backslashes).
+without_marker() { MARKER="$ARG_MARKER" awk 'NF == 0 || $NF != ENVIRON["MARKER"]' "$auth"; }
+with_key() { without_marker && printf '%s\n' "$key_line"; }
+# rewrite FUNCTION: authorized_keys becomes FUNCTION's output, written to a private temp file
+# beside it and renamed over it, and only if FUNCTION succeeded (never a truncated file).
+rewrite() {
+  local tmp
+  tmp="$(mktemp "$HOME/.ssh/.authorized_keys.XXXXXX")"
+  chmod 600 "$tmp"
+  if "$1" > "$tmp" && mv "$tmp" "$auth"; then return 0; fi
+  rm -f "$tmp"
+  fail "cannot rewrite $auth" "the disk is full, or $HOME/.ssh is not writable"
+}
+# One read-modify-write at a time (two deployments may update the same worker's file at once).
+exec 9>"$HOME/.ssh/.spark-vllm.lock"
+flock -w 30 9 || fail "another spark-vllm step held $HOME/.ssh/.spark-vllm.lock for 30 s" \
+  "a stuck authorize-key.sh on this host: retry, or remove the lock's holder"
 case "$action" in
   add)
     key_line="$(head -n 1)"
-    grep -qF -- "$ARG_MARKER" <<<"$key_line" || fail "the key to authorize lacks the marker $ARG_MARKER" "a bug in spark-vllm: please report it"
-    { without_marker; printf '%s\n' "$key_line"; } > "$auth.spark-vllm.tmp"
-    mv "$auth.spark-vllm.tmp" "$auth"
+    [ "$(awk '{ print $NF }' <<<"$key_line")" = "$ARG_MARKER" ] \
+      || fail "the key to authorize lacks the marker $ARG_MARKER" "a bug in spark-vllm: please report it"
+    rewrite with_key
     # The worker's own host keys, read over its authenticated connection (for pinning on the head).
     cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null || true
     ;;
   remove)
-    without_marker > "$auth.spark-vllm.tmp"
-    mv "$auth.spark-vllm.tmp" "$auth"
+    rewrite without_marker
     ;;
   *) fail "unknown action '$action'" "a bug in spark-vllm: please report it" ;;
 esac

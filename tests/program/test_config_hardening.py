@@ -1,10 +1,13 @@
 """Settings that would reach past what the program controls are refused, each as one keyed line:
-non-finite numbers, option-like addresses, path-walking model names, ports outside vLLM's
-range, flags vLLM would read as ones spark-vllm sets, host directories that hold others' data,
-and SSH hosts whose keys nobody pinned."""
+non-finite numbers, option-like addresses, path-walking model names, ports outside vLLM's range,
+flags vLLM would read as ones spark-vllm sets, host directories that hold others' data, and SSH
+hosts whose keys nobody pinned. And the fabric key's authorization touches only its own line."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,8 @@ import pytest
 from stacks.config import ConfigError, default_state_dir, parse_stack_config
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
 
 
 def problem(config: dict[str, Any]) -> str:
@@ -321,3 +326,71 @@ def test_allow_unpinned_deploys_with_a_loud_warning(make_config: ConfigFactory) 
     assert any("NOT pinned for: bastion, spark2 (ssh.allowUnpinned: true)" in w
                for w in ev.warnings), ev.warnings  # fmt: skip
     assert ev.named("spark2-preflight")
+
+
+# --- authorize-key.sh ---------------------------------------------------------------------------
+
+OTHERS = "ssh-ed25519 AAAAoperator operator@laptop\nssh-rsa AAAAbackup backup@vault\n"
+SPARK1 = "spark-vllm-fabric:spark-vllm/dev:spark1"
+SPARK10 = "spark-vllm-fabric:spark-vllm/dev:spark10"
+
+
+def authorize(home: Path, action: str, marker: str, key: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPTS / "authorize-key.sh"), action, "--host", "w", "--marker", marker],
+        input=key,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(home)},
+        check=False,
+    )
+
+
+def test_revoking_a_key_keeps_every_other_line(tmp_path: Path) -> None:
+    auth = tmp_path / ".ssh" / "authorized_keys"
+    auth.parent.mkdir()
+    auth.write_text(OTHERS)
+    head10, head1 = f"ssh-ed25519 AAAAhead10 {SPARK10}", f"ssh-ed25519 AAAAhead1 {SPARK1}"
+    for marker, key in ((SPARK10, head10), (SPARK1, head1), (SPARK1, head1)):
+        done = authorize(tmp_path, "add", marker, key + "\n")  # adding twice leaves one line
+        assert done.returncode == 0, done.stderr
+    assert auth.read_text() == f"{OTHERS}{head10}\n{head1}\n"
+    done = authorize(tmp_path, "remove", SPARK1)
+    assert done.returncode == 0, done.stderr
+    assert auth.read_text() == f"{OTHERS}{head10}\n"
+    assert oct(auth.stat().st_mode & 0o777) == "0o600"
+    leftovers = sorted(p.name for p in auth.parent.iterdir())
+    assert leftovers == [".spark-vllm.lock", "authorized_keys"]  # no temp file left behind
+
+
+def test_a_marker_inside_another_comment_is_not_a_match(tmp_path: Path) -> None:
+    auth = tmp_path / ".ssh" / "authorized_keys"
+    auth.parent.mkdir()
+    auth.write_text(f"ssh-ed25519 AAAAx {SPARK1}-old\nssh-ed25519 AAAAy note:{SPARK1}\n")
+    assert authorize(tmp_path, "remove", SPARK1).returncode == 0
+    assert auth.read_text() == f"ssh-ed25519 AAAAx {SPARK1}-old\nssh-ed25519 AAAAy note:{SPARK1}\n"
+    done = authorize(tmp_path, "add", SPARK1, f"ssh-ed25519 AAAAz {SPARK10}\n")
+    assert done.returncode == 1
+    assert "the key to authorize lacks the marker" in done.stderr
+
+
+def test_a_held_lock_is_waited_for_not_ignored(tmp_path: Path) -> None:
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    (ssh / "authorized_keys").write_text(OTHERS)
+    holder = subprocess.Popen(
+        ["flock", str(ssh / ".spark-vllm.lock"), "sleep", "1.5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.3)  # the holder has the lock
+        started = time.monotonic()
+        done = authorize(tmp_path, "add", SPARK1, f"ssh-ed25519 AAAAh {SPARK1}\n")
+        waited = time.monotonic() - started
+    finally:
+        holder.wait(timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert waited >= 0.8, waited
+    assert (ssh / "authorized_keys").read_text() == f"{OTHERS}ssh-ed25519 AAAAh {SPARK1}\n"
