@@ -59,6 +59,8 @@ PACKAGES = (
     "media-types",
     "ca-certificates",
     "tzdata",
+    # The front's proxy: the lab's stand-in for the official haproxy image (stacks/plan/front.py).
+    "haproxy",
 )
 SKIP_PREFIXES = (
     "/usr/share/doc/",

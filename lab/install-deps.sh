@@ -17,6 +17,8 @@ packages=(
     procps           # ps/pkill in hosts and in the lab image
     python3          # Debian's /usr/bin/python3 (3.11): the lab image's Python
     ca-certificates  # copied into the lab image
+    haproxy          # the front (HAProxy, as the official image users pull), in the lab image
+    iptables         # the firewall guard runs the host's iptables and ip6tables
     tar gzip findutils coreutils bash dash debianutils grep sed
 )
 

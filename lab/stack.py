@@ -44,6 +44,8 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
         "knownHostsFile": str(spec.state_dir / "known_hosts"),
     }
     config["image"] = {"ref": IMAGE_NAME, "keepOnDestroy": True}
+    # The front's HAProxy: in the lab image (Debian's package), which has no registry to pull from.
+    config["front"] = {"image": {"ref": IMAGE_NAME}}
     config["model"] = {
         "id": HF_MODEL,
         "revision": HF_REVISION,
@@ -59,9 +61,9 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
     }
     config["ray"] = {"objectStoreMemoryBytes": 200_000_000}
     config["docker"] = {"requestGpus": False}
-    # Ray's ports only on the fabric (tests show it). The link floor: the lab's veth fabric on
+    # The firewall is on by default (tests show it). The link floor: the lab's veth fabric on
     # a busy 2-core machine still carries several Gbit/s; a shaped one (tc) falls below it.
-    config["fabric"] = {"firewall": True, "minLinkGbps": min_link_gbps(spec)}
+    config["fabric"] = {"minLinkGbps": min_link_gbps(spec)}
     config["preflight"] = {
         "unifiedMemory": False,
         "minFreeMemoryGib": 1,
