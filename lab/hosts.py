@@ -344,7 +344,8 @@ def shut_down(node: Node, pid: int) -> None:
     sshd_pid = _read_pid(Path(f"/proc/{pid}/root/run/sshd.pid"))
     if sshd_pid is not None:
         ok(in_host(pid, ["kill", "-TERM", str(sshd_pid)]), timeout=10)
-    ok(in_host(pid, ["sh", "-c", "iptables -w 5 -F && iptables -w 5 -X"]), timeout=20)
+    flush = "for t in iptables ip6tables; do $t -w 5 -F && $t -w 5 -X; done"
+    ok(in_host(pid, ["sh", "-c", flush]), timeout=20)
 
 
 def boot(node: Node, pid: int) -> None:

@@ -1,36 +1,137 @@
 #!/usr/bin/env bash
-# On every host (opt-in, fabric.firewall): drop TCP to the cluster's ports (Ray's, or with executor mp
-# the rendezvous and vLLM's message queues) arriving on any interface but
-# loopback and the fabric. Ray listens on all interfaces and runs code for whoever reaches it.
-#   firewall.sh apply|remove --host H --fabric-interface IF --tcp-ports "6379,6380,10002:10999"
-# Idempotent: the rules live in one chain of their own, rebuilt on every apply.
-. "$(dirname "$0")/lib.sh"
-action="$1"; shift
-parse_flags "$@"
-require host fabric-interface tcp-ports
-chain="SPARK-VLLM-RAY"
-as_root=()
-if [ "$(id -u)" != 0 ]; then as_root=(sudo -n); fi
-ipt() { "${as_root[@]}" iptables -w 10 "$@"; }
-command -v iptables >/dev/null || fail "iptables is not installed" "install iptables, or set fabric.firewall: false"
-ipt -L INPUT -n >/dev/null 2>&1 \
-  || fail "cannot change the firewall as $(id -un)" "run as root, or allow 'sudo -n iptables' for this user"
+# The firewall guard: the entrypoint of `<prefix>-firewall` on every host (bash -c, self-contained).
+# It runs the host's own iptables and ip6tables (through a read-only view of the host's root, with
+# CAP_NET_ADMIN in the host's network namespace: no root login or sudo needed) and keeps one chain
+# that drops the cluster's TCP ports on every interface but loopback and the fabric.
+#   firewall.sh guard  --chain C --fabric-interface IF --tcp-ports 6379,10002:10999 --digest D \
+#                      --root /host --dir /host<state>/firewall --interval S
+#   firewall.sh remove --chain C --root /host --dir /host<state>/firewall   (docker exec, at delete)
+#   firewall.sh remove --host H --fabric-interface IF --tcp-ports P   (on the host: the delete an
+#     older release stored for its firewall step, which took its chain down as root or sudo -n)
+# While the rules hold, <dir>/applied holds `<boot id> <digest>`, refreshed every interval: the
+# Ray and vLLM containers' gate (firewall-gate.sh) starts nothing until it finds it. Docker starts
+# this container again at boot (restart: always), so a reboot puts the rules back by itself.
+set -uo pipefail
+action="${1:-}"; shift || true
+chain="" interface="" ports="" digest="" root="/host" dir="" interval=10 legacy=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --host) legacy="$2" ;;
+    --chain) chain="$2" ;;
+    --fabric-interface) interface="$2" ;;
+    --tcp-ports) ports="$2" ;;
+    --digest) digest="$2" ;;
+    --root) root="$2" ;;
+    --dir) dir="$2" ;;
+    --interval) interval="$2" ;;
+    *) echo "spark-vllm firewall: unknown flag $1 (a bug in spark-vllm: please report it)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+say() { printf 'spark-vllm firewall: %s\n' "$*" >&2; }
+marker="$dir/applied" error_file="$dir/error" removed="$dir/removed"
+# iptables' lock file beside the marker: the host's /run is not writable from here. Legacy
+# iptables takes it (XTABLES_LOCKFILE, libxtables); with the nft backend, the default on
+# Debian 12 and Ubuntu 22.04 on, the kernel applies each change whole and no lock is needed.
+ipt() { chroot "$root" env XTABLES_LOCKFILE="${dir#"$root"}/xtables.lock" "$@"; }
+if [ -n "$legacy" ]; then
+  chain="${chain:-SPARK-VLLM-RAY}" dir="${dir:-/nonexistent}"
+  ipt() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }
+fi
+
+families() {
+  echo iptables
+  # IPv6 present on the host: torch's TCPStore listens on [::], so its rules are needed too.
+  if [ -e /proc/net/if_inet6 ]; then echo ip6tables; fi
+}
+
+# The rules, one per line, as `<cmd> -A` / `-C` take them after the chain name.
+rules() {
+  echo "-i lo -j RETURN"
+  echo "-i $interface -j RETURN"
+  # multiport takes at most 15 ports per rule (a range counts twice): one rule per port.
+  local port
+  for port in ${ports//,/ }; do echo "-p tcp -m tcp --dport $port -j DROP"; done
+}
+
+# holds FAMILY: the chain has exactly our rules, and INPUT jumps to it first.
+holds() {
+  local cmd="$1" rule count
+  [ "$(ipt "$cmd" -w 10 -S INPUT 2>/dev/null | sed -n 2p)" = "-A INPUT -j $chain" ] || return 1
+  count=$(ipt "$cmd" -w 10 -S "$chain" 2>/dev/null | grep -c -- "^-A $chain ") || return 1
+  [ "$count" -eq "$(rules | wc -l)" ] || return 1
+  while read -r rule; do
+    # shellcheck disable=SC2086  # a rule is several words
+    ipt "$cmd" -w 10 -C "$chain" $rule 2>/dev/null || return 1
+  done < <(rules)
+}
+
+apply() {
+  local cmd="$1" rule
+  ipt "$cmd" -w 10 -N "$chain" 2>/dev/null || ipt "$cmd" -w 10 -F "$chain" || return 1
+  while read -r rule; do
+    # shellcheck disable=SC2086
+    ipt "$cmd" -w 10 -A "$chain" $rule || return 1
+  done < <(rules)
+  while ipt "$cmd" -w 10 -D INPUT -j "$chain" 2>/dev/null; do :; done
+  ipt "$cmd" -w 10 -I INPUT 1 -j "$chain"
+}
+
+remove() {
+  local cmd="$1"
+  while ipt "$cmd" -w 10 -D INPUT -j "$chain" 2>/dev/null; do :; done
+  ipt "$cmd" -w 10 -F "$chain" 2>/dev/null || true
+  ipt "$cmd" -w 10 -X "$chain" 2>/dev/null || true
+}
+
 case "$action" in
-  apply)
-    ipt -N "$chain" 2>/dev/null || ipt -F "$chain"
-    ipt -A "$chain" -i lo -j RETURN
-    ipt -A "$chain" -i "$ARG_FABRIC_INTERFACE" -j RETURN
-    # multiport takes at most 15 ports per rule (a range counts twice): one rule per port.
-    for port in ${ARG_TCP_PORTS//,/ }; do
-      ipt -A "$chain" -p tcp --dport "$port" -j DROP
+  guard)
+    if [ -z "$chain" ] || [ -z "$interface" ] || [ -z "$ports" ] || [ -z "$digest" ] || [ -z "$dir" ]; then
+      say "--chain, --fabric-interface, --tcp-ports, --digest and --dir are required (a bug in spark-vllm: please report it)"
+      exit 2
+    fi
+    mkdir -p "$dir"
+    rm -f "$marker" "$removed"
+    trap 'rm -f "$marker"; exit 0' TERM INT
+    boot_id="$(cat /proc/sys/kernel/random/boot_id)"
+    last=""
+    while :; do
+      problem=""
+      if [ -e "$removed" ]; then
+        problem="removed"
+      else
+        for cmd in $(families); do
+          if ! ipt sh -c "command -v $cmd" >/dev/null 2>&1; then
+            problem="the host has no $cmd: install iptables (its $cmd drops the cluster's ports)"
+            break
+          fi
+          holds "$cmd" && continue
+          [ -n "$last" ] && say "$cmd: the chain $chain changed or is gone: applying it again"
+          if ! out="$(apply "$cmd" 2>&1)"; then
+            problem="$cmd could not apply the chain $chain: ${out:-no output}"
+            break
+          fi
+        done
+      fi
+      if [ -z "$problem" ]; then
+        printf '%s %s\n' "$boot_id" "$digest" > "$marker.tmp" && mv "$marker.tmp" "$marker"
+        rm -f "$error_file"
+        [ "$last" = ok ] || say "ports ${ports} accepted only on lo and $interface ($(families | tr '\n' ' '))"
+        last=ok
+      elif [ "$problem" != removed ]; then
+        rm -f "$marker"
+        printf '%s\n' "$problem" > "$error_file"
+        [ "$last" = "$problem" ] || say "$problem"
+        last="$problem"
+      fi
+      sleep "$interval" & wait $!
     done
-    ipt -C INPUT -j "$chain" 2>/dev/null || ipt -I INPUT -j "$chain"
-    echo "cluster ports ${ARG_TCP_PORTS} accepted only on lo and $ARG_FABRIC_INTERFACE"
     ;;
   remove)
-    while ipt -D INPUT -j "$chain" 2>/dev/null; do :; done
-    ipt -F "$chain" 2>/dev/null || true
-    ipt -X "$chain" 2>/dev/null || true
+    if [ -z "$chain" ] || [ -z "$dir" ]; then say "--chain and --dir are required"; exit 2; fi
+    if [ -d "$dir" ]; then touch "$removed"; rm -f "$marker"; fi
+    for cmd in $(families); do remove "$cmd"; done
+    say "chain $chain removed"
     ;;
-  *) fail "unknown action '$action'" "a bug in spark-vllm: please report it" ;;
+  *) say "unknown action '$action' (a bug in spark-vllm: please report it)"; exit 2 ;;
 esac

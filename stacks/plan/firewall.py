@@ -1,0 +1,82 @@
+"""The firewall: every port the cluster listens on (Ray's, vLLM's, torch's rendezvous) accepted
+on loopback and the fabric only, IPv4 and IPv6, kept in place by a guard container on each host.
+
+Why a container (components/scripts/firewall.sh): it needs no root and no sudo, only the Docker
+access the deployment needs anyway (CAP_NET_ADMIN in the host's network namespace, the host's
+own iptables through a read-only view of its root), and Docker starts it again at boot, so the
+rules come back after a reboot with no operator. Every Ray and vLLM container starts through a
+gate (components/scripts/firewall-gate.sh) that waits, bounded, for the guard's marker: this boot,
+these rules. Without it nothing that listens starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from stacks.plan.nodes import DeploymentPlan, NodePlan, cluster_listen_ports
+
+CONTAINER_FIREWALL_DIR = "/spark-vllm/firewall"  # the host's <state>/firewall: the marker
+HOST_ROOT = "/host"  # the guard's read-only view of the host's root (its iptables)
+MARKER_NAME = "applied"  # `<boot id> <rules digest>`, refreshed while the rules hold
+GUARD_INTERVAL_SECONDS = 10  # how often the guard checks its rules (and repairs them)
+MARKER_FRESH_SECONDS = 60  # an older marker: the guard is gone, the rules may be too
+GATE_WAIT_SECONDS = 120  # a container's start waits this long for the guard, then exits
+READY_WAIT_SECONDS = 90  # the firewall step's wait for the guard's first marker
+FIREWALLED_LABEL = "spark-vllm.firewalled"  # on containers behind the gate: the chain
+
+
+def chain_name(plan: DeploymentPlan) -> str:
+    """One chain per deployment (two stacks on a host keep their own rules). iptables allows
+    28 characters."""
+    digest = hashlib.sha256(plan.deployment_id.encode()).hexdigest()[:12]
+    return f"SPARK-VLLM-{digest.upper()}"
+
+
+def guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """Every cluster port on `node` (`6379`, `10002:10999`), and the server's own port, which
+    listens on loopback anyway."""
+    ports = cluster_listen_ports(plan, node)
+    if node.is_head:
+        ports.append(str(plan.config.vllm.server_port))
+    return ports
+
+
+def rules_digest(plan: DeploymentPlan, node: NodePlan) -> str:
+    """What the guard applies on `node`, as a hash: the gate accepts only a marker with it."""
+    words = [chain_name(plan), node.fabric_interface, *guarded_ports(plan, node)]
+    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
+
+
+def firewall_dir(node: NodePlan) -> str:
+    return f"{node.state_dir}/firewall"
+
+
+def guard_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """firewall.sh's arguments in the guard container."""
+    return [
+        "guard",
+        "--chain",
+        chain_name(plan),
+        "--fabric-interface",
+        node.fabric_interface,
+        "--tcp-ports",
+        ",".join(guarded_ports(plan, node)),
+        "--digest",
+        rules_digest(plan, node),
+        "--root",
+        HOST_ROOT,
+        "--dir",
+        f"{HOST_ROOT}{firewall_dir(node)}",
+        "--interval",
+        str(GUARD_INTERVAL_SECONDS),
+    ]
+
+
+def gate_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """firewall-gate.sh's arguments before `--` and the container's own entrypoint."""
+    return [
+        f"{CONTAINER_FIREWALL_DIR}/{MARKER_NAME}",
+        rules_digest(plan, node),
+        str(MARKER_FRESH_SECONDS),
+        str(GATE_WAIT_SECONDS),
+    ]
