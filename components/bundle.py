@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from stacks.plan.containers import EntryScripts
+
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 
 
@@ -42,10 +44,15 @@ def scripts_bundle() -> ScriptsBundle:
     )
 
 
-def launcher_script() -> str:
-    """vllm-launcher.sh's text: the server container's entrypoint (`bash -c`), which must work
-    before and without the host's installed scripts."""
-    return (SCRIPTS_DIR / "vllm-launcher.sh").read_text()
+@cache
+def entry_scripts() -> EntryScripts:
+    """The scripts containers run as their entrypoint (`bash -c`): the server's launcher, the
+    firewall gate before every Ray and vLLM process, and the firewall guard."""
+    return EntryScripts(
+        launcher=(SCRIPTS_DIR / "vllm-launcher.sh").read_text(),
+        gate=(SCRIPTS_DIR / "firewall-gate.sh").read_text(),
+        guard=(SCRIPTS_DIR / "firewall.sh").read_text(),
+    )
 
 
 def facts_script() -> str:

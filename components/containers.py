@@ -65,6 +65,10 @@ def _container_args(spec: ContainerSpec, image_id: pulumi.Input[str]) -> dict[st
         "destroy_grace_seconds": spec.stop_seconds,
         "stop_timeout": spec.stop_seconds,
     }
+    if spec.user is not None:
+        args["user"] = spec.user
+    if spec.capabilities:
+        args["capabilities"] = docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities))
     if spec.gpus:
         args["gpus"] = "all"
     if spec.shm_size_mb is not None:

@@ -37,7 +37,7 @@ class Host(pulumi.ComponentResource):
     provider: docker.Provider
     scripts: remote.Command
     preflight: remote.Command
-    prepared: list[pulumi.Resource]  # checked, and firewalled when asked: containers may start
+    prepared: list[pulumi.Resource]  # checked: containers may start (after the firewall's)
 
     def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:Host", name, None, opts)
@@ -69,7 +69,4 @@ class Host(pulumi.ComponentResource):
             triggers=[self.scripts.id],
         )
         self.prepared = [self.preflight]
-        firewall = steps.firewall(plan, name, node)
-        if firewall is not None:
-            self.prepared.append(host_step(firewall, [self], parent=self, after=[self.preflight]))
         self.register_outputs({"preflight": self.preflight.stdout, "dockerHost": docker_host(node)})

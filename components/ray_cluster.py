@@ -9,6 +9,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from components.bundle import entry_scripts
 from components.containers import service_container
 from components.host import Host
 from components.steps import Pending, host_step
@@ -25,6 +26,7 @@ class RayClusterArgs:
     image_id: pulumi.Output[str]
     image_ready: dict[str, pulumi.Resource]
     memory_checked: pulumi.Resource  # measured before anything of ours starts (ServerMemory)
+    firewalled: dict[str, pulumi.Resource]  # by node name: its rules hold (none: firewall off)
 
 
 class RayCluster(pulumi.ComponentResource):
@@ -68,12 +70,13 @@ class RayCluster(pulumi.ComponentResource):
     ) -> docker.Container:
         return service_container(
             resource_name,
-            ray_container(args.plan, host.node, host.mounts_token),
+            ray_container(args.plan, host.node, host.mounts_token, entry_scripts()),
             args.image_id,
             provider=host.provider,
             parent=self,
             after=[
                 *host.prepared,
+                *([args.firewalled[host.node.name]] if host.node.name in args.firewalled else []),
                 args.image_ready[host.node.name],
                 args.memory_checked,
                 *(after or []),

@@ -51,8 +51,11 @@ def host_step(
     after: Sequence[pulumi.Input[pulumi.Resource]] = (),
     stdin: Mapping[Stdin, pulumi.Input[str]] | None = None,
     triggers: Sequence[pulumi.Input[str]] | None = None,
+    aliases: Sequence[pulumi.Alias] = (),
 ) -> remote.Command:
-    """`spec` run over its node's connection; each receipt gets its token from its node's facts."""
+    """`spec` run over its node's connection; each receipt gets its token from its node's facts.
+    `aliases`: where the step was before a release moved it (the engine then updates it in place
+    instead of creating it anew and running the old one's delete afterwards)."""
     hosts = list(hosts)
     token_of = _tokens(hosts)
     if isinstance(spec, StepSpec):
@@ -70,6 +73,7 @@ def host_step(
         after=after,
         stdin=stdin,
         triggers=triggers,
+        aliases=aliases,
     )
 
 
@@ -139,6 +143,7 @@ def _command(
     after: Sequence[pulumi.Input[pulumi.Resource]],
     stdin: Mapping[Stdin, pulumi.Input[str]] | None,
     triggers: Sequence[pulumi.Input[str]] | None,
+    aliases: Sequence[pulumi.Alias] = (),
 ) -> remote.Command:
     sources = stdin or {}
     if spec.stdin is not None and spec.stdin not in sources:
@@ -156,6 +161,7 @@ def _command(
             parent=parent,
             depends_on=list(after),
             custom_timeouts=_custom_timeouts(spec.timeouts),
+            aliases=list(aliases) or None,
         ),
     )
 

@@ -12,7 +12,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components.bundle import launcher_script
+from components.bundle import entry_scripts
 from components.containers import service_container
 from components.host import Host
 from components.ray_cluster import RayCluster
@@ -41,6 +41,9 @@ class VllmServerArgs:
     weights_ready: list[pulumi.Resource]
     api_key: pulumi.Output[str]  # a secret, never empty
     gpu_memory_utilization: str | pulumi.Output[str]  # configured, or what the memory check derived
+    key_file: pulumi.Resource  # the key's file on the head (components/front.py)
+    front: docker.Container  # the front's container: the readiness probe goes through it
+    firewalled: dict[str, pulumi.Resource]  # by node name: its rules hold (none: firewall off)
 
 
 class VllmServer(pulumi.ComponentResource):
@@ -52,13 +55,7 @@ class VllmServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: VllmServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
         plan, head = args.plan, args.head
-        key_file = host_step(
-            steps.api_key_file(plan, name),
-            [head],
-            parent=self,
-            after=[head.scripts],
-            stdin={"api-key": args.api_key},
-        )
+        key_file = args.key_file
         # mp: each worker's ranks first; they wait (bounded) for the head's rendezvous. The
         # server then joins them, and carries their IDs: a replaced worker replaces the server
         # too (deleted first, as a delete-before-replace base takes its dependents down), so a
@@ -71,7 +68,7 @@ class VllmServer(pulumi.ComponentResource):
                 args,
                 worker,
                 functools.partial(
-                    headless_container, plan, worker.node, worker.mounts_token, launcher_script()
+                    headless_container, plan, worker.node, worker.mounts_token, entry_scripts()
                 ),
                 after=list(args.weights_ready),
             )
@@ -96,7 +93,7 @@ class VllmServer(pulumi.ComponentResource):
             f"{name}-container",
             args,
             head,
-            functools.partial(vllm_container, plan, head.mounts_token, launcher_script()),
+            functools.partial(vllm_container, plan, head.mounts_token, entry_scripts()),
             after=[*joined, key_file, *args.weights_ready],
             id_labels=[
                 # The cluster it joined: any Ray container replaced (a new head, or a worker
@@ -107,7 +104,7 @@ class VllmServer(pulumi.ComponentResource):
                 (API_KEY_HASH_LABEL, args.api_key.apply(_sha256)),
             ],
         )
-        containers = [self.container, *self.headless_containers]
+        containers = [self.container, *self.headless_containers, args.front]
         self.readiness = host_step(
             Pending(args.image_id, functools.partial(steps.vllm_ready, plan, name)),
             [head],
@@ -144,7 +141,13 @@ class VllmServer(pulumi.ComponentResource):
             # With Ray, these come before the cluster the server joins.
             after=after
             if args.ray is not None
-            else [*host.prepared, args.image_ready[host.node.name], args.memory_checked, *after],
+            else [
+                *host.prepared,
+                *([args.firewalled[host.node.name]] if host.node.name in args.firewalled else []),
+                args.image_ready[host.node.name],
+                args.memory_checked,
+                *after,
+            ],
             id_labels=id_labels or [],
         )
 

@@ -299,6 +299,20 @@ class ImageConfig(ConfigModel):
     keep_on_destroy: bool = True
 
 
+class FrontImageConfig(ConfigModel):
+    # HAProxy's official image (multi-arch, arm64 included); the pulled digest is the
+    # `frontImageDigest` output: pin it as `haproxy:3.2@sha256:...`.
+    ref: str = Field(default="haproxy:3.2", min_length=1)
+    platform: str | None = None
+
+
+class FrontConfig(ConfigModel):
+    """The front on the head: publishes vllm.port and admits only requests with the API key
+    (stacks/plan/front.py)."""
+
+    image: FrontImageConfig = Field(default_factory=FrontImageConfig)
+
+
 class ModelConfig(ConfigModel):
     id: Annotated[str, AfterValidator(_plain_hub_name)] = Field(pattern=r"^[\w.-]+/[\w.-]+$")
     revision: Annotated[str, AfterValidator(_plain_hub_name)] = Field(
@@ -314,10 +328,12 @@ class ModelConfig(ConfigModel):
 
 class VllmConfig(ConfigModel):
     port: Port = 8000
-    # Where the API listens on the head: every interface, the fabric IP only, or loopback only
-    # (reached through an SSH tunnel). vLLM checks the API key on /v1 only: /health, /metrics
-    # and the rest answer whoever reaches the port.
+    # Where the front publishes the API on the head: every interface, the fabric IP only, or
+    # loopback only (reached through an SSH tunnel). The key is needed on every path there.
     listen: Literal["all", "fabric", "loopback"] = "all"
+    # vLLM's own port, on the head's loopback only: the front forwards to it. (vLLM checks the
+    # key on /v1 only; /invocations, /tokenize, /metrics... answer whoever reaches its port.)
+    server_port: Port = 8001
     tensor_parallel_size: int = Field(ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=16)
@@ -403,9 +419,10 @@ class FabricConfig(ConfigModel):
     # "managed": the program makes a key on the head and authorizes it on each worker.
     # "existing": the head's SSH user can already reach every worker's fabric IP.
     trust: Literal["managed", "existing"] = "managed"
-    # Ray listens on every interface and runs code for whoever reaches it: with firewall true,
-    # each host drops Ray's ports on every interface but the fabric (iptables, needs root/sudo).
-    firewall: bool = False
+    # Ray, vLLM and torch listen on every interface, and Ray runs code for whoever reaches it:
+    # each host drops their ports on every interface but loopback and the fabric, IPv4 and IPv6,
+    # kept by a container that needs no sudo (stacks/plan/firewall.py). false: a loud warning.
+    firewall: bool = True
     # The head measures TCP throughput to each worker over the fabric before anything is copied;
     # below this floor the deployment stops (0: not measured). Why 20: README, Failures.
     min_link_gbps: float = Field(default=20.0, ge=0)
@@ -453,6 +470,7 @@ class StackConfig(ConfigModel):
     bastion: BastionConfig | None = None
     ssh: SshConfig
     image: ImageConfig
+    front: FrontConfig = Field(default_factory=FrontConfig)
     model: ModelConfig
     vllm: VllmConfig
     ray: RayConfig = Field(default_factory=RayConfig)
@@ -580,7 +598,11 @@ def _executor_places_every_rank(cfg: StackConfig) -> None:
 def _ports_distinct(cfg: StackConfig) -> None:
     ray = cfg.ray
     owners: dict[int, str] = {}
-    ports = {"vllm.port": cfg.vllm.port, "vllm.masterPort": cfg.vllm.master_port}
+    ports = {
+        "vllm.port": cfg.vllm.port,
+        "vllm.serverPort": cfg.vllm.server_port,
+        "vllm.masterPort": cfg.vllm.master_port,
+    }
     first, last = cfg.vllm.master_port + 1, cfg.vllm.master_port + MP_PORT_SPAN
     own_ports = f"vllm.masterPort + 1 to + {MP_PORT_SPAN}: {first}-{last}"
     if last > MAX_PORT:

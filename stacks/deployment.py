@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import pulumi
 
 from components.fabric_trust import FabricTrust, FabricTrustArgs
+from components.firewall import Firewall, FirewallArgs
+from components.front import Front, FrontArgs
 from components.host import Host, HostArgs
 from components.image import ImageDistribution, ImageDistributionArgs
 from components.memory import ServerMemory, ServerMemoryArgs
@@ -28,6 +30,8 @@ class Deployment:
     image: ImageDistribution
     weights: ModelWeights
     memory: ServerMemory
+    firewall: Firewall
+    front: Front
     ray: RayCluster | None  # executor mp: no Ray
     server: VllmServer
     api_key: pulumi.Output[str]
@@ -44,6 +48,8 @@ class Deployment:
                 for n in plan.nodes
             ],
             "imageId": self.image.image_id,
+            # The front's image as pulled: pin `front.image` to it (`haproxy@sha256:...`).
+            "frontImageDigest": self.front.image_digest,
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
             "executor": plan.config.vllm.executor,
@@ -69,6 +75,13 @@ def build_deployment(settings: Settings) -> Deployment:
             "ray: "
             + ", ".join(sorted(config.ray.model_fields_set))
             + " set, but vllm.executor is mp: no Ray runs, these settings are not used"
+        )
+    if not config.fabric.firewall:
+        pulumi.log.warn(
+            "fabric.firewall is false: Ray, vLLM's own ports and torch's rendezvous listen on "
+            "every interface of every host with nothing in front of them, and Ray runs code for "
+            "whoever reaches it. Turn it back on unless every host sits on a network only you "
+            "can reach (README, Security)."
         )
     if config.docker.max_restarts is not None:
         pulumi.log.warn(
@@ -102,10 +115,23 @@ def build_deployment(settings: Settings) -> Deployment:
     memory = ServerMemory(
         "memory", ServerMemoryArgs(plan, head, image.image_id, list(weights.present_on.values()))
     )
+    firewall = Firewall(
+        "firewall",
+        FirewallArgs(plan, [head, *workers], image.image_id, image.present_on),
+    )
+    front = Front("front", FrontArgs(plan, head, settings.api_key))
     ray = (
         RayCluster(
             "ray",
-            RayClusterArgs(plan, head, workers, image.image_id, image.present_on, memory.check),
+            RayClusterArgs(
+                plan,
+                head,
+                workers,
+                image.image_id,
+                image.present_on,
+                memory.check,
+                firewall.ready,
+            ),
         )
         if plan.uses_ray
         else None
@@ -123,9 +149,14 @@ def build_deployment(settings: Settings) -> Deployment:
             list(weights.present_on.values()),
             settings.api_key,
             memory.gpu_memory_utilization,
+            front.key_file,
+            front.container,
+            firewall.ready,
         ),
     )
-    return Deployment(plan, hosts, trust, image, weights, memory, ray, server, settings.api_key)
+    return Deployment(
+        plan, hosts, trust, image, weights, memory, firewall, front, ray, server, settings.api_key
+    )
 
 
 def _warn_hardware(hosts: dict[str, Host]) -> None:

@@ -17,6 +17,7 @@ CONFIG_KEYS = (
     "bastion",
     "ssh",
     "image",
+    "front",
     "model",
     "vllm",
     "ray",

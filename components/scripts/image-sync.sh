@@ -24,10 +24,12 @@ parse_flags "$@"
 require host worker target image-id ref timeout-minutes
 if [ "${ARG_REMOVE:-no}" = yes ]; then
   # Destroy with image.keepOnDestroy false: untag and remove it on the worker (gone is fine),
-  # and what a cut copy left staged.
+  # and what a cut copy left staged, in the worker's state leaf while it is this deployment's.
   fabric_ssh "$ARG_TARGET" "$(words docker image rm "$ARG_REF" "$ARG_IMAGE_ID") >/dev/null 2>&1 || true"
-  [ -z "${ARG_WORKER_BIN:-}" ] \
-    || fabric_ssh "$ARG_TARGET" "rm -rf $(words "$(dirname "$ARG_WORKER_BIN")/image-stage")" || true
+  if [ -n "${ARG_WORKER_BIN:-}" ] && [ -n "${ARG_OWNER:-}" ]; then
+    leaf="$(dirname "$ARG_WORKER_BIN")"
+    fabric_ssh "$ARG_TARGET" "if [ \"\$(cat $(words "$leaf/.spark-vllm-owner") 2>/dev/null)\" = $(words "$ARG_OWNER") ]; then rm -rf $(words "$leaf/image-stage"); fi" || true
+  fi
   exit 0
 fi
 # remote_id DEST: the image ID DEST has for this image (empty when it lacks it).

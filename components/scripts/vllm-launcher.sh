@@ -80,6 +80,19 @@ fi
 if [ -n "$key_file" ]; then
   VLLM_API_KEY="$(cat "$key_file")"
   export VLLM_API_KEY
+  # With executor ray, vLLM copies the driver's VLLM_* variables to every Ray worker over Ray's
+  # unencrypted channel, except those its config root lists here (vllm/ray/ray_env.py,
+  # RAY_NON_CARRY_OVER_ENV_VARS_FILE; the root: vllm/envs.py VLLM_CONFIG_ROOT).
+  config_root="${VLLM_CONFIG_ROOT:-${XDG_CONFIG_HOME:-$HOME/.config}/vllm}"
+  mkdir -p "$config_root" && python3 - "$config_root/ray_non_carry_over_env_vars.json" <<'PY'
+import json, os, sys
+path = sys.argv[1]
+try:
+    names = set(json.load(open(path))) if os.path.exists(path) else set()
+except ValueError:
+    names = set()
+json.dump(sorted(names | {"VLLM_API_KEY"}), open(path, "w"))
+PY
 fi
 if [ "$executor" = mp ]; then
   exec python3 "$scripts/mp_supervisor.py" --rendezvous "$rendezvous" --peers "$peers" \

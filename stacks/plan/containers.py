@@ -10,6 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from stacks.plan.firewall import (
+    CONTAINER_FIREWALL_DIR,
+    FIREWALLED_LABEL,
+    HOST_ROOT,
+    chain_name,
+    firewall_dir,
+    gate_args,
+    guard_args,
+)
+from stacks.plan.front import CONTAINER_FRONT_DIR, FRONT_CONFIG_NAME, front_config_digest
 from stacks.plan.nodes import (
     CONTAINER_API_KEY_DIR,
     CONTAINER_HF_HOME,
@@ -22,7 +32,7 @@ from stacks.plan.nodes import (
     vllm_launcher_args,
 )
 
-Role = Literal["ray-head", "ray-worker", "vllm", "vllm-headless"]
+Role = Literal["ray-head", "ray-worker", "vllm", "vllm-headless", "front", "firewall"]
 
 # Ray: `on-failure` restarts a crash, and, after a reboot, the exit the shutdown caused (a
 # non-zero one: daemon/daemon.go restore restarts what ShouldRestart() accepts), but not the
@@ -30,11 +40,15 @@ Role = Literal["ray-head", "ray-worker", "vllm", "vllm-headless"]
 # The server, and with executor mp each headless node's: `unless-stopped`, because vLLM's
 # clean exit on the shutdown's SIGTERM is a 0, which `on-failure` would leave down after a
 # reboot.
+# The front: `unless-stopped`, as the server. The firewall guard: `always`, so that a guard stopped
+# by hand still comes back at boot; without it nothing behind the gate starts.
 RESTART_POLICY: dict[Role, str] = {
     "ray-head": "on-failure",
     "ray-worker": "on-failure",
     "vllm": "unless-stopped",
     "vllm-headless": "unless-stopped",
+    "front": "unless-stopped",
+    "firewall": "always",
 }
 
 # The server's Ray driver finds its node's raylet among the processes it can see (Ray 2.x), so
@@ -52,6 +66,7 @@ RAY_CLUSTER_LABEL = "spark-vllm.ray-cluster"  # the server joined this cluster (
 MP_NODES_LABEL = "spark-vllm.mp-nodes"  # mp: the headless containers the server meets
 API_KEY_HASH_LABEL = "spark-vllm.api-key-sha256"  # a new key restarts vLLM; only its hash shows
 MOUNTS_LABEL = "spark-vllm.mounts"
+FRONT_CONFIG_LABEL = "spark-vllm.front-config"  # the front's haproxy.cfg changed: restart it
 
 
 # The verbs devices RoCE needs (with HCAs only; without them NCCL uses sockets).
@@ -101,27 +116,43 @@ class ContainerSpec:
     ulimits: tuple[Ulimit, ...]
     devices: tuple[str, ...]  # host device paths, at the same path inside
     stop_seconds: int = 30
+    user: str | None = None  # the image's own user when None
+    capabilities: tuple[str, ...] = ()  # added to Docker's default set
 
 
-def ray_container(plan: DeploymentPlan, node: NodePlan, mounts_token: str) -> ContainerSpec:
+@dataclass(frozen=True)
+class EntryScripts:
+    """Scripts that run as containers' entrypoints (`bash -c`), whole in the container's
+    configuration: they must work before and without the host's installed scripts."""
+
+    launcher: str  # vllm-launcher.sh
+    gate: str  # firewall-gate.sh, before every Ray and vLLM entrypoint
+    guard: str  # firewall.sh, the firewall container's
+
+
+def ray_container(
+    plan: DeploymentPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
+) -> ContainerSpec:
     """Ray as the container's main process (`ray start --block`), head or worker."""
     role: Role = "ray-head" if node.is_head else "ray-worker"
-    return _service(plan, node, role, ("ray",), tuple(ray_start_args(plan, node)), mounts_token)
+    command = tuple(ray_start_args(plan, node))
+    return _service(plan, node, role, ("ray",), command, mounts_token, scripts)
 
 
 def vllm_container(
-    plan: DeploymentPlan, mounts_token: str, launcher: str, gpu_memory_utilization: str
+    plan: DeploymentPlan, mounts_token: str, scripts: EntryScripts, gpu_memory_utilization: str
 ) -> ContainerSpec:
-    """The server on the head: `launcher` (vllm-launcher.sh's text) waits for Ray's GPUs and
+    """The server on the head: the launcher (vllm-launcher.sh) waits for Ray's GPUs and
     reads the API key from a mounted directory, then runs `vllm serve` sized to
     `gpu_memory_utilization` (the configured fraction, or what the memory check derived)."""
     spec = _service(
         plan,
         plan.head,
         "vllm",
-        ("bash", "-c", launcher, "vllm-launcher"),
+        ("bash", "-c", scripts.launcher, "vllm-launcher"),
         tuple(vllm_launcher_args(plan, gpu_memory_utilization)),
         mounts_token,
+        scripts,
     )
     api_key = Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True)
     return replace(spec, mounts=(*spec.mounts, api_key))
@@ -131,7 +162,7 @@ def headless_container(
     plan: DeploymentPlan,
     node: NodePlan,
     mounts_token: str,
-    launcher: str,
+    scripts: EntryScripts,
     gpu_memory_utilization: str,
 ) -> ContainerSpec:
     """Executor mp: a worker's own vLLM, `--headless` with its node rank; it serves no API and
@@ -140,10 +171,92 @@ def headless_container(
         plan,
         node,
         "vllm-headless",
-        ("bash", "-c", launcher, "vllm-launcher"),
+        ("bash", "-c", scripts.launcher, "vllm-launcher"),
         tuple(vllm_launcher_args(plan, gpu_memory_utilization, node)),
         mounts_token,
+        scripts,
     )
+
+
+def front_container(plan: DeploymentPlan, mounts_token: str) -> ContainerSpec:
+    """HAProxy on the head, publishing `vllm.port` (stacks/plan/front.py). It reads its
+    configuration and the key's pattern file as root (they are the deploying user's, mode 600),
+    then runs as `nobody` (the configuration's `uid`). The component adds the key's hash label."""
+    head = plan.head
+    labels = {
+        **plan.labels,
+        "spark-vllm.role": "front",
+        "spark-vllm.node": head.name,
+        MOUNTS_LABEL: mounts_token,
+        FRONT_CONFIG_LABEL: front_config_digest(plan),
+    }
+    return ContainerSpec(
+        name=plan.container_name("front"),
+        node=head,
+        role="front",
+        entrypoint=("haproxy",),
+        command=("-db", "-f", f"{CONTAINER_FRONT_DIR}/{FRONT_CONFIG_NAME}"),
+        env=(),
+        restart=RESTART_POLICY["front"],
+        host_pid=False,
+        mounts=(
+            Mount(f"{head.state_dir}/front", CONTAINER_FRONT_DIR, read_only=True),
+            Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True),
+        ),
+        labels=tuple(sorted(labels.items())),
+        gpus=False,
+        shm_size_mb=None,
+        ulimits=(),
+        devices=(),
+        stop_seconds=5,
+        user="0:0",
+    )
+
+
+def firewall_container(
+    plan: DeploymentPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
+) -> ContainerSpec:
+    """The guard (components/scripts/firewall.sh): the host's own iptables through a read-only
+    view of its root, with CAP_NET_ADMIN (CAP_NET_RAW for legacy iptables) in the host's
+    network namespace; its marker directory is the one thing it writes."""
+    labels = {
+        **plan.labels,
+        "spark-vllm.role": "firewall",
+        "spark-vllm.node": node.name,
+        MOUNTS_LABEL: mounts_token,
+    }
+    marker_dir = firewall_dir(node)
+    return ContainerSpec(
+        name=plan.container_name("firewall"),
+        node=node,
+        role="firewall",
+        entrypoint=("bash", "-c", scripts.guard, "firewall"),
+        command=tuple(guard_args(plan, node)),
+        env=(),
+        restart=RESTART_POLICY["firewall"],
+        host_pid=False,
+        mounts=(
+            Mount("/", HOST_ROOT, read_only=True),
+            Mount(marker_dir, f"{HOST_ROOT}{marker_dir}"),
+        ),
+        labels=tuple(sorted(labels.items())),
+        gpus=False,
+        shm_size_mb=None,
+        ulimits=(),
+        devices=(),
+        stop_seconds=5,
+        user="0:0",
+        capabilities=("NET_ADMIN", "NET_RAW"),
+    )
+
+
+def _gated(
+    plan: DeploymentPlan, node: NodePlan, entrypoint: tuple[str, ...], scripts: EntryScripts
+) -> tuple[str, ...]:
+    """`entrypoint` behind the firewall gate (firewall-gate.sh), when the firewall is on."""
+    if not plan.config.fabric.firewall:
+        return entrypoint
+    return ("bash", "-c", scripts.gate, "firewall-gate", *gate_args(plan, node), "--", *entrypoint)
 
 
 def _service(
@@ -153,6 +266,7 @@ def _service(
     entrypoint: tuple[str, ...],
     command: tuple[str, ...],
     mounts_token: str,
+    scripts: EntryScripts,
 ) -> ContainerSpec:
     """GPUs, RDMA when the node has HCAs, the HF cache, Ray's session dir and the probes.
 
@@ -171,11 +285,15 @@ def _service(
         "spark-vllm.node": node.name,
         MOUNTS_LABEL: mounts_token,
     }
+    gate: tuple[Mount, ...] = ()
+    if cfg.fabric.firewall:
+        labels[FIREWALLED_LABEL] = chain_name(plan)
+        gate = (Mount(firewall_dir(node), CONTAINER_FIREWALL_DIR, read_only=True),)
     return ContainerSpec(
         name=plan.container_name(role),
         node=node,
         role=role,
-        entrypoint=entrypoint,
+        entrypoint=_gated(plan, node, entrypoint, scripts),
         command=command,
         env=tuple(f"{key}={value}" for key, value in sorted(node_env(plan, node).items())),
         restart=RESTART_POLICY[role],
@@ -184,6 +302,7 @@ def _service(
             Mount(cfg.model.cache_dir, CONTAINER_HF_HOME),
             Mount(node.ray_dir, CONTAINER_RAY_DIR),
             Mount(node.bin_dir, CONTAINER_SCRIPTS_DIR, read_only=True),
+            *gate,
         ),
         labels=tuple(sorted(labels.items())),
         gpus=cfg.docker.request_gpus,

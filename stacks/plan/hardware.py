@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, own_container_names
+from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, serving_container_names
 from stacks.plan.steps import StepSpec, Timeouts, fabric_flags, script_call
 
 # Seconds the link test sends for: long enough for TCP to leave slow start on a 200G link and
@@ -61,7 +61,7 @@ def memory_check(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
     # One node a line: a state dir may hold a space.
     nodes = "\n".join(
         f"{n.name}|{'-' if n.is_head else n.fabric_destination}|{n.bin_dir}|"
-        + ",".join(own_container_names(plan, n))
+        + ",".join(serving_container_names(plan, n))
         + f"|{n.fabric_ip}"
         for n in plan.nodes
     )

@@ -18,6 +18,7 @@ from stacks.config import (
     RAY_CLIENT_SERVER_PORT,
     HostConfig,
     StackConfig,
+    default_state_dir,
 )
 from stacks.known_hosts import find_host_key
 from stacks.plan.known_bad import known_bad_flag
@@ -30,6 +31,8 @@ CONTAINER_RAY_DIR = "/tmp/ray"
 CONTAINER_API_KEY_DIR = "/run/spark-vllm"
 CONTAINER_API_KEY_FILE = f"{CONTAINER_API_KEY_DIR}/api-key"
 CONTAINER_SCRIPTS_DIR = "/spark-vllm/bin"  # the host's <stateDir>/bin, read-only: the probes
+# In each node's state leaf: the deployment that made it. Every delete checks it first.
+OWNER_FILE = ".spark-vllm-owner"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,10 @@ class NodePlan:
     @property
     def is_head(self) -> bool:
         return self.role == "head"
+
+    @property
+    def owner_file(self) -> str:
+        return f"{self.state_dir}/{OWNER_FILE}"
 
     @property
     def bin_dir(self) -> str:
@@ -119,7 +126,8 @@ class DeploymentPlan:
         return [self.head, *self.workers].index(node)
 
     def container_name(
-        self, purpose: Literal["ray-head", "ray-worker", "vllm", "vllm-headless"]
+        self,
+        purpose: Literal["ray-head", "ray-worker", "vllm", "vllm-headless", "front", "firewall"],
     ) -> str:
         """A headless node's server is `<prefix>-vllm` too: one name to look for on any node."""
         return f"{self.config.docker.container_prefix}-{purpose.removesuffix('-headless')}"
@@ -130,15 +138,22 @@ class DeploymentPlan:
 
     @property
     def listen_address(self) -> str:
-        """vLLM's `--host` on the head (vllm.listen)."""
+        """Where the front publishes `vllm.port` on the head (vllm.listen)."""
         return {"all": "0.0.0.0", "fabric": self.head.fabric_ip, "loopback": "127.0.0.1"}[
             self.config.vllm.listen
         ]
 
     @property
     def probe_address(self) -> str:
-        """Where the readiness probe, run inside the server's container (host network), asks."""
+        """Where the readiness probe, run inside the server's container (host network), asks the
+        front: the whole route a client takes, the key included."""
         return "127.0.0.1" if self.listen_address == "0.0.0.0" else self.listen_address
+
+    @property
+    def server_address(self) -> str:
+        """vLLM's own `--host`: loopback only. Its key check covers /v1 only; the front, on
+        `vllm.port`, admits nothing without the key (stacks/plan/front.py)."""
+        return "127.0.0.1"
 
     @property
     def endpoint_url(self) -> str:
@@ -186,9 +201,10 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
         # server's log and warns when RDMA was expected but sockets were used.
         env.setdefault("NCCL_DEBUG", "INFO")
         env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    # Where vLLM's own ports start on this node (its message queues; with executor ray also the
+    # driver's TCPStore): vllm.masterPort + 1 on, a range the firewall covers (MP_PORT_SPAN).
+    env["VLLM_PORT"] = str(plan.config.vllm.master_port + 1)
     if not plan.uses_ray:
-        # Where the message queues' ports start on this node (config.MP_PORT_SPAN).
-        env["VLLM_PORT"] = str(plan.config.vllm.master_port + 1)
         return env
     # A driver must join the cluster, never start a private local Ray.
     env["RAY_ADDRESS"] = plan.ray_address
@@ -264,7 +280,8 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     the memory, disk and GPUs it must find."""
     cfg = plan.config
     single_ports = [p for p in cluster_listen_ports(plan, node) if ":" not in p]
-    ports = [str(cfg.vllm.port), *single_ports] if node.is_head else single_ports
+    served = [str(cfg.vllm.port), str(cfg.vllm.server_port)]
+    ports = [*served, *single_ports] if node.is_head else single_ports
     containers = own_container_names(plan, node)
     return {
         "role": node.role,
@@ -291,11 +308,19 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     }
 
 
-def own_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
-    """This deployment's containers on `node`, with either executor: a switch of executors
-    finds the other one's still running (its delete comes last)."""
+def serving_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """This deployment's Ray and vLLM containers on `node`, with either executor (a switch of
+    executors finds the other one's still running: its delete comes last): what a restart of
+    the server gives back memory from."""
     ray = plan.container_name("ray-head" if node.is_head else "ray-worker")
     return [ray, plan.container_name("vllm")]
+
+
+def own_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """Every container of this deployment on `node`: another deployment's container of the same
+    name is refused by preflight, naming that deployment."""
+    names = [*serving_container_names(plan, node), plan.container_name("firewall")]
+    return [*names, plan.container_name("front")] if node.is_head else names
 
 
 def vllm_launcher_args(
@@ -331,8 +356,8 @@ def vllm_launcher_args(
             ",".join(f"{p.name}={p.fabric_ip}" for p in peers),
         ]
         if node.is_head:
-            port = plan.config.vllm.port
-            flags += ["--health-url", f"http://{plan.probe_address}:{port}/health"]
+            port = plan.config.vllm.server_port
+            flags += ["--health-url", f"http://{plan.server_address}:{port}/health"]
     return [*flags, "--", *vllm_serve_args(plan, gpu_memory_utilization, node)]
 
 
@@ -358,9 +383,9 @@ def vllm_serve_args(
         "--revision",
         cfg.model.revision,
         "--host",
-        plan.listen_address,
+        plan.server_address,
         "--port",
-        str(cfg.vllm.port),
+        str(cfg.vllm.server_port),
         "--tensor-parallel-size",
         str(cfg.vllm.tensor_parallel_size),
         "--pipeline-parallel-size",
@@ -411,7 +436,7 @@ def plan_deployment(
             fabric_ip=str(host.fabric_ip),
             rdma_hcas=tuple(host.rdma_hcas),
             gpus=host.gpus,
-            state_dir=_state_dir(host),
+            state_dir=state_leaf(host, deployment_id),
         )
         for host in config.hosts
     )
@@ -447,20 +472,22 @@ def _jump_for(
     return endpoints[host.via]
 
 
-def _state_dir(host: HostConfig) -> str:
-    if host.state_dir is not None:
-        return host.state_dir
-    home = "/root" if host.user == "root" else f"/home/{host.user}"
-    return f"{home}/.spark-vllm"
+def state_leaf(host: HostConfig, deployment_id: str) -> str:
+    """This deployment's own directory on `host`: a leaf under `stateDir` (by default
+    `~/.spark-vllm`) named after the project and stack, so two stacks on one host keep apart,
+    and every delete stays inside a directory the program made and marked (OWNER_FILE)."""
+    base = host.state_dir if host.state_dir is not None else default_state_dir(host.user)
+    return f"{base.rstrip('/')}/{deployment_id.replace('/', '.')}"
 
 
 def cluster_listen_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
-    """Ports (and one range) the nodes listen on for each other, on every interface, on `node`:
-    Ray's, or with executor mp the rendezvous (head) and vLLM's message queues."""
+    """Ports (and ranges) the nodes listen on for each other, on every interface, on `node`:
+    vLLM's own (VLLM_PORT on: message queues, the Ray driver's TCPStore), and Ray's, or with
+    executor mp the rendezvous (head)."""
+    first = plan.config.vllm.master_port + 1
+    vllm_ports = f"{first}:{first + MP_PORT_SPAN - 1}"
     if not plan.uses_ray:
-        first = plan.config.vllm.master_port + 1
-        queues = f"{first}:{first + MP_PORT_SPAN - 1}"
-        return [str(plan.config.vllm.master_port), queues] if node.is_head else [queues]
+        return [str(plan.config.vllm.master_port), vllm_ports] if node.is_head else [vllm_ports]
     ray = plan.config.ray
     ports = [
         ray.node_manager_port,
@@ -472,4 +499,4 @@ def cluster_listen_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     ]
     if node.is_head:
         ports = [ray.port, RAY_CLIENT_SERVER_PORT, *ports]
-    return [str(p) for p in ports] + [f"{ray.min_worker_port}:{ray.max_worker_port}"]
+    return [str(p) for p in ports] + [f"{ray.min_worker_port}:{ray.max_worker_port}", vllm_ports]

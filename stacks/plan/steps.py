@@ -22,11 +22,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from stacks.known_hosts import known_hosts_name
+from stacks.plan.firewall import (
+    FIREWALLED_LABEL,
+    READY_WAIT_SECONDS,
+    chain_name,
+    firewall_dir,
+    rules_digest,
+)
+from stacks.plan.front import FRONT_CONFIG_NAME, front_config
 from stacks.plan.nodes import (
     CONTAINER_SCRIPTS_DIR,
+    OWNER_FILE,
     DeploymentPlan,
     NodePlan,
-    cluster_listen_ports,
     log_specs,
     node_check_specs,
     node_lines,
@@ -35,7 +43,6 @@ from stacks.plan.nodes import (
 
 # Which bundle `<stateDir>/bin` holds (its digest): the scripts' delete checks it.
 BUNDLE_MARKER = ".bundle-digest"
-FIREWALL_CHAIN = "SPARK-VLLM-RAY"  # firewall.sh's own chain
 
 # What a step reads on stdin; the component wires the resource (or secret) that provides it.
 Stdin = Literal["scripts-bundle", "hf-token", "api-key", "head-public-key", "worker-host-keys"]
@@ -138,7 +145,23 @@ def _receipt_call(spec: StepSpec, receipt: Receipt, token: str) -> str:
     return script_call(spec.node, "receipt.sh", **flags)
 
 
+def owned(plan: DeploymentPlan, node: NodePlan, command: str) -> str:
+    """`command` (a delete inside `node`'s state leaf) run only while the leaf's owner file names
+    this deployment: no delete reaches a directory the program did not make. A leaf that is gone
+    (removed by hand) has nothing left to delete: the step succeeds, and says so."""
+    owner = shlex.quote(node.owner_file)
+    skipped = shlex.quote(
+        f"spark-vllm: {node.name}: {node.state_dir} is not this deployment's "
+        f"({plan.deployment_id}) or is gone: nothing deleted there"
+    )
+    return (
+        f'if [ "$(cat {owner} 2>/dev/null)" = {shlex.quote(plan.deployment_id)} ]; '
+        f"then {command}; else echo {skipped} >&2; fi"
+    )
+
+
 def _undoable(
+    plan: DeploymentPlan,
     name: str,
     node: NodePlan,
     script: str,
@@ -149,16 +172,19 @@ def _undoable(
     create_flags: dict[str, str] | None = None,
     stdin: Stdin | None = None,
     quiet: Literal["stderr", "none"] | None = None,
+    in_state_leaf: bool = True,
 ) -> StepSpec:
     """A quick step whose script both does (`actions[0]`) and undoes (`actions[1]`) its work on
-    `node` with the same flags; its receipt is kept there."""
+    `node` with the same flags; its receipt is kept there. An undo that deletes inside the state
+    leaf (`in_state_leaf`) runs only while the leaf is this deployment's (`owned`)."""
     do, undo = actions
+    delete = script_call(node, script, undo, **flags)
     return StepSpec(
         name=name,
         node=node,
         create=script_call(node, script, do, **flags, **(create_flags or {})),
         receipts=(Receipt(name, node, checks),),
-        delete=script_call(node, script, undo, **flags),
+        delete=owned(plan, node, delete) if in_state_leaf else delete,
         stdin=stdin,
         quiet=quiet,
     )
@@ -173,7 +199,35 @@ def mounts_step(name: str) -> str:
 
 
 def bound_dirs(plan: DeploymentPlan, node: NodePlan) -> tuple[str, ...]:
-    return (node.bin_dir, node.ray_dir, plan.config.model.cache_dir)
+    own = (node.bin_dir, node.ray_dir, firewall_dir(node))
+    front = (front_dir(plan),) if node.is_head else ()
+    return (*own, *front, plan.config.model.cache_dir)
+
+
+def front_dir(plan: DeploymentPlan) -> str:
+    return f"{plan.head.state_dir}/front"
+
+
+def claim_state_leaf(plan: DeploymentPlan, node: NodePlan) -> str:
+    """Make `node`'s state leaf and mark it this deployment's; refuse a leaf that holds files
+    without the mark (not made by spark-vllm) or another deployment's mark."""
+    leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
+    deployment = shlex.quote(plan.deployment_id)
+    prefix = f"spark-vllm: {node.name}: scripts: {node.state_dir}"
+    foreign = shlex.quote(f"{prefix} holds files spark-vllm did not make: not using it")
+    other = shlex.quote(f"{prefix} belongs to deployment ")
+    fix = shlex.quote(
+        "  likely cause: hosts[].stateDir names a directory in use; choose another base directory"
+    )
+    return (
+        f"mkdir -p -m 700 {leaf} && "
+        f'owner="$(cat {owner} 2>/dev/null || true)" && '
+        f'if [ -z "$owner" ] && [ -n "$(ls -A {leaf})" ]; then '
+        f"echo {foreign} >&2; echo {fix} >&2; exit 1; fi && "
+        f'if [ -n "$owner" ] && [ "$owner" != {deployment} ]; then '
+        f'echo {other}"$owner" >&2; echo {fix} >&2; exit 1; fi && '
+        f"echo {deployment} > {owner}"
+    )
 
 
 def install_scripts(
@@ -193,12 +247,17 @@ def install_scripts(
     bin_dir = shlex.quote(node.bin_dir)
     marker = shlex.quote(f"{node.bin_dir}/{BUNDLE_MARKER}")
     marks = words(f"{d}/.spark-vllm-mark.{mounts_step(name)}" for d in bound)
-    receipts_dir = shlex.quote(f"{node.state_dir}/receipts")
+    # What the deployment made inside its leaf: gone with the scripts, the last step on the host.
+    made = words(
+        [node.bin_dir, f"{node.state_dir}/receipts", node.ray_dir, firewall_dir(node)]
+        + ([front_dir(plan)] if node.is_head else [])
+    )
+    leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
     return StepSpec(
         name=f"{name}-scripts",
         node=node,
         create=(
-            f"umask 077 && mkdir -p {words(bound)} && "
+            f"umask 077 && {claim_state_leaf(plan, node)} && mkdir -p {words(bound)} && "
             f"chmod 755 {bin_dir} && base64 -d | tar -xzf - -C {bin_dir} && "
             f"echo {digest} > {marker}"
         ),
@@ -206,9 +265,13 @@ def install_scripts(
             Receipt(f"{name}-scripts", node, (check("sha256sums", node.bin_dir),)),
             Receipt(mounts_step(name), node, tuple(check("mark", d) for d in bound)),
         ),
-        delete=(
+        delete=owned(
+            plan,
+            node,
             f'if [ "$(cat {marker} 2>/dev/null)" = {digest} ]; then '
-            f"rm -rf {bin_dir} {receipts_dir} && rm -f {marks}; fi"
+            f"rm -rf {made} && rm -f {marks} && "
+            f'if [ "$(ls -A {leaf})" = {shlex.quote(OWNER_FILE)} ]; then '
+            f"rm -f {owner} && rmdir {leaf}; fi; fi",
         ),
         stdin="scripts-bundle",
         timeouts=Timeouts(create=2),
@@ -228,16 +291,54 @@ def preflight(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
 
 
 def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None:
-    """The cluster's ports (Ray's, or mp's rendezvous and message queues) reachable on lo and
-    the fabric only (neither Ray nor torch.distributed binds to one interface)."""
+    """The guard container holds this node's rules (stacks/plan/firewall.py): the step waits,
+    bounded, for its first marker, and its delete takes the rules down unless a container
+    behind the gate still runs (components/scripts/firewall-step.sh)."""
     if not plan.config.fabric.firewall:
         return None
-    flags = {
-        "fabric_interface": node.fabric_interface,
-        "tcp_ports": ",".join(cluster_listen_ports(plan, node)),
+    flags: dict[str, str | float] = {
+        "container": plan.container_name("firewall"),
+        "dir": firewall_dir(node),
     }
-    checks = (check("firewall", FIREWALL_CHAIN),)
-    return _undoable(f"{name}-firewall", node, "firewall.sh", ("apply", "remove"), flags, checks)
+    return StepSpec(
+        name=f"{name}-{node.name}",
+        node=node,
+        create=script_call(
+            node,
+            "firewall-step.sh",
+            "wait",
+            **flags,
+            digest=rules_digest(plan, node),
+            timeout_seconds=READY_WAIT_SECONDS,
+        ),
+        delete=script_call(
+            node,
+            "firewall-step.sh",
+            "remove",
+            **flags,
+            chain=chain_name(plan),
+            label=FIREWALLED_LABEL,
+        ),
+    )
+
+
+def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
+    """The front's haproxy.cfg on the head, whole on the command line: it holds no secret, so
+    `pulumi preview` shows what a change does to it."""
+    head, path = plan.head, f"{front_dir(plan)}/{FRONT_CONFIG_NAME}"
+    target, partial = shlex.quote(path), shlex.quote(f"{path}.tmp")
+    step = f"{name}-config"
+    return StepSpec(
+        name=step,
+        node=head,
+        create=(
+            f"mkdir -p {shlex.quote(front_dir(plan))} && "
+            f"printf '%s' {shlex.quote(front_config(plan))} > {partial} && "
+            f"chmod 644 {partial} && mv {partial} {target}"
+        ),
+        receipts=(Receipt(step, head, (check("files", path),)),),
+        delete=owned(plan, head, f"rm -f {target}"),
+    )
 
 
 # -- fabric trust ------------------------------------------------------------------------------
@@ -273,7 +374,9 @@ def head_fabric_key(plan: DeploymentPlan, name: str) -> StepSpec:
     flags = {"state_dir": head.state_dir, "comment": fabric_marker(plan)}
     key_file = fabric_key_file(plan)
     checks = (check("files", key_file, f"{key_file}.pub"),)
-    return _undoable(f"{name}-head-key", head, "fabric-key.sh", ("ensure", "remove"), flags, checks)
+    return _undoable(
+        plan, f"{name}-head-key", head, "fabric-key.sh", ("ensure", "remove"), flags, checks
+    )
 
 
 def authorize_head_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
@@ -281,6 +384,7 @@ def authorize_head_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> Ste
     it prints the worker's host keys, which the head then pins."""
     marker = fabric_marker(plan)
     return _undoable(
+        plan,
         f"{name}-{worker.name}-authorize",
         worker,
         "authorize-key.sh",
@@ -288,6 +392,9 @@ def authorize_head_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> Ste
         {"marker": marker},
         (check("authorized", marker),),
         stdin="head-public-key",
+        # ~/.ssh/authorized_keys, edited by the exact comment: a revocation must happen even
+        # when the state leaf is gone.
+        in_state_leaf=False,
     )
 
 
@@ -300,6 +407,7 @@ def pin_worker_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpe
     flags: dict[str, str] = {"state_dir": head.state_dir, "address": address}
     pinned = worker.ssh.host_key
     return _undoable(
+        plan,
         f"{name}-{worker.name}-pin",
         head,
         "pin-host-key.sh",
@@ -352,6 +460,12 @@ def image_pull(plan: DeploymentPlan) -> ImagePull:
     )
 
 
+def front_image_pull(plan: DeploymentPlan) -> ImagePull:
+    """The front's image, pulled on the head and kept (small, and what a rollback needs)."""
+    image = plan.config.front.image
+    return ImagePull(ref=image.ref, platform=image.platform, keep_locally=True, timeout_minutes=15)
+
+
 def image_id_file(plan: DeploymentPlan) -> str:
     return f"{plan.head.state_dir}/image-id"
 
@@ -372,7 +486,7 @@ def record_image(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
             ref=plan.config.image.ref,
         ),
         receipts=(Receipt(step, head, (check("files", record_file), check("image", image_id))),),
-        delete=f"rm -f {shlex.quote(record_file)}",
+        delete=owned(plan, head, f"rm -f {shlex.quote(record_file)}"),
     )
 
 
@@ -420,7 +534,12 @@ def _head_to_worker(
         node=head,
         create=script_call(head, script, **flags),
         receipts=(Receipt(step, worker, (done,)),),
-        delete=script_call(head, script, **flags, remove="yes") if removable else None,
+        delete=(
+            # The worker's stage is deleted only while its leaf is this deployment's.
+            script_call(head, script, **flags, remove="yes", owner=plan.deployment_id)
+            if removable
+            else None
+        ),
         timeouts=Timeouts(create=minutes + 5),
         fabric=tuple(fabric.items()),
     )
@@ -567,6 +686,7 @@ def _wait(
 def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
     """The API key (stdin) written to the file the server's launcher reads; nothing is logged."""
     return _undoable(
+        plan,
         f"{name}-api-key",
         plan.head,
         "api-key-file.sh",

@@ -167,10 +167,15 @@ class MultiNodeEngine:
         threading.Thread(target=self._accept_late_joiners, daemon=True).start()
 
     def _listen(self) -> socket.socket:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        """As torch's TCPStore server: on every address, IPv6 and IPv4 (`[::]`, dual-stack)
+        where the host has IPv6 (c10d socket.cpp tries IPv6 first), else IPv4 only."""
+        ipv6 = socket.has_ipv6 and os.path.exists("/proc/net/if_inet6")
+        listener = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if ipv6:
+            listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         try:
-            listener.bind(("", self.config.master_port))
+            listener.bind(("::" if ipv6 else "", self.config.master_port))
         except OSError as error:
             listener.close()
             raise StartupError(
