@@ -22,6 +22,8 @@ from tests.lab.realmocks import RealMocks, StackOutputs, run_program
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "lab-secret-3f9a"
 PREFIX = "spark-vllm"
+# The lab stack's own directory on each host: <stateDir>/<project>.<stack> (stacks/plan/nodes.py)
+STATE = "/root/.spark-vllm/spark-vllm.lab"
 # A server that exits at start, as whichever sees it first reports it: the Docker provider's
 # mustRun check, or the readiness wait (Docker restarts the server, so it may be running again).
 EXITED_AT_START = "container exited unexpectedly|vLLM exited during start-up"

@@ -28,6 +28,7 @@ from tests.lab.deploying import (
     EXITED_AT_START,
     PREFIX,
     REPO,
+    STATE,
     EndpointPoller,
     complete,
     copy_report,
@@ -40,7 +41,6 @@ from tests.lab.timings import record_day_two, record_figure, record_timing
 
 pytestmark = pytest.mark.lab
 
-STATE = "/root/.spark-vllm"
 PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "components", "stacks")
 IMAGE_V2 = "spark-vllm-lab:v2"
 MODEL_SNAPSHOTS = "/root/.cache/huggingface/hub/models--spark-vllm-lab--tiny-chat-2/snapshots"

@@ -10,7 +10,7 @@ import pytest
 
 from lab import Lab
 from tests.lab.day_two import Stack, deployed, next_up
-from tests.lab.deploying import PREFIX, complete, host_sh, lab_config
+from tests.lab.deploying import PREFIX, STATE, complete, host_sh, lab_config
 
 pytestmark = pytest.mark.lab
 
@@ -65,7 +65,7 @@ def test_shrink_removes_the_spark_again(two_of_three: Stack) -> None:
     assert ray_node_count(lab) == 2
     # The removed host keeps nothing of the deployment.
     assert host_sh(lab, NEW_HOST, "docker ps -aq") == ""
-    assert host_sh(lab, NEW_HOST, "ls -A /root/.spark-vllm/bin 2>/dev/null || true") == ""
+    assert host_sh(lab, NEW_HOST, f"ls -A {STATE}/bin 2>/dev/null || true") == ""
     assert "spark-vllm-fabric" not in host_sh(lab, NEW_HOST, "cat /root/.ssh/authorized_keys")
-    pins = host_sh(lab, "spark1", "cat /root/.spark-vllm/fabric_known_hosts")
+    pins = host_sh(lab, "spark1", f"cat {STATE}/fabric_known_hosts")
     assert lab.spec.host_fabric_ip(2) not in pins

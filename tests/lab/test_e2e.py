@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from shlex import quote as q
@@ -22,10 +20,12 @@ import pytest
 from lab import Lab
 from lab.image import REQUIREMENTS
 from lab.stack import SERVED_NAME
+from tests.lab import attacker
 from tests.lab.deploying import (
     API_KEY,
     PREFIX,
     RAY_NODES,
+    STATE,
     complete,
     copy_report,
     deploy,
@@ -156,20 +156,27 @@ def test_the_api_key_is_enforced(deployed: Deployment, endpoint: str) -> None:
     assert complete(endpoint, deployed.outputs["modelId"], key="wrong")[0] == 401
 
 
-def test_the_api_key_protects_v1_only(endpoint: str) -> None:
-    """As vLLM's AuthenticationMiddleware does (the README says so): whoever reaches the port
-    gets /health and /version without the key."""
-    root = endpoint.removesuffix("/v1")
-    assert status_of(f"{root}/health") == 200 and status_of(f"{root}/version") == 200
-    assert status_of(f"{endpoint}/models") == 401
+def test_every_route_wants_the_key_and_the_openai_client_streams(
+    deployed: Deployment, endpoint: str
+) -> None:
+    """From the bastion (a neighbour on the mgmt LAN): 401 on every vLLM route without the key;
+    with it, the official client streams. vLLM itself, on the head's loopback, answers its open
+    routes without the key: the front is what closes them."""
+    lab, model = deployed.lab, deployed.outputs["modelId"]
+    published = f"http://{lab.spec.host_mgmt_ip(0)}:8000"
+    attacker.assert_every_route_wants_the_key(lab, published, API_KEY, model)
+    attacker.assert_the_openai_client_streams(endpoint, API_KEY, model)
+    tokenize = "curl -s -o /dev/null -w '%{http_code}' -X POST -d '{\"prompt\": \"hi\"}' "
+    assert host_sh(lab, "spark1", tokenize + "http://127.0.0.1:8001/tokenize") == "200"
+    assert not reachable_from_bastion(lab, lab.spec.host_mgmt_ip(0), 8001)
 
 
-def status_of(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return error.code
+def test_the_key_never_reaches_a_ray_worker(deployed: Deployment) -> None:
+    """vLLM's Ray executor copies the driver's VLLM_* variables to its workers, less those its
+    non-carry-over file lists: the launcher lists VLLM_API_KEY (the stand-in copies as vLLM)."""
+    lines = host_sh(deployed.lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1 | grep 'rank [0-9]:'")
+    carried = re.findall(r"api_key_carried=(\w+)", lines)
+    assert carried == ["no", "no"], lines
 
 
 def test_ray_lists_every_node_by_its_fabric_ip(deployed: Deployment) -> None:
@@ -183,7 +190,7 @@ def test_each_worker_has_the_heads_image_and_model(deployed: Deployment) -> None
     lab = deployed.lab
     image_id = deployed.outputs["imageId"]
     manifest = (
-        "bash /root/.spark-vllm/bin/hf-manifest.sh --host {h} --cache-dir /root/.cache/huggingface"
+        f"bash {STATE}/bin/hf-manifest.sh --host {{h}} --cache-dir /root/.cache/huggingface"
         " --model spark-vllm-lab/tiny-chat --revision main"
     )
     head_manifest = host_sh(lab, "spark1", manifest.format(h="spark1"))
@@ -197,23 +204,22 @@ def test_each_worker_has_the_heads_image_and_model(deployed: Deployment) -> None
 
 
 def test_secrets_are_not_in_container_configuration(deployed: Deployment) -> None:
-    inspect = host_sh(deployed.lab, "spark1", f"docker inspect {PREFIX}-vllm")
-    assert API_KEY not in inspect
-    mode = host_sh(deployed.lab, "spark1", "stat -c %a /root/.spark-vllm/secrets/api-key")
-    assert mode == "600"
+    for container in ("vllm", "front", "ray-head", "firewall"):
+        inspect = host_sh(deployed.lab, "spark1", f"docker inspect {PREFIX}-{container}")
+        assert API_KEY not in inspect, container
+    secrets = f"{STATE}/secrets"
+    modes = host_sh(deployed.lab, "spark1", f"stat -c %a {secrets}/api-key {secrets}/bearer")
+    assert modes.split() == ["600", "600"]
 
 
 def test_what_the_bastion_can_and_cannot_reach(deployed: Deployment) -> None:
     lab, spec = deployed.lab, deployed.lab.spec
-    head, worker = spec.host_mgmt_ip(0), spec.host_mgmt_ip(1)
-    # Reachable: SSH on every host, and the API (which wants the key: see above).
-    assert reachable_from_bastion(lab, head, 22) and reachable_from_bastion(lab, worker, 22)
-    assert reachable_from_bastion(lab, head, 8000)
-    # Not reachable: Ray's ports on the mgmt network (the firewall drops them; Ray itself
-    # listens on every interface), and nothing at all on the fabric.
-    for address, port in ((head, 6379), (head, 10001), (head, 6380), (worker, 6380),
-                          (worker, 10002)):  # fmt: skip
-        assert not reachable_from_bastion(lab, address, port), f"{address}:{port}"
+    # Reachable: SSH on every host, and the API (which wants the key: see above). Every other
+    # port listening on a wildcard address (Ray's, vLLM's own) is dropped, IPv4 and IPv6.
+    hosts = ("spark1", "spark2")
+    probed = attacker.assert_the_lan_reaches_only_ssh_and_the_endpoint(lab, hosts, 8000)
+    assert {6379, 6380, 6381} <= set(probed["spark1"]), probed  # GCS, raylet, object manager
+    assert {6380, 6381} <= set(probed["spark2"]), probed
     for index in range(spec.hosts):
         assert not reachable_from_bastion(lab, spec.host_fabric_ip(index), 22)
     # While the nodes themselves still talk over the fabric.
@@ -242,14 +248,11 @@ def test_teardown_leaves_the_hosts_clean(deployed: Deployment) -> None:
         assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host
         authorized = host_sh(lab, host, "cat /root/.ssh/authorized_keys")
         assert "spark-vllm-fabric" not in authorized, f"{host}: fabric key still authorized"
-        assert host_sh(lab, host, "ls /root/.spark-vllm/bin 2>/dev/null || true") == ""
-    assert host_sh(lab, "spark1", "ls /root/.spark-vllm/fabric_ed25519 2>&1 || true").endswith(
+        assert host_sh(lab, host, f"ls {STATE}/bin 2>/dev/null || true") == ""
+    assert host_sh(lab, "spark1", f"ls {STATE}/fabric_ed25519 2>&1 || true").endswith(
         "No such file or directory"
     )
-    assert (
-        host_sh(lab, "spark1", "test -e /root/.spark-vllm/secrets/api-key && echo left || true")
-        == ""
-    )
+    assert host_sh(lab, "spark1", f"test -e {STATE}/secrets/api-key && echo left || true") == ""
 
 
 @pytest.mark.parametrize("executor", ["ray", "mp"])

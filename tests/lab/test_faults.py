@@ -21,6 +21,7 @@ from tests.lab.deploying import (
     EXITED_AT_START,
     PREFIX,
     RAY_NODES,
+    STATE,
     copy_report,
     host_sh,
     lab_config,
@@ -123,7 +124,7 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
     )
     assert tagged == "", "a partial image was left tagged on the worker"
     # What arrived before the cut is staged on the worker, and the next copy resumes from it.
-    stage = "/root/.spark-vllm/image-stage"
+    stage = f"{STATE}/image-stage"
     staged = int(host_sh(lab, WORKER, f"du -sb --apparent-size {stage} | cut -f1"))
     whole = int(host_sh(lab, "spark1", f"docker save {IMAGE} | wc -c"))
     assert staged > 0, "nothing of the cut copy was staged"

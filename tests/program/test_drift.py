@@ -30,7 +30,7 @@ class DriftedHosts(FakeHosts):
 
 
 def deployed_config(make_config: ConfigFactory) -> dict[str, Any]:
-    return make_config(hosts=2, fabric={"firewall": True})
+    return make_config(hosts=2)
 
 
 def drift(make_config: ConfigFactory, *lost: str) -> dict[str, str]:
@@ -51,15 +51,14 @@ def test_every_step_that_leaves_something_on_a_host_records_a_receipt(
         "fabric-head-key",
         "fabric-spark2-authorize",
         "fabric-spark2-pin",
+        "front-api-key",
+        "front-config",
         "image-head-record",
         "image-spark2-sync",
-        "spark1-firewall",
         "spark1-mounts",
         "spark1-scripts",
-        "spark2-firewall",
         "spark2-mounts",
         "spark2-scripts",
-        "vllm-api-key",
         "weights-fetch",
         "weights-spark2-copy",
     ]
@@ -82,8 +81,8 @@ def test_healthy_hosts_plan_nothing(make_config: ConfigFactory) -> None:
         ("spark2-scripts", {"spark2-scripts": "update"}),
         ("fabric-spark2-authorize", {"fabric-spark2-authorize": "update"}),
         ("fabric-spark2-pin", {"fabric-spark2-pin": "update"}),
-        ("vllm-api-key", {"vllm-api-key": "update"}),
-        ("spark1-firewall", {"spark1-firewall": "update"}),
+        ("front-api-key", {"front-api-key": "update"}),
+        ("front-config", {"front-config": "update"}),
     ],
 )
 def test_a_lost_receipt_reruns_exactly_its_step(
@@ -115,7 +114,8 @@ def test_a_recreated_state_dir_restarts_the_containers_bound_to_it(
         "fabric-spark2-pin",
         "image-head-record",
         "weights-fetch",
-        "vllm-api-key",
+        "front-api-key",
+        "front-config",
     )
     assert changes == {
         "spark1-scripts": "update",
@@ -125,7 +125,10 @@ def test_a_recreated_state_dir_restarts_the_containers_bound_to_it(
         "image-head-record": "update",
         "weights-fetch": "update",  # the snapshot is used as is; preview cannot know that,
         "weights-spark2-copy": "update",  # so the copy's manifest is unknown until the up
-        "vllm-api-key": "update",
+        "front-api-key": "update",
+        "front-config": "update",
+        "front-container": "replace",
+        "firewall-spark1-guard": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",  # joined the old head
         "ray-joined": "replace",

@@ -20,7 +20,6 @@ def mp_config(make_config: ConfigFactory, hosts: int = 2, **vllm: Any) -> dict[s
 @pytest.fixture
 def mp(make_config: ConfigFactory) -> Evaluation:
     config = mp_config(make_config)
-    config["fabric"] = {"firewall": True}
     return evaluate(config, SECRETS)
 
 
@@ -64,7 +63,8 @@ def test_the_head_is_node_rank_0_and_the_worker_runs_headless(mp: Evaluation) ->
     # Otherwise the same serving arguments on every node.
     assert without_rank(head) == without_rank(worker)
     assert head_flags[head_flags.index("--peers") + 1] == "spark2=10.241.0.12"
-    assert head_flags[head_flags.index("--health-url") + 1] == "http://127.0.0.1:8000/health"
+    # vLLM's own port, on loopback: the front publishes 8000.
+    assert head_flags[head_flags.index("--health-url") + 1] == "http://127.0.0.1:8001/health"
     assert worker_flags[worker_flags.index("--peers") + 1] == "spark1=10.241.0.11"
     # Only the head serves: only it reads the API key.
     assert "--key-file" in head_flags and "--key-file" not in worker_flags
@@ -96,7 +96,7 @@ def test_the_head_starts_after_the_worker_and_the_wait_after_both(mp: Evaluation
     assert mp.depends_on("vllm-spark2", "image-spark2-sync")
     assert mp.depends_on("vllm-container", "memory-check")
     ready = mp.named("vllm-ready").inputs
-    assert len(ready["triggers"]) == 2
+    assert len(ready["triggers"]) == 3  # the server, the worker's, and the front it asks through
     assert "--executor mp --rendezvous 10.241.0.11:29501" in ready["create"]
     assert "spark2|ssh://aurora@10.241.0.12:22|spark-vllm-vllm" in ready["create"]
 
@@ -104,10 +104,15 @@ def test_the_head_starts_after_the_worker_and_the_wait_after_both(mp: Evaluation
 def test_preflight_and_firewall_cover_the_rendezvous_not_rays_ports(mp: Evaluation) -> None:
     head = mp.named("spark1-preflight").inputs["create"]
     worker = mp.named("spark2-preflight").inputs["create"]
-    assert "--ports 8000,29501 " in head
+    assert "--ports 8000,8001,29501 " in head
     assert "--ports '' " in worker
-    assert "--tcp-ports 29501,29502:29533" in mp.named("spark1-firewall").inputs["create"]
-    assert "--tcp-ports 29502:29533" in mp.named("spark2-firewall").inputs["create"]
+
+    def guarded(host: str) -> str:
+        words = mp.named(f"firewall-{host}-guard").inputs["command"]
+        return str(words[words.index("--tcp-ports") + 1])
+
+    assert guarded("spark1") == "29501,29502:29533,8001"
+    assert guarded("spark2") == "29502:29533"
 
 
 def test_the_image_need_not_carry_ray(mp: Evaluation) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,8 @@ COMPONENTS = {
     "spark-vllm:index:ServerMemory",
     "spark-vllm:index:RayCluster",
     "spark-vllm:index:VllmServer",
+    "spark-vllm:index:Firewall",
+    "spark-vllm:index:Front",
 }
 
 
@@ -85,8 +88,11 @@ def test_one_image_transfer_and_one_weights_copy_per_worker(evaluation: Evaluati
     syncs = [r.name for r in ev.by_type("command:remote:Command") if r.name.endswith("-sync")]
     copies = [r.name for r in ev.by_type("command:remote:Command") if r.name.endswith("-copy")]
     assert len(syncs) == len(copies) == n - 1
-    assert len(ev.by_type("docker:index/remoteImage:RemoteImage")) == 1  # pulled on the head only
-    assert len(ev.by_type("docker:index/container:Container")) == n + 1  # Ray per node + vLLM
+    pulls = {r.name: r.inputs["name"] for r in ev.by_type("docker:index/remoteImage:RemoteImage")}
+    # Pulled on the head only: the serving image, and the front's.
+    assert pulls == {"image-pull": "example/vllm-gb10:1.0", "front-pull": "haproxy:3.2"}
+    # Ray per node, vLLM, the front, and the firewall guard per node.
+    assert len(ev.by_type("docker:index/container:Container")) == 2 * n + 2
 
 
 def test_connections_use_the_bastion_for_via_hosts_only(evaluation: Evaluation) -> None:
@@ -129,10 +135,28 @@ def test_docker_providers_reach_each_host_over_pinned_ssh(evaluation: Evaluation
 
 
 RESTART = {"ray-head": "on-failure", "ray-worker": "on-failure", "vllm": "unless-stopped"}
+SERVICES = ("ray-head", "ray-worker", "vllm")
+
+
+def ungated(entrypoints: list[str]) -> list[str]:
+    """A container's own entrypoint, after the firewall gate (`bash -c <gate> firewall-gate
+    <marker> <digest> <fresh> <wait> -- ...`) that the default firewall puts before it."""
+    assert entrypoints[:2] == ["bash", "-c"] and entrypoints[3] == "firewall-gate", entrypoints
+    return entrypoints[entrypoints.index("--") + 1 :]
+
+
+def role_of(inputs: dict[str, Any]) -> str:
+    return str(next(lb["value"] for lb in inputs["labels"] if lb["label"] == "spark-vllm.role"))
 
 
 def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> None:
-    for resource in evaluation.by_type("docker:index/container:Container"):
+    services = [
+        resource
+        for resource in evaluation.by_type("docker:index/container:Container")
+        if role_of(resource.inputs) in SERVICES
+    ]
+    assert services
+    for resource in services:
         inputs = resource.inputs
         assert resource.delete_before_replace, "fixed names: the old container must go first"
         assert {"label": "spark-vllm.deployment", "value": "spark-vllm/dev"} in inputs["labels"]
@@ -149,14 +173,14 @@ def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> No
         assert {"name": "memlock", "soft": -1, "hard": -1} in inputs["ulimits"]
         targets = {m["target"]: m for m in inputs["mounts"]}
         assert targets["/root/.cache/huggingface"]["source"] == "/home/aurora/.cache/huggingface"
-        assert targets["/tmp/ray"]["source"] == "/home/aurora/.spark-vllm/ray"
+        assert targets["/tmp/ray"]["source"] == "/home/aurora/.spark-vllm/spark-vllm.dev/ray"
         assert inputs["image"].startswith("sha256:"), "containers run the image ID, not a tag"
 
 
 def test_ray_containers_run_ray_bound_to_the_fabric(evaluation: Evaluation) -> None:
     ev = evaluation
     head = ev.named("ray-head").inputs
-    assert head["entrypoints"] == ["ray"]
+    assert ungated(head["entrypoints"]) == ["ray"]
     assert head["command"][:2] == ["start", "--head"]
     assert "--block" in head["command"] and "--include-dashboard=false" in head["command"]
     assert "--node-ip-address=10.241.0.11" in head["command"]
@@ -189,8 +213,9 @@ def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) ->
     ev = evaluation
     n = host_count(ev)
     server = ev.named("vllm-container").inputs
-    assert server["entrypoints"][:2] == ["bash", "-c"]
-    assert "exec vllm serve" in server["entrypoints"][2]
+    entrypoint = ungated(server["entrypoints"])
+    assert entrypoint[:2] == ["bash", "-c"]
+    assert "exec vllm serve" in entrypoint[2]
     split = server["command"].index("--")
     launcher_flags, command = server["command"][:split], server["command"][split + 1 :]
     ips = ",".join(f"10.241.0.{10 + i}" for i in range(1, n + 1))
@@ -206,7 +231,8 @@ def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) ->
     assert "--api-key" not in command
     mounts = {m["target"]: m for m in server["mounts"]}
     key_dir = mounts["/run/spark-vllm"]
-    assert key_dir["readOnly"] is True and key_dir["source"] == "/home/aurora/.spark-vllm/secrets"
+    assert key_dir["readOnly"] is True
+    assert key_dir["source"] == "/home/aurora/.spark-vllm/spark-vllm.dev/secrets"
 
 
 def test_waits_are_bounded(evaluation: Evaluation) -> None:
@@ -250,7 +276,7 @@ def test_managed_trust_pins_the_worker_key_from_config(make_config: ConfigFactor
     assert "--address 10.241.0.12" in pin
     assert "AAAAC3NzaC1lZDI1NTE5AAAAISpark2Key" in pin
     assert (
-        "--fabric-key /home/aurora/.spark-vllm/fabric_ed25519"
+        "--fabric-key /home/aurora/.spark-vllm/spark-vllm.dev/fabric_ed25519"
         in (ev.named("image-spark2-sync").inputs["create"])
     )
 
@@ -309,27 +335,39 @@ def test_ray_ports_are_fixed_and_checked_by_preflight(make_config: ConfigFactory
     for flag in ("--node-manager-port=6380", "--min-worker-port=10002",
                  "--max-worker-port=10999"):  # fmt: skip
         assert flag in head
-    assert "--ports 8000,6379,10001,6380,6381" in ev.named("spark1-preflight").inputs["create"]
+    assert "--ports 8000,8001,6379,10001,6380,6381" in ev.named("spark1-preflight").inputs["create"]
     assert "--ports 6380,6381,6382" in ev.named("spark2-preflight").inputs["create"]
 
 
-def test_the_opt_in_firewall_guards_rays_ports_before_ray_starts(
+def test_the_default_firewall_guards_every_cluster_port_before_anything_listens(
     make_config: ConfigFactory,
 ) -> None:
-    assert not [
-        r for r in evaluate(make_config(hosts=2), SECRETS).registrations
-        if r.name.endswith("-firewall")
-    ]  # fmt: skip
-    ev = evaluate(make_config(hosts=2, fabric={"firewall": True}), SECRETS)
-    for host, interface, container in (("spark1", "enp1s0f1np1", "ray-head"),
-                                       ("spark2", "enP2p1s0f1np1", "ray-spark2")):  # fmt: skip
-        firewall = ev.named(f"{host}-firewall").inputs
-        assert (
-            f"firewall.sh apply --host {host} --fabric-interface {interface}"
-            in (firewall["create"])
-        )
-        assert "10002:10999" in firewall["create"] and "remove" in firewall["delete"]
-        assert ev.depends_on(container, f"{host}-firewall")
+    ev = evaluate(make_config(hosts=2), SECRETS)
+    for host, interface, containers in (("spark1", "enp1s0f1np1", ("ray-head", "vllm-container")),
+                                        ("spark2", "enP2p1s0f1np1", ("ray-spark2",))):  # fmt: skip
+        guard = ev.named(f"firewall-{host}-guard").inputs
+        assert guard["restart"] == "always" and guard["networkMode"] == "host"
+        assert guard["capabilities"] == {"adds": ["NET_ADMIN", "NET_RAW"]}
+        mounts = {m["target"]: m for m in guard["mounts"]}
+        assert mounts["/host"] == {"type": "bind", "source": "/", "target": "/host",
+                                   "readOnly": True}  # fmt: skip
+        words = guard["command"]
+        assert words[words.index("--fabric-interface") + 1] == interface
+        ports = words[words.index("--tcp-ports") + 1].split(",")
+        assert "10002:10999" in ports and "29502:29533" in ports  # Ray's workers, vLLM's own
+        assert ("6379" in ports) == (host == "spark1")
+        step = ev.named(f"firewall-{host}").inputs
+        assert "firewall-step.sh wait" in step["create"]
+        assert "firewall-step.sh remove" in step["delete"]
+        assert ev.depends_on(f"firewall-{host}", f"firewall-{host}-guard")
+        for container in containers:
+            assert ev.depends_on(container, f"firewall-{host}")
+            assert ungated(ev.named(container).inputs["entrypoints"])  # behind the gate
+    # Turned off: no guard, no gate, and a loud warning.
+    off = evaluate(make_config(hosts=2, fabric={"firewall": False}), SECRETS)
+    assert not [r for r in off.registrations if r.name.startswith("firewall-")]
+    assert off.named("ray-head").inputs["entrypoints"] == ["ray"]
+    assert any("fabric.firewall is false" in w for w in off.warnings), off.warnings
 
 
 def test_every_step_that_leaves_something_behind_has_a_delete(
@@ -344,7 +382,8 @@ def test_every_step_that_leaves_something_behind_has_a_delete(
     assert ev.named("image-spark2-sync").inputs["delete"].endswith("--remove yes")
     assert ev.named("image-pull").inputs["keepLocally"] is False
     for name in ("spark1-scripts", "image-head-record", "fabric-head-key",
-                 "fabric-spark2-authorize", "fabric-spark2-pin", "vllm-api-key"):  # fmt: skip
+                 "fabric-spark2-authorize", "fabric-spark2-pin", "front-api-key",
+                 "front-config", "firewall-spark1", "firewall-spark2"):  # fmt: skip
         assert ev.named(name).inputs["delete"], name
 
 
@@ -373,7 +412,7 @@ def test_the_first_workers_copies_relay_to_every_worker(make_config: ConfigFacto
         members = [line.split("|") for line in chain.splitlines()]
         assert [m[0] for m in members] == workers
         assert [m[1] for m in members] == [f"ssh://aurora@10.241.0.{11 + i}:22" for i in (1, 2, 3)]
-        assert all(m[2].endswith("/.spark-vllm/bin") for m in members), members
+        assert all(m[2].endswith("/.spark-vllm/spark-vllm.dev/bin") for m in members), members
         for worker in workers[1:]:
             assert relay_flag(ev, step.format(worker)) is None
             assert ev.depends_on(step.format(worker), leader)

@@ -47,6 +47,9 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
         "memory-check": "update",  # what the new image's CUDA finds free
+        # The guard runs from the serving image; its rules stay in the kernel meanwhile.
+        "firewall-spark1-guard": "replace",
+        "firewall-spark2-guard": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",  # a new cluster is waited for again
@@ -69,10 +72,13 @@ def test_changing_a_vllm_setting_replaces_only_the_server(make_config: ConfigFac
     }
 
 
-def test_rotating_the_api_key_replaces_the_server_only(make_config: ConfigFactory) -> None:
+def test_rotating_the_api_key_replaces_the_server_and_the_front_only(
+    make_config: ConfigFactory,
+) -> None:
     config = make_config(hosts=2)
     assert plan(config, config, apiKey="sk-rotated") == {
-        "vllm-api-key": "update",
+        "front-api-key": "update",
+        "front-container": "replace",  # it reads the key's pattern file at start
         "vllm-container": "replace",
         "vllm-ready": "replace",
     }

@@ -50,6 +50,9 @@ READ_BY = {
     "RAY_ADDRESS": "ray.init (the driver joins the cluster)",
     "RAY_memory_monitor_refresh_ms": "the raylet, at start",
     "VLLM_HOST_IP": "vllm/envs.py",
+    # get_open_port (vllm/utils/network_utils.py) starts there: in the driver, and in the Ray
+    # workers, which run under the raylet's environment (and get the driver's VLLM_* too).
+    "VLLM_PORT": "vllm/envs.py",
     "NCCL_SOCKET_IFNAME": "NCCL",
     "NCCL_IB_HCA": "NCCL",
     "NCCL_IB_DISABLE": "NCCL",

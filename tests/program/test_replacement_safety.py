@@ -96,21 +96,30 @@ def test_the_scripts_delete_spares_a_newer_bundle(
     config["hosts"][0]["stateDir"] = str(tmp_path / "state dir's")  # a space and a quote
     config["model"]["cacheDir"] = str(tmp_path / "hf")
     inputs = unwrap_secrets(evaluate(config, SECRETS).named("spark1-scripts").inputs)
-    bin_dir = tmp_path / "state dir's" / "bin"
+    base = tmp_path / "state dir's"
+    leaf = base / "spark-vllm.dev"  # the deployment's own directory under stateDir
+    bin_dir = leaf / "bin"
 
     def bash(command: str, stdin: str = "") -> None:
         subprocess.run(["bash", "-c", command], input=stdin, text=True, check=True, timeout=30)
 
     bash(inputs["create"], inputs["stdin"])
     assert (bin_dir / "preflight.sh").is_file()
+    assert (leaf / ".spark-vllm-owner").read_text() == "spark-vllm/dev\n"
     marker = bin_dir / ".bundle-digest"
     installed = marker.read_text()
     marker.write_text("0" * 64 + "\n")  # a newer bundle was installed over it
     bash(inputs["delete"])
     assert (bin_dir / "preflight.sh").is_file(), "the old delete removed the new scripts"
     marker.write_text(installed)
+    (leaf / ".spark-vllm-owner").write_text("someone/else\n")  # not ours: nothing is deleted
+    bash(inputs["delete"])
+    assert (bin_dir / "preflight.sh").is_file(), "a delete ran in a leaf that is not ours"
+    (leaf / ".spark-vllm-owner").write_text("spark-vllm/dev\n")
+    (base / "users-own-file").write_text("kept")
     bash(inputs["delete"])  # destroy: the bundle it installed is still there
-    assert not bin_dir.exists()
+    assert not leaf.exists(), "the leaf holds nothing else: it goes, with its mark"
+    assert (base / "users-own-file").read_text() == "kept"
 
 
 @pytest.mark.parametrize("keep", [True, False])

@@ -47,10 +47,10 @@ def test_no_secret_is_on_a_command_line(evaluation: Evaluation) -> None:
 def test_tokens_travel_as_secret_stdin(evaluation: Evaluation) -> None:
     fetch = evaluation.named("weights-fetch").inputs
     assert is_secret(fetch["stdin"]) and fetch["stdin"]["value"] == SECRETS["hfToken"]
-    for name in ("vllm-api-key", "vllm-ready"):
+    for name in ("front-api-key", "vllm-ready"):
         stdin = evaluation.named(name).inputs["stdin"]
         assert is_secret(stdin) and stdin["value"] == SECRETS["apiKey"]
-    assert evaluation.named("vllm-api-key").inputs["logging"] == "none"
+    assert evaluation.named("front-api-key").inputs["logging"] == "none"
 
 
 def test_the_ssh_key_is_a_secret_in_every_connection(evaluation: Evaluation) -> None:
@@ -87,7 +87,7 @@ def test_outputs_keep_the_api_key_secret(evaluation: Evaluation) -> None:
 def test_the_hf_token_may_be_left_out(make_config: ConfigFactory) -> None:
     ev = evaluate(make_config(hosts=2), {"apiKey": SECRETS["apiKey"]})
     assert ev.named("weights-fetch").inputs["stdin"] == ""
-    assert is_secret(ev.named("vllm-api-key").inputs["stdin"])
+    assert is_secret(ev.named("front-api-key").inputs["stdin"])
 
 
 def test_the_api_key_is_required_by_the_cli(make_config: ConfigFactory) -> None:

@@ -15,12 +15,14 @@ import pytest
 
 from stacks.config import parse_stack_config
 from stacks.plan import steps
-from stacks.plan.containers import ray_container, vllm_container
+from stacks.plan.containers import EntryScripts, ray_container, vllm_container
+from stacks.plan.front import front_bind
 from stacks.plan.nodes import DeploymentPlan, plan_deployment
 from stacks.plan.steps import Receipt, StepSpec, create_command
 from tests.program.conftest import ConfigFactory
 
 REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = EntryScripts(launcher="echo launcher", gate="echo gate", guard="echo guard")
 IMAGE_ID = "sha256:" + "ab" * 32
 MANIFEST = "c0ffee1234 7 123456"
 
@@ -39,7 +41,7 @@ def every_step(plan: DeploymentPlan) -> list[StepSpec]:
     for node in plan.nodes:
         specs += [steps.install_scripts(plan, node.name, node, "d" * 64)]
         specs += [steps.preflight(plan, node.name, node)]
-        firewall = steps.firewall(plan, node.name, node)
+        firewall = steps.firewall(plan, "firewall", node)
         specs += [firewall] if firewall is not None else []
     specs += [steps.head_fabric_key(plan, "fabric")]
     for worker in plan.workers:
@@ -48,7 +50,8 @@ def every_step(plan: DeploymentPlan) -> list[StepSpec]:
         specs += [steps.sync_image(plan, "image", worker, IMAGE_ID)]
         specs += [steps.copy_weights(plan, "weights", worker, MANIFEST)]
     specs += [steps.record_image(plan, "image", IMAGE_ID), steps.fetch_weights(plan, "weights")]
-    specs += [steps.ray_wait(plan, "ray", IMAGE_ID), steps.api_key_file(plan, "vllm")]
+    specs += [steps.ray_wait(plan, "ray", IMAGE_ID), steps.api_key_file(plan, "front")]
+    specs += [steps.write_front_config(plan, "front")]
     specs += [steps.vllm_ready(plan, "vllm", IMAGE_ID)]
     return specs
 
@@ -119,7 +122,7 @@ def test_secrets_are_read_on_stdin_only(make_config: ConfigFactory) -> None:
     """No spec takes a secret: the steps that need one declare it as their stdin."""
     plan = plan_of(make_config(hosts=2))
     readers = {spec.name: spec.stdin for spec in every_step(plan) if spec.stdin is not None}
-    assert readers["vllm-api-key"] == "api-key" and readers["vllm-ready"] == "api-key"
+    assert readers["front-api-key"] == "api-key" and readers["vllm-ready"] == "api-key"
     assert readers["weights-fetch"] == "hf-token"
     assert steps.api_key_file(plan, "vllm").quiet == "none"  # nothing it prints is logged
 
@@ -149,18 +152,20 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
     make_config: ConfigFactory,
 ) -> None:
     plan = plan_of(make_config(hosts=2))
-    head = ray_container(plan, plan.head, "m1")
-    worker = ray_container(plan, plan.workers[0], "m2")
-    server = vllm_container(plan, "m1", "echo launcher", "0.8")
+    head = ray_container(plan, plan.head, "m1", SCRIPTS)
+    worker = ray_container(plan, plan.workers[0], "m2", SCRIPTS)
+    server = vllm_container(plan, "m1", SCRIPTS, "0.8")
     assert (head.restart, worker.restart, server.restart) == (
         "on-failure",
         "on-failure",
         "unless-stopped",
     )
     assert (head.host_pid, worker.host_pid, server.host_pid) == (True, False, True)
-    assert head.mounts == worker.mounts == server.mounts[:3]  # same user: same state dir
+    assert head.mounts == worker.mounts == server.mounts[:4]  # same user: same state dir
     assert server.mounts[-1].source == plan.api_key_dir and server.mounts[-1].read_only
-    assert server.entrypoint == ("bash", "-c", "echo launcher", "vllm-launcher")
+    # Behind the firewall gate: its marker, then the launcher.
+    assert server.entrypoint[:4] == ("bash", "-c", "echo gate", "firewall-gate")
+    assert server.entrypoint[-5:] == ("--", "bash", "-c", "echo launcher", "vllm-launcher")
     assert ("spark-vllm.mounts", "m2") in worker.labels
     assert list(worker.labels) == sorted(worker.labels)
     assert f"VLLM_HOST_IP={plan.workers[0].fabric_ip}" in worker.env
@@ -170,7 +175,7 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
     no_rdma = make_config(hosts=2)
     for host in no_rdma["hosts"]:
         host["rdmaHcas"] = []
-    plain = ray_container(plan_of(no_rdma), plan_of(no_rdma).head, "m")
+    plain = ray_container(plan_of(no_rdma), plan_of(no_rdma).head, "m", SCRIPTS)
     assert plain.devices == () and [(u.name, u.soft) for u in plain.ulimits] == [
         ("stack", 67108864)
     ]
@@ -189,7 +194,7 @@ def test_every_command_line_keeps_odd_paths_one_word(
     """Each step's create and delete run for real with bash; the step scripts are stand-ins that
     record the words they were given. State and cache dirs hold a space and a quote."""
     state_root, cache = tmp_path / ODD, tmp_path / "hf cache" / "o'neil"
-    config = make_config(hosts=2, fabric={"firewall": True})
+    config = make_config(hosts=2)
     for host in config["hosts"]:
         host["stateDir"] = f"{state_root}/{host['name']}"
     config["model"]["cacheDir"] = str(cache)
@@ -236,21 +241,25 @@ def test_components_never_read_the_config() -> None:
 
 
 @pytest.mark.parametrize(
-    ("listen", "host", "probe", "endpoint"),
+    ("listen", "bind", "probe", "endpoint"),
     [
-        ("all", "0.0.0.0", None, "http://10.240.1.11:8000/v1"),
-        ("fabric", "10.241.0.11", "10.241.0.11", "http://10.241.0.11:8000/v1"),
-        ("loopback", "127.0.0.1", "127.0.0.1", "http://127.0.0.1:8000/v1"),
+        ("all", ":::8000 v4v6", None, "http://10.240.1.11:8000/v1"),
+        ("fabric", "10.241.0.11:8000", "10.241.0.11", "http://10.241.0.11:8000/v1"),
+        ("loopback", "127.0.0.1:8000", "127.0.0.1", "http://127.0.0.1:8000/v1"),
     ],
 )
-def test_where_the_server_listens_is_where_it_is_probed_and_published(
-    make_config: ConfigFactory, listen: str, host: str, probe: str | None, endpoint: str
+def test_where_the_front_listens_is_where_it_is_probed_and_published(
+    make_config: ConfigFactory, listen: str, bind: str, probe: str | None, endpoint: str
 ) -> None:
+    """vLLM itself listens on loopback only, on its own port; the front publishes vllm.port
+    where `listen` says, and the readiness probe goes through the front."""
     config = make_config(hosts=2)
     config["vllm"] = {**config["vllm"], "listen": listen}
     plan = plan_of(config)
-    command = vllm_container(plan, "m", "launcher", "0.8").command
-    assert command[command.index("--host") + 1] == host
+    command = vllm_container(plan, "m", SCRIPTS, "0.8").command
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[command.index("--port") + 1] == "8001"
+    assert front_bind(plan) == bind
     ready = steps.vllm_ready(plan, "vllm", IMAGE_ID).create
     assert (f"--probe-host {probe}" in ready) if probe else ("--probe-host" not in ready)
     assert plan.endpoint_url == endpoint

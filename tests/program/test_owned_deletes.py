@@ -1,0 +1,78 @@
+"""No delete can name a directory the program did not create: every path a step's delete names
+lies inside a node's own state leaf (`<stateDir>/<project>.<stack>`, made and marked by the
+scripts step) or is a mark file the program wrote, and every delete that names the leaf runs
+only while the leaf's owner file names this deployment (stacks/plan/steps.py `owned`)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pytest
+
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import evaluate, unwrap
+
+OWNER_FILE = ".spark-vllm-owner"
+
+
+def configs(make_config: ConfigFactory) -> dict[str, dict[str, Any]]:
+    odd = make_config(hosts=3)
+    for host in odd["hosts"]:
+        host["stateDir"] = f"/srv/spark vllm/{host['name']}"  # quotes: test_steps runs them
+    odd["model"]["cacheDir"] = "/data/hf cache"
+    mp = make_config(hosts=2)
+    mp["vllm"] = {**mp["vllm"], "executor": "mp"}
+    removable = make_config(hosts=2, image={"ref": "example/vllm-gb10:1.0", "keepOnDestroy": False})
+    return {"defaults": make_config(hosts=2), "odd paths": odd, "mp": mp, "rmi": removable}
+
+
+def leaves(config: dict[str, Any]) -> list[str]:
+    """Each host's leaf, as the plan derives it (stacks/plan/nodes.py state_leaf)."""
+    found = []
+    for host in config["hosts"]:
+        home = "/root" if host["user"] == "root" else f"/home/{host['user']}"
+        base = host.get("stateDir", f"{home}/.spark-vllm")
+        found.append(f"{base}/spark-vllm.dev")
+    return found
+
+
+@pytest.mark.parametrize("case", ["defaults", "odd paths", "mp", "rmi"])
+def test_every_delete_stays_inside_a_marked_leaf(make_config: ConfigFactory, case: str) -> None:
+    config = configs(make_config)[case]
+    own = leaves(config)
+    cache = config["model"]["cacheDir"]
+    ev = evaluate(config, SECRETS)
+    deletes = {
+        r.name: unwrap(r.inputs["delete"])
+        for r in ev.by_type("command:remote:Command")
+        if r.inputs.get("delete")
+    }
+    assert len(deletes) >= 8, deletes
+    named_a_leaf = 0
+    for name, delete in deletes.items():
+        words = [w.rstrip(";") for w in shlex.split(delete)]
+        paths = [w for w in words if w.startswith("/")]
+        for path in paths:
+            in_leaf = any(path == leaf or path.startswith(f"{leaf}/") for leaf in own)
+            mark = path.startswith(f"{cache}/.spark-vllm-mark.")
+            assert in_leaf or mark, f"{name}: its delete names {path}, which is not ours"
+        deletes_there = [p for p in paths if not p.endswith(".sh")]
+        if deletes_there and not name.startswith("firewall-"):
+            # The firewall's delete only writes a flag in its own directory and takes the rules
+            # down (that must happen even when the leaf is gone); every other one is owned.
+            owner = [w for w in words if w.startswith("$(cat") and OWNER_FILE in w]
+            owner += ["--owner"] if "--owner" in words else []  # checked on the worker
+            assert owner, f"{name}: deletes in {deletes_there} without checking the owner"
+            named_a_leaf += 1
+    assert named_a_leaf >= 5
+
+
+def test_the_leaf_is_per_stack_and_marked_at_install(make_config: ConfigFactory) -> None:
+    ev = evaluate(make_config(hosts=2), SECRETS)
+    create = unwrap(ev.named("spark1-scripts").inputs["create"])
+    leaf = "/home/aurora/.spark-vllm/spark-vllm.dev"
+    assert f"mkdir -p -m 700 {leaf}" in create
+    assert f"echo spark-vllm/dev > {leaf}/{OWNER_FILE}" in create
+    # A leaf with files but no mark, or another deployment's mark, is refused.
+    assert "holds files spark-vllm did not make" in create and "belongs to deployment" in create
