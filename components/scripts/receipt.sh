@@ -14,7 +14,6 @@
 #   snapshot|CACHE|MODEL|REV the model snapshot as now ("commit files bytes")
 #   known-host|FILE|NAME     FILE pins a key for NAME
 #   authorized|MARKER        ~/.ssh/authorized_keys holds a line with MARKER
-#   firewall|CHAIN           INPUT jumps to CHAIN
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/snapshot.sh"
 parse_flags "$@"
@@ -47,7 +46,7 @@ resolve() {
       manifest="$(snapshot_manifest "${fields[1]}" "${fields[2]}" "${fields[3]}")" || fail "$manifest"
       read -r -a manifest_words <<<"$manifest"
       printf 'snapshot|%s|%s|%s|%s|%s\n' "${fields[1]}" "${fields[2]}" "${manifest_words[@]}" ;;
-    files|image|known-host|authorized|firewall) echo "$1" ;;
+    files|image|known-host|authorized) echo "$1" ;;
     *) fail "unknown check '${fields[0]}'" "a bug in spark-vllm: please report it" ;;
   esac
 }

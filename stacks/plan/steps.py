@@ -250,6 +250,7 @@ def install_scripts(
     # What the deployment made inside its leaf: gone with the scripts, the last step on the host.
     made = words(
         [node.bin_dir, f"{node.state_dir}/receipts", node.ray_dir, firewall_dir(node)]
+        + [f"{node.state_dir}/image-stage"]  # what a cut image copy left (image-sync.sh)
         + ([front_dir(plan)] if node.is_head else [])
     )
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)

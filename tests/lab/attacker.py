@@ -144,4 +144,3 @@ def assert_the_openai_client_streams(endpoint: str, key: str, model: str) -> Non
     chunks = [chunk for chunk in stream]
     assert len(chunks) >= 3, chunks
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
-

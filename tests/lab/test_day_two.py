@@ -23,6 +23,7 @@ from components.bundle import facts_script
 from components.facts import FACTS_HEADER
 from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
+from tests.lab import attacker
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import (
     EXITED_AT_START,
@@ -49,10 +50,11 @@ MODEL_SNAPSHOTS = "/root/.cache/huggingface/hub/models--spark-vllm-lab--tiny-cha
 @pytest.fixture(scope="module")
 def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
     lab = lab_factory("day2", hosts=2, topology="bastion")
-    # Deployed first without pinned host keys: one scenario pins them.
+    # Deployed first without pinned host keys (the explicit opt-in): one scenario pins them.
     config = lab_config(lab)
     config["spark-vllm:ssh"] = {
-        k: v for k, v in config["spark-vllm:ssh"].items() if k != "knownHostsFile"
+        **{k: v for k, v in config["spark-vllm:ssh"].items() if k != "knownHostsFile"},
+        "allowUnpinned": True,
     }
     with deployed(lab, config) as first:
         yield first
@@ -74,8 +76,9 @@ def assert_hosts_hold_the_deployment(stack: Stack) -> None:
         )
         assert image == stack.outputs["imageId"], f"{host}: the image is missing"
     running = host_sh(lab, "spark1", "docker ps --format '{{.Names}}' | sort").split()
-    assert running == [f"{PREFIX}-ray-head", f"{PREFIX}-vllm"]
-    assert host_sh(lab, "spark2", "docker ps --format '{{.Names}}'") == f"{PREFIX}-ray-worker"
+    assert running == [f"{PREFIX}-{name}" for name in ("firewall", "front", "ray-head", "vllm")]
+    running = host_sh(lab, "spark2", "docker ps --format '{{.Names}}' | sort").split()
+    assert running == [f"{PREFIX}-firewall", f"{PREFIX}-ray-worker"]
     assert host_sh(lab, "spark1", f"test -f {STATE}/fabric_ed25519 && echo ok") == "ok"
     assert host_sh(lab, "spark2", "grep -c spark-vllm-fabric /root/.ssh/authorized_keys") == "1"
     pins = host_sh(lab, "spark1", f"wc -l < {STATE}/fabric_known_hosts")
@@ -158,20 +161,22 @@ def test_an_upgrade_of_spark_vllm_that_edits_a_host_script(stack: Stack, tmp_pat
 
 
 def test_a_server_on_the_heads_loopback_is_out_of_the_bastions_reach(stack: Stack) -> None:
-    """`vllm.listen: loopback` (for users who reach the API through an SSH tunnel): the server
-    is replaced, listens on the head's loopback only, and is published there; then back."""
+    """`vllm.listen: loopback` (for users who reach the API through an SSH tunnel): the front is
+    replaced (not the server, which is on loopback anyway), listens on the head's loopback
+    only, and is published there; then back."""
     everywhere = stack.config
     config = {**everywhere}
     config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "listen": "loopback"}
-    run = next_up(stack, "server on the head's loopback only (vllm.listen)", config)
-    assert run.changed() == {"vllm-container": "replace", "vllm-ready": "replace"}
+    run = next_up(stack, "front on the head's loopback only (vllm.listen)", config)
+    front_only = {"front-config": "update", "front-container": "replace", "vllm-ready": "replace"}
+    assert run.changed() == front_only
     assert stack.outputs["endpointUrl"] == "http://127.0.0.1:8000/v1"
     head = stack.lab.spec.host_mgmt_ip(0)
     assert not reachable_from_bastion(stack.lab, head, 8000)
     listening = host_sh(stack.lab, "spark1", "ss -Hltn 'sport = :8000'")
     assert "127.0.0.1:8000" in listening and "0.0.0.0:8000" not in listening, listening
-    run = next_up(stack, "server back on every interface", everywhere)
-    assert run.changed() == {"vllm-container": "replace", "vllm-ready": "replace"}
+    run = next_up(stack, "front back on every interface", everywhere)
+    assert run.changed() == front_only
     assert reachable_from_bastion(stack.lab, head, 8000)
     assert_serves(stack)
 
@@ -199,7 +204,8 @@ def test_rotating_the_api_key(stack: Stack) -> None:
     run = next_up(stack, "apiKey rotation", config)
     stack.api_key = new_key
     assert run.changed() == {
-        "vllm-api-key": "update",
+        "front-api-key": "update",
+        "front-container": "replace",  # it reads the key's pattern file at start
         "vllm-container": "replace",
         "vllm-ready": "replace",
     }
@@ -232,6 +238,9 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
         "memory-check": "update",  # what the new image finds free
+        # The guards run from the serving image; the rules stay in the kernel meanwhile.
+        "firewall-spark1-guard": "replace",
+        "firewall-spark2-guard": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",
@@ -290,10 +299,27 @@ def launcher_log(stack: Stack) -> str:
     return host_sh(stack.lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1 | grep 'launcher:'")
 
 
+def test_the_lan_reaches_only_ssh_and_the_keyed_endpoint(stack: Stack) -> None:
+    """Where a neighbour on the mgmt LAN stands (the bastion): every port Ray and vLLM listen on
+    is dropped, IPv4 and IPv6; the endpoint answers nothing without the key."""
+    assert_closed_to_the_lan(stack)
+
+
+def assert_closed_to_the_lan(stack: Stack) -> None:
+    lab, hosts = stack.lab, ("spark1", "spark2")
+    probed = attacker.assert_the_lan_reaches_only_ssh_and_the_endpoint(lab, hosts, 8000)
+    assert {6379, 6380, 10001} <= set(probed["spark1"]) and 6380 in probed["spark2"], probed
+    published = f"http://{lab.spec.host_mgmt_ip(0)}:8000"
+    attacker.assert_every_route_wants_the_key(
+        lab, published, stack.api_key, stack.outputs["modelId"]
+    )
+
+
 def test_a_reboot_of_every_host_serves_again_without_pulumi(stack: Stack) -> None:
-    """Both Sparks shut down (dockerd stops the containers) and boot together. Docker brings
-    every container back by its policy, in whatever order; no pulumi command runs.
-    What a reboot loses, the firewall's rules, the next `pulumi up` restores (facts)."""
+    """Both Sparks shut down (dockerd stops the containers; the kernel's firewall rules are
+    gone) and boot together. Docker brings every container back by its policy, in whatever
+    order; each Ray and vLLM container waits in its gate until the firewall guard has put the
+    rules back. No pulumi command runs, and the next `pulumi up` finds nothing to do."""
     with EndpointPoller(stack.endpoint, stack.api_key) as poller:
         started = time.monotonic()
         stack.lab.reboot("spark1", "spark2")
@@ -304,8 +330,9 @@ def test_a_reboot_of_every_host_serves_again_without_pulumi(stack: Stack) -> Non
                    poller.downtime())  # fmt: skip
     record_timing("reboot: from boot to serving again", back - booted)
     assert "Ray ready nodes=" in launcher_log(stack).splitlines()[-1]
+    assert_closed_to_the_lan(stack)
     run = next_up(stack, "pulumi up after the reboot", stack.config)
-    assert run.changed() == {"spark1-firewall": "update", "spark2-firewall": "update"}
+    assert run.changed() == {}
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 
@@ -358,7 +385,7 @@ def test_a_crash_looping_server_backs_off_and_comes_back_by_itself(stack: Stack)
     assert gaps[-1] >= gaps[0] + 1.5, f"the delay grows: {gaps}"
     assert "refusing to serve without authentication" in launcher_log(stack)
     run = next_up(stack, "a crash-looping server: pulumi up writes the key", stack.config)
-    assert run.changed() == {"vllm-api-key": "update"}
+    assert run.changed() == {"front-api-key": "update"}
     record_timing("crash loop: from the key written to serving again",
                   wait_until_it_serves(stack, timeout=180))  # fmt: skip
     assert_hosts_hold_the_deployment(stack)
@@ -458,13 +485,16 @@ def test_drift_the_head_state_dir_removed_is_repaired_by_up(stack: Stack) -> Non
     run = next_up(stack, "drift: the head's state directory removed", stack.config)
     assert run.changed() == {
         "spark1-scripts": "update",
-        "spark1-firewall": "update",
         "fabric-head-key": "update",
         "fabric-spark2-authorize": "update",
         "fabric-spark2-pin": "update",
         "image-head-record": "update",
         "weights-fetch": "update",  # its receipt was there too; the snapshot is used as is
-        "vllm-api-key": "update",
+        "front-api-key": "update",
+        "front-config": "update",
+        # Bound to directories of the removed leaf: replaced (the marker, the front's files).
+        "firewall-spark1-guard": "replace",
+        "front-container": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",
@@ -498,8 +528,12 @@ def test_destroy_leaves_nothing(stack: Stack) -> None:
     stack.state.teardown()
     for host in ("spark1", "spark2"):
         assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
-        assert host_sh(lab, host, f"ls -A {STATE}/bin 2>/dev/null || true") == ""
-        assert host_sh(lab, host, f"ls -A {STATE}/receipts 2>/dev/null || true") == ""
+        # The stack's own directory is gone, mark and all; the directory above it stays.
+        left = host_sh(lab, host, f"ls -A {STATE} 2>&1 || true")
+        assert left.endswith("No such file or directory"), f"{host}: {left}"
+        assert host_sh(lab, host, "test -d /root/.spark-vllm && echo kept") == "kept"
+        rules = host_sh(lab, host, "iptables -S; ip6tables -S")
+        assert "SPARK-VLLM" not in rules, f"{host}: the firewall chain was left: {rules}"
         authorized = host_sh(lab, host, "cat /root/.ssh/authorized_keys")
         assert "spark-vllm-fabric" not in authorized
     assert (
