@@ -13,6 +13,7 @@ import pytest
 
 from lab import Lab
 from lab.stack import PROJECT
+from tests.lab import attacker
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import (
     API_KEY,
@@ -21,7 +22,6 @@ from tests.lab.deploying import (
     deploy,
     host_sh,
     lab_config,
-    reachable_from_bastion,
 )
 from tests.lab.faulting import JOIN_FAULT_SECONDS, wait_for
 from tests.lab.realmocks import RealMocks
@@ -73,17 +73,21 @@ def test_every_node_serves_the_model_without_ray(stack: Stack) -> None:
     # The stand-in's text names every rank's node: both took part.
     fabric = [lab.spec.host_fabric_ip(i) for i in range(2)]
     assert reply["choices"][0]["text"].startswith(f"ranks={','.join(fabric)} "), reply
-    for host in ("spark1", WORKER):
-        running = host_sh(lab, host, "docker ps --format '{{.Names}}'").split()
-        assert running == [f"{PREFIX}-vllm"], (host, running)
+    for host, others in (("spark1", ["firewall", "front"]), (WORKER, ["firewall"])):
+        running = host_sh(lab, host, "docker ps --format '{{.Names}}' | sort").split()
+        assert running == sorted(f"{PREFIX}-{name}" for name in [*others, "vllm"]), running
         assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host
     worker_log = host_sh(lab, WORKER, f"docker logs {PREFIX}-vllm 2>&1")
     assert "headless multiproc executor" in worker_log
     assert f"joined the rendezvous at {fabric[0]}:{MASTER_PORT}" in worker_log
     head_log = host_sh(lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1")
     assert "every node joined the rendezvous" in head_log
-    # The rendezvous is on the fabric only: the firewall drops it on the mgmt network.
-    assert not reachable_from_bastion(lab, lab.spec.host_mgmt_ip(0), MASTER_PORT)
+    # The rendezvous (torch's TCPStore, on [::]) and vLLM's own ports are on the fabric only:
+    # the firewall drops them on the mgmt network, IPv4 and IPv6.
+    hosts = ("spark1", WORKER)
+    probed = attacker.assert_the_lan_reaches_only_ssh_and_the_endpoint(lab, hosts, 8000)
+    assert MASTER_PORT in probed["spark1"], probed
+    assert "[::]:" in host_sh(lab, "spark1", f"ss -Hltn 'sport = :{MASTER_PORT}'")
 
 
 def test_a_killed_worker_rank_takes_the_server_down_and_every_node_rejoins(stack: Stack) -> None:
