@@ -23,6 +23,7 @@ class FirewallArgs:
     hosts: list[Host]
     image_id: pulumi.Output[str]  # the guard runs from the serving image (bash, chroot)
     image_ready: dict[str, pulumi.Resource]  # by node name
+    checked: pulumi.Resource  # the last check (ServerMemory): nothing starts before it passed
 
 
 class Firewall(pulumi.ComponentResource):
@@ -47,7 +48,7 @@ class Firewall(pulumi.ComponentResource):
                 args.image_id,
                 provider=host.provider,
                 parent=self,
-                after=[*host.prepared, args.image_ready[node.name]],
+                after=[*host.prepared, args.image_ready[node.name], args.checked],
             )
             self.guards[node.name] = guard
             # Not replaced with its guard (a new image replaces the guard): the old step's

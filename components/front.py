@@ -24,6 +24,7 @@ class FrontArgs:
     plan: DeploymentPlan
     head: Host
     api_key: pulumi.Output[str]  # a secret, never empty
+    checked: pulumi.Resource  # the last check (ServerMemory): nothing starts before it passed
 
 
 class Front(pulumi.ComponentResource):
@@ -71,7 +72,7 @@ class Front(pulumi.ComponentResource):
             pulled.image_id,
             provider=head.provider,
             parent=self,
-            after=[*head.prepared, config, self.key_file],
+            after=[*head.prepared, config, self.key_file, args.checked],
             # A new key must restart the front (it loads the pattern file at start).
             id_labels=[(API_KEY_HASH_LABEL, args.api_key.apply(_sha256))],
         )

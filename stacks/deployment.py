@@ -117,9 +117,9 @@ def build_deployment(settings: Settings) -> Deployment:
     )
     firewall = Firewall(
         "firewall",
-        FirewallArgs(plan, [head, *workers], image.image_id, image.present_on),
+        FirewallArgs(plan, [head, *workers], image.image_id, image.present_on, memory.check),
     )
-    front = Front("front", FrontArgs(plan, head, settings.api_key))
+    front = Front("front", FrontArgs(plan, head, settings.api_key, memory.check))
     ray = (
         RayCluster(
             "ray",

@@ -17,7 +17,7 @@ case "$action" in
     cat "$key.pub"
     ;;
   remove)
-    rm -f "$key" "$key.pub" "$ARG_STATE_DIR/fabric_known_hosts"
+    rm -f "$key" "$key.pub" "$ARG_STATE_DIR/fabric_known_hosts" "$ARG_STATE_DIR/fabric_known_hosts.lock"
     ;;
   *) fail "unknown action '$action'" "a bug in spark-vllm: please report it" ;;
 esac

@@ -308,7 +308,8 @@ def test_the_lan_reaches_only_ssh_and_the_keyed_endpoint(stack: Stack) -> None:
 def assert_closed_to_the_lan(stack: Stack) -> None:
     lab, hosts = stack.lab, ("spark1", "spark2")
     probed = attacker.assert_the_lan_reaches_only_ssh_and_the_endpoint(lab, hosts, 8000)
-    assert {6379, 6380, 10001} <= set(probed["spark1"]) and 6380 in probed["spark2"], probed
+    # GCS and the raylet (Ray's client server, 10001, listens only with ray[client]).
+    assert {6379, 6380} <= set(probed["spark1"]) and 6380 in probed["spark2"], probed
     published = f"http://{lab.spec.host_mgmt_ip(0)}:8000"
     attacker.assert_every_route_wants_the_key(
         lab, published, stack.api_key, stack.outputs["modelId"]
@@ -397,15 +398,18 @@ def restart_count(stack: Stack) -> int:
 
 
 def test_drift_a_worker_image_pruned_is_repaired_by_up_refresh(stack: Stack) -> None:
-    """`docker system prune -a` on a worker whose Ray container had stopped: the container and
-    the image are gone. Refresh reads the container gone (pulumi-docker drops it from the
+    """`docker system prune -a` on a worker whose Ray container and firewall guard had stopped
+    (while the guard runs, the image it runs from is in use and kept): the containers and the
+    image are gone. Refresh reads the containers gone (pulumi-docker drops them from the
     state); the facts show the image gone, so its copy alone runs again; the recreated worker
     makes a new cluster, so a new server."""
-    stack.lab.sh("spark2", f"docker stop {PREFIX}-ray-worker >/dev/null; docker system prune -af")
+    stopped = f"{PREFIX}-ray-worker {PREFIX}-firewall"
+    stack.lab.sh("spark2", f"docker stop {stopped} >/dev/null; docker system prune -af")
     run = next_up(stack, "drift: a worker's image pruned (up --refresh)", stack.config,
                   refresh=True)  # fmt: skip
     assert run.changed() == {
         "image-spark2-sync": "update",
+        "firewall-spark2-guard": "create",
         "ray-spark2": "create",
         "ray-joined": "replace",
         "vllm-container": "replace",
@@ -467,6 +471,8 @@ def test_drift_a_worker_hf_cache_deleted_is_repaired_by_up(stack: Stack) -> None
     assert run.changed() == {
         "spark2-scripts": "update",  # makes the directory again
         "weights-spark2-copy": "update",
+        # The host's bound directories are one receipt: its guard carries it too.
+        "firewall-spark2-guard": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",
         "vllm-container": "replace",

@@ -270,13 +270,14 @@ def test_the_seeds_topology_with_three_hosts(
         topology="jump",
         fabric_ifnames=("enp1s0f1np1", "enP2p1s0f1np1", "fab0"),
     )
-    state_dir, cache_dir = "/root/spark vllm/it's", "/root/hf cache/o'neil"
+    state_base, cache_dir = "/root/spark vllm/it's", "/root/hf cache/o'neil"
+    state_dir = f"{state_base}/spark-vllm.lab"  # the stack's own leaf under stateDir
     host_sh(
         lab, "spark1", f"mkdir -p {q(cache_dir)} && cp -a /root/.cache/huggingface/. {q(cache_dir)}"
     )
     config = lab_config(lab)
     for host in config["spark-vllm:hosts"]:
-        host["stateDir"] = state_dir
+        host["stateDir"] = state_base
     config["spark-vllm:model"]["cacheDir"] = cache_dir
     if executor == "mp":
         config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "executor": "mp"}
@@ -344,7 +345,7 @@ def test_the_seeds_topology_with_three_hosts(
             lab.exec("spark3", ["iptables", "-D", *hop])
     for host in ("spark1", "spark2", "spark3"):
         assert host_sh(lab, host, "docker ps -aq") == ""
-        assert host_sh(lab, host, f"test -e {q(state_dir)}/bin && echo left || true") == ""
+        assert host_sh(lab, host, f"test -e {q(state_dir)} && echo left || true") == ""
 
 
 def assert_the_forwarded_key_signs_for_the_chains_hops_only(lab: Lab, state_dir: str) -> None:

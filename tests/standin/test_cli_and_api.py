@@ -106,6 +106,24 @@ def test_v1_routes_need_the_key(uni_server: StandinProcess) -> None:
     assert http("GET", uni_server.base_url + "/v1/models", api_key=API_KEY)[0] == 200
 
 
+def test_the_routes_outside_v1_answer_without_the_key_as_vllms_do(
+    uni_server: StandinProcess,
+) -> None:
+    """vLLM's AuthenticationMiddleware checks /v1 only: /invocations runs a completion, and
+    /tokenize and /metrics answer, for anyone who reaches the port (why spark-vllm's front
+    exists)."""
+    status, body = http("POST", uni_server.base_url + "/invocations",
+                        {"prompt": "Hello there", "max_tokens": 3})  # fmt: skip
+    assert status == 200 and json.loads(body)["object"] == "text_completion"
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    status, body = http("POST", uni_server.base_url + "/invocations", chat)
+    assert status == 200 and json.loads(body)["object"] == "chat.completion"
+    status, body = http("POST", uni_server.base_url + "/tokenize", {"prompt": "one two three"})
+    assert status == 200 and json.loads(body)["count"] == 3
+    status, body = http("GET", uni_server.base_url + "/metrics")
+    assert status == 200 and b"vllm:request_success_total" in body
+
+
 def test_models_lists_the_served_name(uni_server: StandinProcess) -> None:
     _, body = http("GET", uni_server.base_url + "/v1/models", api_key=API_KEY)
     models = json.loads(body)

@@ -32,13 +32,17 @@ def ray_serve_args(tensor_parallel_size: int) -> list[str]:
 def test_tp2_becomes_ready_and_serves_from_both_ranks(
     local_ray: LocalRay, standin: StandinFactory
 ) -> None:
-    server = standin(TINY_MODEL, *ray_serve_args(2), env=ray_env(local_ray))
+    # A driver's VLLM_* reach its Ray workers, as vLLM copies them (vllm/ray/ray_env.py); the
+    # lab shows the launcher's non-carry-over file keeping VLLM_API_KEY back (test_e2e.py).
+    env = {**ray_env(local_ray), "VLLM_API_KEY": "k", "VLLM_CONFIG_ROOT": "/nonexistent"}
+    server = standin(TINY_MODEL, *ray_serve_args(2), env=env)
     server.wait_ready(timeout_s=120)
-    status, body = http("GET", server.base_url + "/v1/models")
+    assert server.log.count("api_key_carried=yes") == 2, server.log
+    status, body = http("GET", server.base_url + "/v1/models", api_key="k")
     assert status == 200
     assert json.loads(body)["data"][0]["id"] == TINY_MODEL
     request = {"model": TINY_MODEL, "prompt": "hello", "max_tokens": 4}
-    status, body = http("POST", server.base_url + "/v1/completions", request)
+    status, body = http("POST", server.base_url + "/v1/completions", request, api_key="k")
     assert status == 200, body
     text = json.loads(body)["choices"][0]["text"]
     assert re.match(r"ranks=[\d.]+,[\d.]+ ", text), text
