@@ -33,9 +33,12 @@ def chain_name(plan: DeploymentPlan) -> str:
 
 
 def guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
-    """Every cluster port on `node` (`6379`, `10002:10999`), and the server's own port, which
-    listens on loopback anyway."""
-    ports = cluster_listen_ports(plan, node)
+    """Every cluster port on `node` (`6379`, `10002:10999`) with either executor, and the
+    server's own port, which listens on loopback anyway. Both executors' ports: a switch of
+    executors then leaves the rules as they are while the old executor's containers still run
+    (they are deleted at the end of that `up`)."""
+    ports = [*cluster_listen_ports(plan, node, uses_ray=True)]
+    ports += [p for p in cluster_listen_ports(plan, node, uses_ray=False) if p not in ports]
     if node.is_head:
         ports.append(str(plan.config.vllm.server_port))
     return ports

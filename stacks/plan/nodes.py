@@ -480,13 +480,15 @@ def state_leaf(host: HostConfig, deployment_id: str) -> str:
     return f"{base.rstrip('/')}/{deployment_id.replace('/', '.')}"
 
 
-def cluster_listen_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+def cluster_listen_ports(
+    plan: DeploymentPlan, node: NodePlan, uses_ray: bool | None = None
+) -> list[str]:
     """Ports (and ranges) the nodes listen on for each other, on every interface, on `node`:
     vLLM's own (VLLM_PORT on: message queues, the Ray driver's TCPStore), and Ray's, or with
-    executor mp the rendezvous (head)."""
+    executor mp the rendezvous (head). `uses_ray`: for that executor, not the configured one."""
     first = plan.config.vllm.master_port + 1
     vllm_ports = f"{first}:{first + MP_PORT_SPAN - 1}"
-    if not plan.uses_ray:
+    if not (plan.uses_ray if uses_ray is None else uses_ray):
         return [str(plan.config.vllm.master_port), vllm_ports] if node.is_head else [vllm_ports]
     ray = plan.config.ray
     ports = [
