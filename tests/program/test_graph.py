@@ -379,7 +379,8 @@ def test_every_step_that_leaves_something_behind_has_a_delete(
         make_config(hosts=2, image={"ref": "example/vllm-gb10:1.0", "keepOnDestroy": False}),
         SECRETS,
     )
-    assert ev.named("image-spark2-sync").inputs["delete"].endswith("--remove yes")
+    delete = ev.named("image-spark2-sync").inputs["delete"]
+    assert delete.endswith("--remove yes --owner spark-vllm/dev")
     assert ev.named("image-pull").inputs["keepLocally"] is False
     for name in ("spark1-scripts", "image-head-record", "fabric-head-key",
                  "fabric-spark2-authorize", "fabric-spark2-pin", "front-api-key",

@@ -101,7 +101,8 @@ def test_the_image_stays_on_workers_unless_asked(make_config: ConfigFactory) -> 
     drop = plan_of(make_config(hosts=2, image={"ref": "x/y:1", "keepOnDestroy": False}))
     assert steps.sync_image(keep, "image", keep.workers[0], IMAGE_ID).delete is None
     delete = steps.sync_image(drop, "image", drop.workers[0], IMAGE_ID).delete
-    assert delete is not None and delete.endswith(" --remove yes")
+    # The worker's stage goes only while its state leaf is this deployment's (--owner).
+    assert delete is not None and delete.endswith(" --remove yes --owner spark-vllm/test")
     assert steps.image_pull(drop).keep_locally is False
 
 
