@@ -80,8 +80,16 @@ def test_every_node_serves_the_model_without_ray(stack: Stack) -> None:
     worker_log = host_sh(lab, WORKER, f"docker logs {PREFIX}-vllm 2>&1")
     assert "headless multiproc executor" in worker_log
     assert f"joined the rendezvous at {fabric[0]}:{MASTER_PORT}" in worker_log
-    head_log = host_sh(lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1")
-    assert "every node joined the rendezvous" in head_log
+    # The supervisor says so on its next look after the server answers (it polls each second,
+    # and the readiness probe through the front can answer first): wait for it, bounded.
+    wait_for(
+        lambda: (
+            "every node joined the rendezvous"
+            in host_sh(lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1")
+        ),
+        30,
+        "the head's supervisor reports every node in the rendezvous",
+    )
     # The rendezvous (torch's TCPStore, on [::]) and vLLM's own ports are on the fabric only:
     # the firewall drops them on the mgmt network, IPv4 and IPv6.
     hosts = ("spark1", WORKER)
