@@ -12,6 +12,7 @@ from components.host import Host
 from components.steps import Pending, head_to_workers, host_step
 from stacks.plan import steps
 from stacks.plan.nodes import DeploymentPlan
+from stacks.plan.ray_versions import ray_layout_warning
 
 
 @dataclass(frozen=True)
@@ -84,4 +85,13 @@ class ImageDistribution(pulumi.ComponentResource):
         }
         self.present_on = dict(checked)
         self.facts = checked[head.node.name].stdout.apply(steps.parse_image_facts)
+        if plan.uses_ray:
+            self.facts.apply(_warn_about_ray)
         self.register_outputs({"imageId": self.image_id, "facts": self.facts})
+
+
+def _warn_about_ray(facts: dict[str, str]) -> None:
+    """A Ray newer than the layout was checked with (stacks/plan/ray_versions.py)."""
+    warning = ray_layout_warning(facts["ray"]) if "ray" in facts else None
+    if warning is not None:
+        pulumi.log.warn(warning)

@@ -53,13 +53,13 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
         "cacheDir": "/root/.cache/huggingface",
     }
     # `auto`: the hosts share this machine's memory, so a fixed fraction of it may not be free.
+    # No executor: the default, vLLM's own multi-node mode (mp), as a user's stack gets it.
     config["vllm"] = {
         "port": 8000,
         "tensorParallelSize": spec.hosts,
         "maxModelLen": 2048,
         "gpuMemoryUtilization": "auto",
     }
-    config["ray"] = {"objectStoreMemoryBytes": 200_000_000}
     config["docker"] = {"requestGpus": False}
     # The firewall is on by default (tests show it). The link floor: the lab's veth fabric on
     # a busy 2-core machine still carries several Gbit/s; a shaped one (tc) falls below it.

@@ -349,10 +349,13 @@ class VllmConfig(ConfigModel):
     ] = 0.8
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    # "ray": a Ray cluster (a container per node) with the server on the head as its driver.
-    # "mp": vLLM's own multi-node mode (vLLM 0.11.1 on): a vLLM container per node, no Ray;
-    # every node must hold the same number of GPUs (README, Executors).
-    executor: Literal["ray", "mp"] = "ray"
+    # "mp" (the default): vLLM's own multi-node mode (vLLM 0.11.1 on): a vLLM container per
+    # node, no Ray; every node must hold the same number of GPUs (README, Executors). Current
+    # vLLM images ship without Ray (not a vLLM dependency since about 0.18), and the two-Spark
+    # references serve with mp (eugr/spark-vllm-docker, vllm-project/recipes PR #414).
+    # "ray": a Ray cluster (a container per node) with the server on the head as its driver,
+    # for images that carry Ray and hosts with unequal GPU counts.
+    executor: Literal["ray", "mp"] = "mp"
     # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501).
     # With either executor, vLLM's message queues use the next MP_PORT_SPAN ports on every node.
     master_port: Port = 29501
@@ -398,6 +401,19 @@ class RayConfig(ConfigModel):
             # Not a flag: passing it needs ray[client]; the head listens there when it has it.
             "Ray's client server port": RAY_CLIENT_SERVER_PORT,
         }
+
+    @property
+    def customized(self) -> tuple[str, ...]:
+        """The keys whose value is not the default. Pulumi.yaml's project default lists every
+        key with its default, so the CLI hands the program all of them: set means nothing."""
+        fields = type(self).model_fields
+        return tuple(
+            sorted(
+                to_camel(name)
+                for name, field in fields.items()
+                if getattr(self, name) != field.default
+            )
+        )
 
     @model_validator(mode="after")
     def _worker_range(self) -> RayConfig:

@@ -70,11 +70,12 @@ def build_deployment(settings: Settings) -> Deployment:
     config = settings.config
     plan = plan_deployment(config, settings.deployment_id, settings.known_hosts)
     _refuse_unpinned(plan)
-    if not plan.uses_ray and config.ray.model_fields_set:
+    if not plan.uses_ray and config.ray.customized:
         pulumi.log.warn(
             "ray: "
-            + ", ".join(sorted(config.ray.model_fields_set))
-            + " set, but vllm.executor is mp: no Ray runs, these settings are not used"
+            + ", ".join(config.ray.customized)
+            + " set, but vllm.executor is mp: no Ray runs, these settings are not used "
+            "(vllm.executor: ray keeps a Ray cluster)"
         )
     if not config.fabric.firewall:
         pulumi.log.warn(

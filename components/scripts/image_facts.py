@@ -118,7 +118,9 @@ def main() -> int:
         pass  # vLLM's mp executor needs no Ray
     elif ray is None:
         problems.append(
-            "image.ref: has no `ray` package (the Ray executor and `ray start` need it)"
+            "image.ref: has no `ray` package, which vllm.executor ray needs (vLLM's images "
+            "ship without Ray since about 0.18): set vllm.executor: mp (vLLM's own multi-node "
+            "mode, the default), or use an image with Ray"
         )
     elif required and not satisfies(ray, required):
         problems.append(f"image.ref: ray {ray} does not satisfy vllm {vllm}'s ray{required}")

@@ -54,8 +54,21 @@ def copy_report(outputs: dict[str, Any], kind: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1].removeprefix(prefix)))
 
 
-def lab_config(lab: Lab) -> dict[str, Any]:
+def default_lab_config(lab: Lab) -> dict[str, Any]:
+    """The lab stack as committed (Pulumi.lab.yaml), with an API key: every default, executor
+    mp included."""
     return {**stack_config(lab.spec), f"{PROJECT}:apiKey": API_KEY}
+
+
+def lab_config(lab: Lab) -> dict[str, Any]:
+    """The lab stack with `vllm.executor: ray`: the modules built around a Ray cluster (day two,
+    faults, hardware, memory, grow) test Ray's failures and repairs; test_executor_mp and the
+    e2e's seeds' topology deploy the default."""
+    config = default_lab_config(lab)
+    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "executor": "ray"}
+    # Ray's object store: a small one, the hosts share this machine's memory.
+    config[f"{PROJECT}:ray"] = {"objectStoreMemoryBytes": 200_000_000}
+    return config
 
 
 def forward_through_bastion(lab: Lab, endpoint: str) -> tuple[subprocess.Popen[bytes], str]:

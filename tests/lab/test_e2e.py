@@ -19,7 +19,8 @@ import pytest
 
 from lab import Lab
 from lab.image import REQUIREMENTS
-from lab.stack import SERVED_NAME
+from lab.stack import IMAGE_NAME, SERVED_NAME
+from stacks.plan.ray_versions import NODE_LOOKUP_ERROR
 from tests.lab import attacker
 from tests.lab.deploying import (
     API_KEY,
@@ -28,6 +29,7 @@ from tests.lab.deploying import (
     STATE,
     complete,
     copy_report,
+    default_lab_config,
     deploy,
     forward_through_bastion,
     host_sh,
@@ -186,6 +188,32 @@ def test_ray_lists_every_node_by_its_fabric_ip(deployed: Deployment) -> None:
     assert json.loads(seen.splitlines()[-1]) == fabric
 
 
+DRIVER = (
+    "import ray; ray.init(logging_level='ERROR'); "
+    "print('attached to node', ray.get_runtime_context().get_node_id()[:12])"
+)
+
+
+def test_a_driver_beside_the_ray_head_finds_its_raylet_only_in_the_hosts_pid_namespace(
+    deployed: Deployment,
+) -> None:
+    """Ray 2.55 on (the lab's 2.60) finds a driver's node among the processes the driver can see
+    (stacks/plan/ray_versions.py): the server's layout (the host's PID namespace, the head's
+    /tmp/ray) attaches; the same driver in a PID namespace of its own gives up with the error of
+    ray issue #63923 (its 60 s retry shortened to 5 s here)."""
+    lab = deployed.lab
+    driver = (
+        f"docker run --rm --network host --ipc host {{pid}} -v {STATE}/ray:/tmp/ray "
+        f"-e RAY_ADDRESS={lab.spec.host_fabric_ip(0)}:6379 "
+        "-e RAY_gcs_server_request_timeout_seconds=5 "
+        f"--entrypoint python3 {IMAGE_NAME} -c {q(DRIVER)} 2>&1 | tail -n 2"
+    )
+    beside = host_sh(lab, "spark1", f"timeout 90 {driver.format(pid='--pid host')} || true")
+    assert "attached to node" in beside, beside
+    alone = host_sh(lab, "spark1", f"timeout 90 {driver.format(pid='')} || true")
+    assert NODE_LOOKUP_ERROR in alone, alone
+
+
 def test_each_worker_has_the_heads_image_and_model(deployed: Deployment) -> None:
     lab = deployed.lab
     image_id = deployed.outputs["imageId"]
@@ -275,13 +303,11 @@ def test_the_seeds_topology_with_three_hosts(
     host_sh(
         lab, "spark1", f"mkdir -p {q(cache_dir)} && cp -a /root/.cache/huggingface/. {q(cache_dir)}"
     )
-    config = lab_config(lab)
+    # mp: the lab stack's default executor (vllm.executor unset); ray: set.
+    config = lab_config(lab) if executor == "ray" else default_lab_config(lab)
     for host in config["spark-vllm:hosts"]:
         host["stateDir"] = state_base
     config["spark-vllm:model"]["cacheDir"] = cache_dir
-    if executor == "mp":
-        config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "executor": "mp"}
-        del config["spark-vllm:ray"]
     fabric = [lab.spec.host_fabric_ip(i) for i in range(3)]
     served_by = "ray-worker" if executor == "ray" else "vllm"
     # With mp, spark2 cannot reach spark3 over the fabric: the relay chain's hop between them

@@ -19,6 +19,7 @@ from tests.lab.deploying import (
     API_KEY,
     PREFIX,
     complete,
+    default_lab_config,
     deploy,
     host_sh,
     lab_config,
@@ -35,9 +36,9 @@ LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
 
 
 def mp_config(lab: Lab, **timeouts: int) -> dict[str, Any]:
-    """The lab stack with executor mp (no ray settings: nothing would read them)."""
-    config = {k: v for k, v in lab_config(lab).items() if k != f"{PROJECT}:ray"}
-    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "executor": "mp"}
+    """The lab stack as committed: vllm.executor unset, so mp, the default."""
+    config = default_lab_config(lab)
+    assert "executor" not in config[f"{PROJECT}:vllm"] and f"{PROJECT}:ray" not in config
     if timeouts:
         config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], **timeouts}
     return config

@@ -319,6 +319,7 @@ def test_an_image_without_ray_is_refused_before_anything_starts(
     error = failing_up(lab, refusals, with_image(lab, head_image))
     assert "image-facts: the image cannot serve this stack: " in error
     assert f"image.ref {head_image}: has no `ray` package" in error
+    assert "set vllm.executor: mp (vLLM's own multi-node mode, the default)" in error
     assert_no_container_started(lab)
 
 

@@ -46,9 +46,15 @@ ConfigFactory = Callable[..., dict[str, Any]]
 
 @pytest.fixture
 def make_config(key_file: Path) -> ConfigFactory:
-    """A valid config for `hosts` hosts behind a bastion (head direct, workers via the bastion)."""
+    """A valid config for `hosts` hosts behind a bastion (head direct, workers via the bastion).
 
-    def build(hosts: int = 2, **overrides: Any) -> dict[str, Any]:
+    Its executor is `ray`, set: most graph tests read the Ray cluster's resources, and mp has
+    its own (test_executor_mp.py). `executor=None` leaves the key out, for the default (mp)."""
+
+    def build(hosts: int = 2, executor: str | None = "ray", **overrides: Any) -> dict[str, Any]:
+        vllm: dict[str, Any] = {"tensorParallelSize": hosts, "maxModelLen": 32768}
+        if executor is not None:
+            vllm["executor"] = executor
         config: dict[str, Any] = {
             "hosts": [
                 {
@@ -76,7 +82,7 @@ def make_config(key_file: Path) -> ConfigFactory:
                 "servedName": "qwen",
                 "cacheDir": "/home/aurora/.cache/huggingface",
             },
-            "vllm": {"tensorParallelSize": hosts, "maxModelLen": 32768},
+            "vllm": vllm,
         }
         for key, value in overrides.items():
             config[key] = value

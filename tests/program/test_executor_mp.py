@@ -12,14 +12,16 @@ from tests.program.harness import Evaluation, evaluate, fake_id
 
 
 def mp_config(make_config: ConfigFactory, hosts: int = 2, **vllm: Any) -> dict[str, Any]:
-    config = make_config(hosts=hosts)
-    config["vllm"] = {**config["vllm"], "executor": "mp", **vllm}
+    """A stack that does not set vllm.executor: mp is the default."""
+    config = make_config(hosts=hosts, executor=None)
+    config["vllm"] = {**config["vllm"], **vllm}
     return config
 
 
 @pytest.fixture
 def mp(make_config: ConfigFactory) -> Evaluation:
     config = mp_config(make_config)
+    assert "executor" not in config["vllm"]
     return evaluate(config, SECRETS)
 
 

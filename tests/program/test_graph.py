@@ -324,8 +324,11 @@ def test_the_lab_stack_evaluates(key_file, tmp_path) -> None:
     ev = evaluate(config, {"apiKey": "lab-secret"}, stack="lab")
     assert ev.outputs["endpointUrl"] == "http://10.240.1.11:8000/v1"
     assert ev.outputs["modelId"] == "tiny-chat"
-    assert "gpus" not in ev.named("ray-head").inputs
-    assert "--num-gpus=1" in ev.named("ray-head").inputs["command"]
+    # The lab stack leaves vllm.executor to its default: vLLM's own multi-node mode, no Ray.
+    assert ev.outputs["executor"] == "mp"
+    assert not {r.name for r in ev.registrations if r.name.startswith("ray")}
+    assert "gpus" not in ev.named("vllm-container").inputs
+    assert "--headless" in ev.named("vllm-spark2").inputs["command"]
     assert not ev.warnings
 
 

@@ -77,7 +77,13 @@ def test_an_unknown_extra_arg_names_its_index_and_the_closest_flag(tmp_path: Pat
 @pytest.mark.parametrize(
     ("ray", "requires", "problem"),
     [
-        (None, "ray>=2.48", "image.ref: has no `ray` package"),
+        (
+            None,
+            "ray>=2.48",
+            "image.ref: has no `ray` package, which vllm.executor ray needs (vLLM's images ship "
+            "without Ray since about 0.18): set vllm.executor: mp (vLLM's own multi-node mode, "
+            "the default), or use an image with Ray",
+        ),
         ("2.40.0", "ray[cgraph]>=2.48.0", "ray 2.40.0 does not satisfy vllm 0.16.0rc1's ray>=2.48"),
     ],
 )
