@@ -46,7 +46,7 @@ def test_before_the_fix_every_command_was_refused() -> None:
     [
         ("dev", "Stack 'dev' is missing configuration values "
                 "'bastion', 'docker', 'fabric', 'hfToken' and 'timeouts'"),
-        ("lab", "Stack 'lab' is missing configuration value 'hfToken'"),
+        ("lab", "Stack 'lab' is missing configuration values 'hfToken' and 'ray'"),
     ],
 )  # fmt: skip
 def test_before_the_fix_no_committed_stack_could_run(stack: str, message: str) -> None:
