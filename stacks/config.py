@@ -326,6 +326,14 @@ class ModelConfig(ConfigModel):
         return self.served_name or self.id
 
 
+class CompileCacheConfig(ConfigModel):
+    """Each node's compile caches (vLLM's torch.compile artifacts, FlashInfer's, Triton's,
+    Inductor's and CUDA's JIT caches) live in the stack's directory, so a replaced server starts
+    warm. A destroy removes them unless kept (a later deployment of this stack reuses them)."""
+
+    keep_on_destroy: bool = False
+
+
 class VllmConfig(ConfigModel):
     port: Port = 8000
     # Where the front publishes the API on the head: every interface, the fabric IP only, or
@@ -356,6 +364,7 @@ class VllmConfig(ConfigModel):
     # "ray": a Ray cluster (a container per node) with the server on the head as its driver,
     # for images that carry Ray and hosts with unequal GPU counts.
     executor: Literal["ray", "mp"] = "mp"
+    compile_cache: CompileCacheConfig = Field(default_factory=CompileCacheConfig)
     # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501).
     # With either executor, vLLM's message queues use the next MP_PORT_SPAN ports on every node.
     master_port: Port = 29501

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components.compile_cache import CompileCache, CompileCacheArgs
 from components.fabric_trust import FabricTrust, FabricTrustArgs
 from components.firewall import Firewall, FirewallArgs
 from components.front import Front, FrontArgs
@@ -121,6 +122,11 @@ def build_deployment(settings: Settings) -> Deployment:
         FirewallArgs(plan, [head, *workers], image.image_id, image.present_on, memory.check),
     )
     front = Front("front", FrontArgs(plan, head, settings.api_key, memory.check))
+    # Ray's and vLLM's containers start once the image and the node's compile cache are there.
+    cache = CompileCache(
+        "compile-cache",
+        CompileCacheArgs(plan, [head, *workers], image.image_id, image.present_on),
+    )
     ray = (
         RayCluster(
             "ray",
@@ -129,7 +135,7 @@ def build_deployment(settings: Settings) -> Deployment:
                 head,
                 workers,
                 image.image_id,
-                image.present_on,
+                cache.ready,
                 memory.check,
                 firewall.ready,
             ),
@@ -144,7 +150,7 @@ def build_deployment(settings: Settings) -> Deployment:
             head,
             workers,
             image.image_id,
-            image.present_on,
+            cache.ready,
             memory.check,
             ray,
             list(weights.present_on.values()),

@@ -22,6 +22,7 @@ from stacks.plan.firewall import (
 from stacks.plan.front import CONTAINER_FRONT_DIR, FRONT_CONFIG_NAME, front_config_digest
 from stacks.plan.nodes import (
     CONTAINER_API_KEY_DIR,
+    CONTAINER_COMPILE_CACHE,
     CONTAINER_HF_HOME,
     CONTAINER_RAY_DIR,
     CONTAINER_SCRIPTS_DIR,
@@ -302,6 +303,7 @@ def _service(
             Mount(cfg.model.cache_dir, CONTAINER_HF_HOME),
             Mount(node.ray_dir, CONTAINER_RAY_DIR),
             Mount(node.bin_dir, CONTAINER_SCRIPTS_DIR, read_only=True),
+            Mount(node.compile_cache_dir, CONTAINER_COMPILE_CACHE),
             *gate,
         ),
         labels=tuple(sorted(labels.items())),

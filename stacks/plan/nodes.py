@@ -31,6 +31,7 @@ CONTAINER_RAY_DIR = "/tmp/ray"
 CONTAINER_API_KEY_DIR = "/run/spark-vllm"
 CONTAINER_API_KEY_FILE = f"{CONTAINER_API_KEY_DIR}/api-key"
 CONTAINER_SCRIPTS_DIR = "/spark-vllm/bin"  # the host's <stateDir>/bin, read-only: the probes
+CONTAINER_COMPILE_CACHE = "/spark-vllm/cache"  # the host's <stateDir>/compile-cache
 # In each node's state leaf: the deployment that made it. Every delete checks it first.
 OWNER_FILE = ".spark-vllm-owner"
 
@@ -77,6 +78,10 @@ class NodePlan:
     @property
     def ray_dir(self) -> str:
         return f"{self.state_dir}/ray"
+
+    @property
+    def compile_cache_dir(self) -> str:
+        return f"{self.state_dir}/compile-cache"
 
     @property
     def fabric_destination(self) -> str:
@@ -193,6 +198,7 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
             "HF_HUB_OFFLINE": "1",
         }
     )
+    env.update(compile_cache_env())
     if node.rdma_hcas:
         env["NCCL_IB_HCA"] = ",".join(node.rdma_hcas)
         env.setdefault("NCCL_IB_DISABLE", "0")
@@ -215,6 +221,29 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
     # (NVIDIA dgx-spark-playbooks nvidia/vllm, eugr/spark-vllm-docker). vllm.env may override.
     env.setdefault("RAY_memory_monitor_refresh_ms", "0")
     return env
+
+
+def compile_cache_env() -> dict[str, str]:
+    """Every compile cache a vLLM rank fills, in the node's bound cache directory instead of
+    the container's home and /tmp, which a replacement loses. Each variable and its default:
+    - VLLM_CACHE_ROOT (vllm/envs.py; ~/.cache/vllm): torch.compile artifacts under
+      torch_compile_cache/<hash of the config and vLLM's version>; while compiling vLLM points
+      Inductor's and Triton's caches inside it too (vllm/compilation/compiler_interface.py);
+    - FLASHINFER_WORKSPACE_BASE (flashinfer/jit/env.py; the home directory): JIT kernels under
+      <base>/.cache/flashinfer, compiled for the GPU (sm_121 on GB10) at first use;
+    - TRITON_CACHE_DIR (triton knobs; ~/.triton/cache) and TORCHINDUCTOR_CACHE_DIR
+      (torch/_inductor/runtime/cache_dir_utils.py; /tmp/torchinductor_<user>): kernels compiled
+      outside vLLM's own compile step;
+    - CUDA_CACHE_PATH (CUDA programming guide, environment variables; ~/.nv/ComputeCache): the
+      driver's JIT cache of PTX compiled for this GPU."""
+    cache = CONTAINER_COMPILE_CACHE
+    return {
+        "VLLM_CACHE_ROOT": f"{cache}/vllm",
+        "FLASHINFER_WORKSPACE_BASE": cache,
+        "TRITON_CACHE_DIR": f"{cache}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+        "CUDA_CACHE_PATH": f"{cache}/nv-compute",
+    }
 
 
 def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:

@@ -199,7 +199,7 @@ def mounts_step(name: str) -> str:
 
 
 def bound_dirs(plan: DeploymentPlan, node: NodePlan) -> tuple[str, ...]:
-    own = (node.bin_dir, node.ray_dir, firewall_dir(node))
+    own = (node.bin_dir, node.ray_dir, node.compile_cache_dir, firewall_dir(node))
     front = (front_dir(plan),) if node.is_head else ()
     return (*own, *front, plan.config.model.cache_dir)
 
@@ -568,6 +568,26 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) 
             timeout_seconds=IMAGE_FACTS_SECONDS,
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
+    )
+
+
+def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) -> StepSpec:
+    """`node`'s compile caches (stacks/plan/nodes.py compile_cache_env), in a directory the
+    scripts step made: the step reports its size, and its delete empties it with the serving
+    image (its files are the containers' user's) unless vllm.compileCache.keepOnDestroy.
+    Runs after the image is on `node`, so a destroy deletes it before the image; a new image is
+    an update (only the delete's image changes), which keeps the cache."""
+    cache_dir = node.compile_cache_dir
+    keep = "yes" if plan.config.vllm.compile_cache.keep_on_destroy else "no"
+    remove = script_call(
+        node, "compile-cache.sh", "remove", dir=cache_dir, image=image_id, keep=keep
+    )
+    return StepSpec(
+        name=f"{name}-{node.name}",
+        node=node,
+        create=script_call(node, "compile-cache.sh", "report", dir=cache_dir),
+        delete=owned(plan, node, remove),
+        timeouts=Timeouts(create=3, update=3, delete=5),
     )
 
 

@@ -21,6 +21,7 @@ COMPONENTS = {
     "spark-vllm:index:VllmServer",
     "spark-vllm:index:Firewall",
     "spark-vllm:index:Front",
+    "spark-vllm:index:CompileCache",
 }
 
 

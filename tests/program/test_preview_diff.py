@@ -47,6 +47,9 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
         "memory-check": "update",  # what the new image's CUDA finds free
+        # The compile caches stay (only the image their delete empties them with changes).
+        "compile-cache-spark1": "update",
+        "compile-cache-spark2": "update",
         # The guard runs from the serving image; its rules stay in the kernel meanwhile.
         "firewall-spark1-guard": "replace",
         "firewall-spark2-guard": "replace",

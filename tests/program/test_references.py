@@ -63,6 +63,13 @@ READ_BY = {
     "UCX_NET_DEVICES": "UCX",
     "HF_HOME": "huggingface_hub",
     "HF_HUB_OFFLINE": "huggingface_hub",
+    # The compile caches (stacks/plan/nodes.py compile_cache_env): in every container that
+    # runs ranks (with Ray, its workers run under the raylet's environment).
+    "VLLM_CACHE_ROOT": "vllm/envs.py",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer/jit/env.py",
+    "TRITON_CACHE_DIR": "Triton's knobs",
+    "TORCHINDUCTOR_CACHE_DIR": "torch/_inductor/runtime/cache_dir_utils.py",
+    "CUDA_CACHE_PATH": "the CUDA driver's JIT cache",
 }
 
 

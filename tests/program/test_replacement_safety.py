@@ -6,7 +6,9 @@ that undoes what the replacement just created leaves the host broken, as the fir
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from tests.engine.diff import TYPE_COMMAND, TYPE_CONTAINER, TYPE_REMOTE_IMAGE
 from tests.mockvalues import unwrap_secrets
 from tests.program.conftest import SECRETS, ConfigFactory
-from tests.program.harness import Registration, evaluate, load_stack_config
+from tests.program.harness import REPO, Registration, evaluate, load_stack_config
 
 
 def replaceable(reg: Registration) -> bool:
@@ -95,7 +97,9 @@ def test_the_scripts_delete_spares_a_newer_bundle(
     config = make_config(hosts=2)
     config["hosts"][0]["stateDir"] = str(tmp_path / "state dir's")  # a space and a quote
     config["model"]["cacheDir"] = str(tmp_path / "hf")
-    inputs = unwrap_secrets(evaluate(config, SECRETS).named("spark1-scripts").inputs)
+    ev = evaluate(config, SECRETS)
+    inputs = unwrap_secrets(ev.named("spark1-scripts").inputs)
+    cache_delete = unwrap_secrets(ev.named("compile-cache-spark1").inputs)["delete"]
     base = tmp_path / "state dir's"
     leaf = base / "spark-vllm.dev"  # the deployment's own directory under stateDir
     bin_dir = leaf / "bin"
@@ -117,9 +121,47 @@ def test_the_scripts_delete_spares_a_newer_bundle(
     assert (bin_dir / "preflight.sh").is_file(), "a delete ran in a leaf that is not ours"
     (leaf / ".spark-vllm-owner").write_text("spark-vllm/dev\n")
     (base / "users-own-file").write_text("kept")
-    bash(inputs["delete"])  # destroy: the bundle it installed is still there
+    (leaf / "compile-cache" / "vllm").mkdir()  # what a server compiled
+    # destroy: the compile cache's step goes first (the containers and it ran after the
+    # scripts step), then the scripts step, whose bundle is still there
+    bash(cache_delete)
+    assert not (leaf / "compile-cache").exists()
+    bash(inputs["delete"])
     assert not leaf.exists(), "the leaf holds nothing else: it goes, with its mark"
     assert (base / "users-own-file").read_text() == "kept"
+
+
+def test_a_kept_compile_cache_keeps_the_leaf_for_the_next_deployment(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """vllm.compileCache.keepOnDestroy: a destroy leaves the cache and the leaf it is in (with
+    the owner file, so the same stack deployed again claims it and starts warm)."""
+    config = make_config(hosts=2)
+    config["hosts"][0]["stateDir"] = str(tmp_path / "state")
+    config["model"]["cacheDir"] = str(tmp_path / "hf")
+    config["vllm"] = {**config["vllm"], "compileCache": {"keepOnDestroy": True}}
+    ev = evaluate(config, SECRETS)
+    scripts = unwrap_secrets(ev.named("spark1-scripts").inputs)
+    cache = unwrap_secrets(ev.named("compile-cache-spark1").inputs)
+    leaf = tmp_path / "state" / "spark-vllm.dev"
+
+    def bash(command: str, stdin: str = "") -> str:
+        done = subprocess.run(
+            ["bash", "-c", command], input=stdin, text=True, check=True, timeout=30,
+            capture_output=True,
+        )  # fmt: skip
+        return done.stdout
+
+    bash(scripts["create"], scripts["stdin"])
+    (leaf / "compile-cache" / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    assert bash(cache["create"]).startswith("compile cache: ")
+    assert "compile cache kept in" in bash(cache["delete"])
+    bash(scripts["delete"])
+    assert (leaf / "compile-cache" / "vllm" / "torch_compile_cache").is_dir()
+    assert (leaf / ".spark-vllm-owner").read_text() == "spark-vllm/dev\n"
+    assert not (leaf / "bin").exists()
+    bash(scripts["create"], scripts["stdin"])  # deployed again: the leaf is claimed again
+    assert (leaf / "compile-cache" / "vllm" / "torch_compile_cache").is_dir()
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -152,3 +194,34 @@ def test_pins_of_a_removed_host_stay_for_its_deletes(tmp_path: Path) -> None:
     # Configured again but unpinned (a reinstalled host): no old pin may contradict it.
     write_known_hosts(path, [SshEndpoint("spark3", "10.0.0.3", 2222, "u", None)])
     assert path.read_text().splitlines() == ["10.0.0.1 ssh-ed25519 AAAAnew"]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+def test_a_compile_cache_the_ssh_user_cannot_empty_fails_naming_what_to_do(
+    tmp_path: Path,
+) -> None:
+    """The containers write the cache as root; an SSH user who is not root cannot remove it,
+    and without the serving image (gone, or no Docker for this user) the delete says what to do
+    instead of leaving a half-removed directory silently."""
+    scripts = Path(tempfile.mkdtemp(dir="/tmp"))  # where `nobody` can read and reach
+    try:
+        scripts.chmod(0o755)
+        for name in ("compile-cache.sh", "lib.sh"):
+            shutil.copy(REPO / "components" / "scripts" / name, scripts / name)
+        cache = scripts / "compile-cache"
+        (cache / "vllm" / "torch_compile_cache").mkdir(parents=True)
+        (cache / "vllm" / "torch_compile_cache" / "graph.bin").write_text("root's")
+        cache.chmod(0o777)
+        done = subprocess.run(
+            ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+             "bash", str(scripts / "compile-cache.sh"), "remove", "--host", "spark2",
+             "--dir", str(cache), "--image", "sha256:gone", "--keep", "no"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        left = (cache / "vllm" / "torch_compile_cache" / "graph.bin").exists()
+    finally:
+        shutil.rmtree(scripts)
+    assert done.returncode == 1, done
+    assert done.stderr.startswith(f"spark-vllm: spark2: compile-cache: could not remove {cache}")
+    assert f"likely cause: remove it by hand as root (sudo rm -rf {cache})" in done.stderr
+    assert left

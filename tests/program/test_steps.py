@@ -162,7 +162,7 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
         "unless-stopped",
     )
     assert (head.host_pid, worker.host_pid, server.host_pid) == (True, False, True)
-    assert head.mounts == worker.mounts == server.mounts[:4]  # same user: same state dir
+    assert head.mounts == worker.mounts == server.mounts[:5]  # same user: same state dir
     assert server.mounts[-1].source == plan.api_key_dir and server.mounts[-1].read_only
     # Behind the firewall gate: its marker, then the launcher.
     assert server.entrypoint[:4] == ("bash", "-c", "echo gate", "firewall-gate")
