@@ -181,6 +181,28 @@ def test_a_server_on_the_heads_loopback_is_out_of_the_bastions_reach(stack: Stac
     assert_serves(stack)
 
 
+# The server's start after a replacement, as the stand-in's ranks report it (vLLM's own lines):
+# "warm" (the compile cache held the key) and "cold".
+ENGINE_STARTS: dict[str, tuple[float, float]] = {}
+
+
+def compile_report(stack: Stack) -> tuple[list[str], float, float]:
+    """From the server's log: how each rank got its graph ("cache" or "compiled"), the slowest
+    rank's torch.compile seconds and the engine's start seconds (vLLM's `init engine` line)."""
+    log = host_sh(stack.lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1")
+    how = [
+        "cache" if "from the cache" in line else "compiled"
+        for line in log.splitlines()
+        if re.search(r"rank \d+: (Directly load the compiled graph|Compiling a graph)", line)
+    ]
+    compiled = re.findall(r"torch\.compile takes ([\d.]+) s in total", log)
+    engine = re.findall(
+        r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)", log
+    )
+    assert how and compiled and engine, log[-3000:]
+    return how, float(compiled[-1]), float(engine[-1])
+
+
 def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:
     config = {**stack.config}
     config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "gpuMemoryUtilization": 0.7}
@@ -194,6 +216,10 @@ def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:
         stack.lab, "spark1", f"docker inspect --format '{{{{json .Args}}}}' {PREFIX}-vllm"
     )
     assert '"--gpu-memory-utilization","0.7"' in inspect.replace(", ", ",")
+    # Not in vLLM's compile key: every rank loads its graph from the node's compile cache.
+    how, compiled, engine = compile_report(stack)
+    assert how == ["cache", "cache"], how
+    ENGINE_STARTS["warm"] = (compiled, engine)
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 
@@ -238,6 +264,9 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
         "memory-check": "update",  # what the new image finds free
+        # The compile caches stay; only the image their delete would use changes.
+        "compile-cache-spark1": "update",
+        "compile-cache-spark2": "update",
         # The guards run from the serving image; the rules stay in the kernel meanwhile.
         "firewall-spark1-guard": "replace",
         "firewall-spark2-guard": "replace",
@@ -280,6 +309,18 @@ def test_a_model_change_replaces_the_server_and_copies_the_new_snapshot(stack: S
     }
     assert stack.outputs["modelId"] == "tiny-chat-2"
     assert host_sh(stack.lab, "spark2", f"ls {MODEL_SNAPSHOTS} | wc -l") == "1"
+    # A new model is a new compile key: every rank compiles.
+    how, compiled, engine = compile_report(stack)
+    assert how == ["compiled", "compiled"], how
+    ENGINE_STARTS["cold"] = (compiled, engine)
+    if "warm" in ENGINE_STARTS:
+        (warm_compile, warm), (cold_compile, cold) = ENGINE_STARTS["warm"], ENGINE_STARTS["cold"]
+        record_figure(
+            "server start after a replacement, compile cache on the host (stand-in's 3 s compile)",
+            f"warm (gpuMemoryUtilization change, same key) {warm:.1f} s, torch.compile "
+            f"{warm_compile:.2f} s; cold (model change, new key) {cold:.1f} s, torch.compile "
+            f"{cold_compile:.2f} s (warm/cold {warm / cold:.2f}x)",
+        )
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 

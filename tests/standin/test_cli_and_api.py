@@ -219,3 +219,36 @@ def test_max_model_len_above_the_model_limit_fails(standin: StandinFactory) -> N
     server = standin(TINY_MODEL, "--max-model-len", "64k")
     assert server.wait_exit(60) == 1
     assert "User-specified max_model_len (64000)" in server.log
+
+
+def test_the_compile_cache_is_keyed_like_vllms(standin: StandinFactory, tmp_path: Path) -> None:
+    """Each rank compiles into <VLLM_CACHE_ROOT>/torch_compile_cache/<key>/rank_<r>_0 and loads
+    from there next time: a start that changes only --gpu-memory-utilization (not in vLLM's
+    key) is warm, one that changes --max-model-len is cold. The model given with `--model`
+    (deprecated, still accepted) is the same model, so the same key."""
+    env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_STANDIN_COMPILE_SECONDS": "2"}
+
+    def start(*args: str) -> str:
+        server = standin(TINY_MODEL, *args, env=env)
+        server.wait_ready(timeout_s=60)
+        server.stop()
+        return server.log
+
+    cold = start("--max-model-len", "1024", "--gpu-memory-utilization", "0.5")
+    assert "rank 0: Compiling a graph for dynamic shape takes 2.0" in cold
+    keys = list((tmp_path / "cache" / "torch_compile_cache").iterdir())
+    assert len(keys) == 1 and (keys[0] / "rank_0_0" / "computation_graph.py").is_file()
+    warm = start("--max-model-len", "1024", "--gpu-memory-utilization", "0.7")
+    assert "rank 0: Directly load the compiled graph(s) for dynamic shape from the cache" in warm
+    assert "init engine (profile, create kv cache, warmup model) took" in warm
+    cold_again = start("--max-model-len", "512")
+    assert "rank 0: Compiling a graph" in cold_again
+    assert len(list((tmp_path / "cache" / "torch_compile_cache").iterdir())) == 2
+
+
+def test_the_model_flag_is_deprecated_but_accepted(standin: StandinFactory) -> None:
+    server = standin(f"--model={TINY_MODEL}")  # `vllm serve --model=M`: no positional model
+    server.wait_ready(timeout_s=60)
+    assert "you should provide the model as a positional argument" in server.log
+    _, body = http("GET", server.base_url + "/v1/models")
+    assert [m["root"] for m in json.loads(body)["data"]] == [TINY_MODEL]

@@ -140,6 +140,18 @@ def validate_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error("--enable-auto-tool-choice requires --tool-call-parser to be set")
 
 
+def warn_about_model_flag(args: argparse.Namespace) -> None:
+    """vLLM 0.11.1 on (vllm/entrypoints/cli/serve.py): `--model` still works, with a warning
+    (before 0.11.1 it was an error); the model is positional."""
+    if args.model_flag and not args.model_tag:
+        print(
+            "WARNING With `vllm serve`, you should provide the model as a positional argument "
+            "or in a config file instead of via the `--model` option. The `--model` option "
+            "will be removed in a future version.",
+            file=sys.stderr,
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     raw_args = list(sys.argv[1:] if argv is None else argv)
     parser, serve_parser = build_parsers()
@@ -148,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.print_help()
         sys.exit(0 if args.command is None and not raw_args else 2)
     validate_serve_args(serve_parser, args)
+    warn_about_model_flag(args)
 
     # Imported late so `--help`, `--version` and flag errors stay fast and need no Ray.
     from vllm_standin.config import ServeConfig

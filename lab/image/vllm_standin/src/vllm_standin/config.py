@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 from dataclasses import dataclass
+
+from vllm_standin import VERSION
 
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
 DEFAULT_WORKER_START_TIMEOUT_S = 120.0
@@ -49,6 +53,7 @@ class ServeConfig:
     master_port: int = 29501
     headless: bool = False
     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
+    compile_key: str = ""
 
     @property
     def world_size(self) -> int:
@@ -92,6 +97,7 @@ class ServeConfig:
             rendezvous_timeout_s=env_seconds(
                 "VLLM_STANDIN_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_TIMEOUT_S
             ),
+            compile_key=compile_key(args),
         )
 
 
@@ -118,3 +124,30 @@ def non_default_args(args: argparse.Namespace) -> dict[str, object]:
             continue
         changed[name] = "<redacted>" if name == "api_key" and value else value
     return changed
+
+
+# What vLLM's compile-cache key hashes, of what the stand-in parses (vllm/config/vllm.py
+# VllmConfig.compute_hash: the model, cache, parallel, scheduler and compilation configs, and
+# vLLM's version): not --gpu-memory-utilization (CacheConfig leaves it out), nor the API
+# server's own flags (host, port, served names, API key, log levels).
+COMPILE_KEY_ARGS = (
+    "revision",
+    "max_model_len",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "enforce_eager",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+)
+
+
+def compile_key(args: argparse.Namespace) -> str:
+    """The compile cache's directory name for these arguments: 10 hex digits, as vLLM's."""
+    factors = {name: getattr(args, name) for name in COMPILE_KEY_ARGS}
+    factors["model"] = args.model_tag or args.model_flag
+    factors["version"] = VERSION
+    text = json.dumps(factors, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]

@@ -92,6 +92,33 @@ def log_ranks(ranks: list[RankReport]) -> None:
             report.env.get("GLOO_SOCKET_IFNAME"),
             "yes" if report.holds_api_key else "no",
         )
+    log_compile(ranks)
+
+
+def log_compile(ranks: list[RankReport]) -> None:
+    """vLLM's torch.compile lines (vllm/compilation/backends.py, monitor.py): per rank where the
+    cache is, then from the cache or compiled, and the slowest rank's total."""
+    for report in ranks:
+        logger.info(
+            "rank %d: Using cache directory: %s for vLLM's torch.compile",
+            report.rank,
+            report.compile_dir,
+        )
+        if report.compile_cached:
+            logger.info(
+                "rank %d: Directly load the compiled graph(s) for dynamic shape from the cache, "
+                "took %.3f s",
+                report.rank,
+                report.compile_seconds,
+            )
+        else:
+            logger.info(
+                "rank %d: Compiling a graph for dynamic shape takes %.2f s",
+                report.rank,
+                report.compile_seconds,
+            )
+    if ranks:
+        logger.info("torch.compile takes %.2f s in total", max(r.compile_seconds for r in ranks))
 
 
 class SingleProcessEngine:
@@ -111,7 +138,8 @@ class SingleProcessEngine:
                 f"{self.config.pipeline_parallel_size}); the lab hosts have none. "
                 "Use --distributed-executor-backend ray for multi-node serving."
             )
-        self.ranks = [RankWorker(0, self.config.model, self.config.revision).describe()]
+        worker = RankWorker(0, self.config.model, self.config.revision, self.config.compile_key)
+        self.ranks = [worker.describe()]
         log_ranks(self.ranks)
         validate_ranks(self.ranks, self.driver_snapshot)
 
@@ -279,7 +307,7 @@ class RayEngine:
                 actor_class.options(
                     scheduling_strategy=strategy,
                     runtime_env={"env_vars": carried_env_vars()},
-                ).remote(rank, self.config.model, self.config.revision)
+                ).remote(rank, self.config.model, self.config.revision, self.config.compile_key)
             )
         return actors
 

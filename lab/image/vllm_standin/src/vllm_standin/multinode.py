@@ -106,7 +106,9 @@ def local_ranks(config: ServeConfig) -> list[RankReport]:
     per_node = config.world_size // config.nnodes
     first = per_node * config.node_rank
     return [
-        RankWorker(rank, config.model, config.revision).describe(node_ip=vllm_get_ip())
+        RankWorker(rank, config.model, config.revision, config.compile_key).describe(
+            node_ip=vllm_get_ip()
+        )
         for rank in range(first, first + per_node)
     ]
 

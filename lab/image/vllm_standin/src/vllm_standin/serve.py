@@ -89,9 +89,15 @@ def start_engine(config: ServeConfig) -> tuple[Engine, int]:
         )
     max_model_len = resolve_max_model_len(config, driver_snapshot.path)
     logger.info("Using max model len %d", max_model_len)
+    started = time.monotonic()
     engine = build_engine(config, driver_snapshot, STOP_REQUESTED)
     engine.start()
     load_weights_like_vllm(driver_snapshot.path)
+    # vLLM's own figure for the engine's start (v1/engine/core.py), compile included.
+    logger.info(
+        "init engine (profile, create kv cache, warmup model) took %.2f seconds",
+        time.monotonic() - started,
+    )
     return engine, max_model_len
 
 

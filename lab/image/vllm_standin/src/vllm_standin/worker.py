@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from vllm_standin.model_files import SnapshotReport, measure_snapshot
@@ -39,6 +40,40 @@ class RankReport:
     # The API key reached this worker (vLLM's Ray executor copies the driver's VLLM_*): it must
     # not (spark-vllm lists it in vLLM's non-carry-over file). Only whether, never the value.
     holds_api_key: bool = False
+    # torch.compile, as each vLLM rank runs it: loaded from the compile cache, or compiled.
+    compile_seconds: float = 0.0
+    compile_cached: bool = False
+    compile_dir: str = ""
+
+
+# What a cold compile costs the stand-in (a real one takes minutes for a large model).
+COMPILE_SECONDS_ENV = "VLLM_STANDIN_COMPILE_SECONDS"
+DEFAULT_COMPILE_SECONDS = 3.0
+COMPILED_FILE = "computation_graph.py"  # one of the files vLLM writes per rank
+
+
+def compile_dir(key: str, rank: int) -> str:
+    """vLLM's per-rank compile cache: <VLLM_CACHE_ROOT>/torch_compile_cache/<hash>/rank_<r>_<dp>
+    (vllm/compilation/backends.py; VLLM_CACHE_ROOT defaults to ~/.cache/vllm, vllm/envs.py)."""
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")
+    return os.path.join(root, "torch_compile_cache", key, f"rank_{rank}_0")
+
+
+def compile_graph(key: str, rank: int) -> tuple[float, bool, str]:
+    """Load this rank's compiled graph from the cache, or "compile" it (sleep) and store it:
+    (seconds, whether it came from the cache, the directory)."""
+    where = compile_dir(key, rank)
+    started = time.monotonic()
+    if os.path.isfile(os.path.join(where, COMPILED_FILE)):
+        return time.monotonic() - started, True, where
+    raw = os.environ.get(COMPILE_SECONDS_ENV, "").strip()
+    time.sleep(float(raw) if raw else DEFAULT_COMPILE_SECONDS)
+    os.makedirs(where, exist_ok=True)
+    partial = os.path.join(where, f".{COMPILED_FILE}.{os.getpid()}")
+    with open(partial, "w") as out:
+        out.write(f"# vllm-standin compiled graph, key {key}, rank {rank}\n")
+    os.replace(partial, os.path.join(where, COMPILED_FILE))
+    return time.monotonic() - started, False, where
 
 
 def interface_exists(name: str) -> bool:
@@ -93,16 +128,18 @@ def current_node_id() -> str:
 class RankWorker:
     """Holds one rank alive for the lifetime of the server, as a vLLM worker would."""
 
-    def __init__(self, rank: int, model: str, revision: str | None) -> None:
+    def __init__(self, rank: int, model: str, revision: str | None, compile_key: str) -> None:
         self.rank = rank
         self.model = model
         self.revision = revision
+        self.compile_key = compile_key
 
     def describe(self, node_ip: str | None = None) -> RankReport:
         """`node_ip`: given without Ray (the mp executor), else Ray's view of this node."""
         hostname = socket.gethostname()
         node_ip = node_ip or detect_node_ip()
         env = {name: os.environ.get(name) for name in REPORTED_ENV}
+        seconds, cached, where = compile_graph(self.compile_key, self.rank)
         return RankReport(
             rank=self.rank,
             node_ip=node_ip,
@@ -114,6 +151,9 @@ class RankWorker:
             env=env,
             gloo_problem=gloo_interface_problem(env["GLOO_SOCKET_IFNAME"], hostname),
             holds_api_key=bool(os.environ.get("VLLM_API_KEY")),
+            compile_seconds=seconds,
+            compile_cached=cached,
+            compile_dir=where,
         )
 
     def ping(self) -> int:
