@@ -138,3 +138,31 @@ def test_three_nodes_take_ranks_in_hosts_order(make_config: ConfigFactory) -> No
         assert args[args.index("--nnodes") + 1] == "3"
     head_flags, _ = serve_args(ev, "vllm-container")
     assert head_flags[head_flags.index("--peers") + 1] == "spark2=10.241.0.12,spark3=10.241.0.13"
+
+
+@pytest.mark.parametrize("executor", ["mp", "ray"])
+def test_every_rank_keeps_its_compile_caches_on_the_host_and_vllm_waits_as_long_as_we_do(
+    make_config: ConfigFactory, executor: str
+) -> None:
+    """The caches a replaced server would otherwise compile again live in each node's
+    <leaf>/compile-cache, in every container that runs ranks (with Ray, the Ray containers)."""
+    config = make_config(hosts=2, executor=executor)
+    config["timeouts"] = {"vllmReadySeconds": 2400}
+    ev = evaluate(config, SECRETS)
+    names = ["vllm-container", "vllm-spark2"] if executor == "mp" else ["ray-head", "ray-spark2"]
+    for name in names:
+        env = env_of(ev, name)
+        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "2400", name
+        assert env["VLLM_CACHE_ROOT"] == "/spark-vllm/cache/vllm"
+        assert env["FLASHINFER_WORKSPACE_BASE"] == "/spark-vllm/cache"
+        assert env["TRITON_CACHE_DIR"] == "/spark-vllm/cache/triton"
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == "/spark-vllm/cache/inductor"
+        assert env["CUDA_CACHE_PATH"] == "/spark-vllm/cache/nv-compute"
+        mounts = {m["target"]: m for m in ev.named(name).inputs["mounts"]}
+        cache = mounts["/spark-vllm/cache"]
+        assert cache["source"] == "/home/aurora/.spark-vllm/spark-vllm.dev/compile-cache"
+        assert not cache.get("readOnly")
+    node = "spark2"
+    step = ev.named(f"compile-cache-{node}").inputs
+    assert "compile-cache.sh report" in step["create"]
+    assert "--keep no" in step["delete"] and "--image sha256:" in step["delete"]

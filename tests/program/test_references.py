@@ -66,6 +66,7 @@ READ_BY = {
     # The compile caches (stacks/plan/nodes.py compile_cache_env): in every container that
     # runs ranks (with Ray, its workers run under the raylet's environment).
     "VLLM_CACHE_ROOT": "vllm/envs.py",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "vllm/envs.py (v1/engine/core_client.py)",
     "FLASHINFER_WORKSPACE_BASE": "flashinfer/jit/env.py",
     "TRITON_CACHE_DIR": "Triton's knobs",
     "TORCHINDUCTOR_CACHE_DIR": "torch/_inductor/runtime/cache_dir_utils.py",
