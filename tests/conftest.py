@@ -35,17 +35,17 @@ from tests.lab import timings
 # phase and module"): the order work starts in. A module not listed counts as fast and goes
 # after these.
 MODULE_COST: dict[str, float] = {
-    "tests/lab/test_day_two.py": 633,
-    "tests/lab/test_faults.py": 485,
-    "tests/lab/test_executor_mp.py": 256,
-    "tests/lab/test_e2e.py": 233,
-    "tests/lab/test_bench.py": 201,
-    "tests/lab/test_day_two_grow.py": 137,
-    "tests/lab/test_hardware_faults.py": 128,
-    "tests/standin/test_ray_backend.py": 62,
-    "tests/lab/test_lab_infra.py": 46,
+    "tests/lab/test_day_two.py": 781,
+    "tests/lab/test_faults.py": 631,
+    "tests/lab/test_executor_mp.py": 282,
+    "tests/lab/test_e2e.py": 246,
+    "tests/lab/test_bench.py": 213,
+    "tests/lab/test_day_two_grow.py": 163,
+    "tests/lab/test_hardware_faults.py": 144,
+    "tests/lab/test_lab_infra.py": 99,
+    "tests/standin/test_ray_backend.py": 75,
     "tests/standin/test_mp_backend.py": 27,
-    "tests/lab/test_realmocks.py": 19,
+    "tests/lab/test_realmocks.py": 16,
 }
 _WORKER_KEY = "spark_vllm_lab_figures"
 
