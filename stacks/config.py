@@ -45,8 +45,22 @@ DERIVED_ENV_KEYS = frozenset(
         "VLLM_API_KEY",
         "HF_TOKEN",
         "VLLM_PORT",
+        "VLLM_ENGINE_READY_TIMEOUT_S",
     }
 )
+# The compile caches' locations (stacks/plan/nodes.py compile_cache_env): the node's bound
+# cache directory; vllm.env may not move them back into the container.
+COMPILE_CACHE_ENV_KEYS = frozenset(
+    {
+        "VLLM_CACHE_ROOT",
+        "FLASHINFER_WORKSPACE_BASE",
+        "TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "CUDA_CACHE_PATH",
+    }
+)
+# timeouts.vllmReadySeconds' ceiling, and vLLM's own engine-ready wait: never the shorter.
+MAX_VLLM_READY_SECONDS = 21600
 # vLLM flags the program sets itself; repeating them in extraArgs would be ambiguous or leak.
 OWNED_VLLM_FLAGS = frozenset(
     {
@@ -481,7 +495,7 @@ class PreflightConfig(ConfigModel):
 
 class TimeoutsConfig(ConfigModel):
     ray_join_seconds: int = Field(default=300, ge=10, le=7200)
-    vllm_ready_seconds: int = Field(default=1800, ge=30, le=21600)
+    vllm_ready_seconds: int = Field(default=1800, ge=30, le=MAX_VLLM_READY_SECONDS)
     # How often the readiness wait reports the server's progress in the `pulumi up` output.
     vllm_progress_seconds: int = Field(default=30, ge=5, le=600)
     # How often the image and weights copies report bytes done, rate and ETA.
@@ -691,7 +705,12 @@ def _no_user_overrides(cfg: StackConfig) -> None:
         if key in DERIVED_ENV_KEYS:
             raise ConfigError(
                 f"vllm.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "
-                "fabricInterface, rdmaHcas, model and secrets); remove it from vllm.env"
+                "fabricInterface, rdmaHcas, model, timeouts and secrets); remove it from vllm.env"
+            )
+        if key in COMPILE_CACHE_ENV_KEYS:
+            raise ConfigError(
+                f"vllm.env.{key}: spark-vllm keeps this cache in each node's compile-cache "
+                "directory, so a replaced server starts warm; remove it from vllm.env"
             )
     mp = cfg.vllm.executor == "mp"
     for key in cfg.vllm.env:

@@ -23,11 +23,20 @@ case "$action" in
       exit 0
     fi
     if ! rm -rf "$ARG_DIR" 2>/dev/null; then
-      timeout 120 docker run --rm --network none --user 0:0 --entrypoint find \
-        -v "$ARG_DIR:/cache" "$ARG_IMAGE" /cache -mindepth 1 -delete >/dev/null 2>&1 || true
-      rm -rf "$ARG_DIR" 2>/dev/null \
-        || fail "could not remove $ARG_DIR: it holds files of the containers' user (root) and the serving image $ARG_IMAGE is gone" \
-             "remove it by hand as root (sudo rm -rf $ARG_DIR), then run the destroy again"
+      # What is left is the containers' (root's): empty it from the serving image, never pulled.
+      status=0
+      why="$(timeout 240 docker run --rm --pull never --network none --user 0:0 \
+        --entrypoint find -v "$ARG_DIR:/cache" "$ARG_IMAGE" /cache -mindepth 1 -delete 2>&1 >/dev/null)" \
+        || status=$?
+      if ! rm -rf "$ARG_DIR" 2>/dev/null; then
+        case "$status" in
+          124) why="emptying it from the serving image took over 240 s" ;;
+          0) why="files the containers' user (root) left" ;;
+          *) why="it holds files of the containers' user (root), and emptying it from the serving image $ARG_IMAGE failed: ${why:-exit $status}" ;;
+        esac
+        fail "could not remove $ARG_DIR: $why" \
+          "remove it by hand as root (sudo rm -rf $ARG_DIR), then run the destroy again"
+      fi
     fi
     echo "compile cache removed from $ARG_DIR"
     ;;

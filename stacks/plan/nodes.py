@@ -14,6 +14,7 @@ from typing import Literal
 
 from stacks.config import (
     BASTION,
+    MAX_VLLM_READY_SECONDS,
     MP_PORT_SPAN,
     RAY_CLIENT_SERVER_PORT,
     HostConfig,
@@ -199,11 +200,12 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
         }
     )
     env.update(compile_cache_env())
-    # vLLM's own wait for its engine core (vllm/envs.py, 0.14.0 on; 600 s by default): no
-    # shorter than ours. It bounds the API server's handshake with the engine core
-    # (v1/engine/core_client.py MPClient), not the model load, which with one API server only
-    # our readiness wait bounds (docs/design.md, "vLLM's own time limits").
-    env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(plan.config.timeouts.vllm_ready_seconds)
+    # vLLM's own wait for its engine core (vllm/envs.py, 0.14.0 on; 600 s by default): never
+    # shorter than ours, whatever timeouts.vllmReadySeconds is (its ceiling: a constant, so a
+    # change of our wait replaces no container). It bounds the API server's handshake with the
+    # engine core (v1/engine/core_client.py MPClient), not the model load, which with one API
+    # server only our readiness wait bounds (docs/design.md, "vLLM's own time limits").
+    env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(MAX_VLLM_READY_SECONDS)
     if node.rdma_hcas:
         env["NCCL_IB_HCA"] = ",".join(node.rdma_hcas)
         env.setdefault("NCCL_IB_DISABLE", "0")

@@ -40,10 +40,11 @@ def ray_layout_warning(version: str) -> str | None:
     numbers = release(version)
     if numbers is not None and numbers <= NEWEST_CHECKED:
         return None
+    lead = f"is newer than {checked}" if numbers is not None else "is not a release number"
     return (
-        f"image.ref: ray {version} is newer than {checked}, the newest release whose driver "
-        "lookup spark-vllm checked: the server finds its node's raylet among the host's "
-        "processes (ray PRs #59229, #61029). If the server fails with "
+        f"image.ref: ray {version} {lead}; {checked} is the newest release whose driver lookup "
+        "spark-vllm checked: the server finds its node's raylet among the host's processes "
+        "(ray PRs #59229, #61029). If the server fails to connect to the Ray cluster, caused by "
         f'"{NODE_LOOKUP_ERROR}", use vllm.executor mp (no Ray), or an image with Ray '
         f"{checked} or older"
     )

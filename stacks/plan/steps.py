@@ -576,7 +576,9 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str
     scripts step made: the step reports its size, and its delete empties it with the serving
     image (its files are the containers' user's) unless vllm.compileCache.keepOnDestroy.
     Runs after the image is on `node`, so a destroy deletes it before the image; a new image is
-    an update (only the delete's image changes), which keeps the cache."""
+    an update (only the delete's image changes), which keeps the cache. (A forced `pulumi up
+    --replace` of this step would run the old one's delete last and empty a cache the running
+    containers bind; the next `up` sees the directory's mark gone and replaces them.)"""
     cache_dir = node.compile_cache_dir
     keep = "yes" if plan.config.vllm.compile_cache.keep_on_destroy else "no"
     remove = script_call(
@@ -587,7 +589,7 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str
         node=node,
         create=script_call(node, "compile-cache.sh", "report", dir=cache_dir),
         delete=owned(plan, node, remove),
-        timeouts=Timeouts(create=3, update=3, delete=5),
+        timeouts=Timeouts(create=3, update=3, delete=6),
     )
 
 

@@ -46,7 +46,8 @@ def test_grow_adds_a_spark_without_restarting_ray(two_of_three: Stack) -> None:
     run = next_up(grown, "grow: a third Spark (2 -> 3 hosts)", with_hosts(lab_config(lab), 3))
     created = {name for name, op in run.changed().items() if op == "create"}
     assert {f"{NEW_HOST}-scripts", f"{NEW_HOST}-preflight", f"ray-{NEW_HOST}",
-            f"image-{NEW_HOST}-sync", f"weights-{NEW_HOST}-copy"} <= created  # fmt: skip
+            f"image-{NEW_HOST}-sync", f"weights-{NEW_HOST}-copy",
+            f"compile-cache-{NEW_HOST}"} <= created  # fmt: skip
     assert run.changed()["vllm-container"] == "replace"  # TP 2 -> 3
     assert "ray-head" not in run.changed() and "ray-spark2" not in run.changed()  # Ray stays up
     assert ray_node_count(lab) == 3
@@ -59,7 +60,8 @@ def test_shrink_removes_the_spark_again(two_of_three: Stack) -> None:
         grown, "shrink: the third Spark removed (3 -> 2 hosts)", with_hosts(lab_config(lab), 2)
     )
     deleted = {name for name, op in run.changed().items() if op == "delete"}
-    assert {f"{NEW_HOST}-scripts", f"ray-{NEW_HOST}", f"fabric-{NEW_HOST}-authorize"} <= deleted
+    assert {f"{NEW_HOST}-scripts", f"ray-{NEW_HOST}", f"fabric-{NEW_HOST}-authorize",
+            f"compile-cache-{NEW_HOST}"} <= deleted  # fmt: skip
     assert not [name for name, op in run.changed().items() if op == "create"]
     assert complete(grown.endpoint, grown.outputs["modelId"])[0] == 200
     assert ray_node_count(lab) == 2

@@ -206,12 +206,13 @@ def test_a_driver_beside_the_ray_head_finds_its_raylet_only_in_the_hosts_pid_nam
         f"docker run --rm --network host --ipc host {{pid}} -v {STATE}/ray:/tmp/ray "
         f"-e RAY_ADDRESS={lab.spec.host_fabric_ip(0)}:6379 "
         "-e RAY_gcs_server_request_timeout_seconds=5 "
-        f"--entrypoint python3 {IMAGE_NAME} -c {q(DRIVER)} 2>&1 | tail -n 2"
+        f"--entrypoint python3 {IMAGE_NAME} -c {q(DRIVER)} 2>&1 | tail -n 60"
     )
     beside = host_sh(lab, "spark1", f"timeout 90 {driver.format(pid='--pid host')} || true")
     assert "attached to node" in beside, beside
     alone = host_sh(lab, "spark1", f"timeout 90 {driver.format(pid='')} || true")
-    assert NODE_LOOKUP_ERROR in alone, alone
+    # ray.init wraps the lookup's RuntimeError: "Failed to connect to Ray cluster at ...".
+    assert NODE_LOOKUP_ERROR in alone and "Failed to connect to Ray cluster" in alone, alone
 
 
 def test_each_worker_has_the_heads_image_and_model(deployed: Deployment) -> None:

@@ -141,18 +141,17 @@ def test_three_nodes_take_ranks_in_hosts_order(make_config: ConfigFactory) -> No
 
 
 @pytest.mark.parametrize("executor", ["mp", "ray"])
-def test_every_rank_keeps_its_compile_caches_on_the_host_and_vllm_waits_as_long_as_we_do(
+def test_every_rank_keeps_its_compile_caches_on_the_host_and_vllm_never_gives_up_first(
     make_config: ConfigFactory, executor: str
 ) -> None:
     """The caches a replaced server would otherwise compile again live in each node's
     <leaf>/compile-cache, in every container that runs ranks (with Ray, the Ray containers)."""
     config = make_config(hosts=2, executor=executor)
-    config["timeouts"] = {"vllmReadySeconds": 2400}
     ev = evaluate(config, SECRETS)
     names = ["vllm-container", "vllm-spark2"] if executor == "mp" else ["ray-head", "ray-spark2"]
     for name in names:
         env = env_of(ev, name)
-        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "2400", name
+        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "21600", name  # vllmReadySeconds' ceiling
         assert env["VLLM_CACHE_ROOT"] == "/spark-vllm/cache/vllm"
         assert env["FLASHINFER_WORKSPACE_BASE"] == "/spark-vllm/cache"
         assert env["TRITON_CACHE_DIR"] == "/spark-vllm/cache/triton"
@@ -166,3 +165,25 @@ def test_every_rank_keeps_its_compile_caches_on_the_host_and_vllm_waits_as_long_
     step = ev.named(f"compile-cache-{node}").inputs
     assert "compile-cache.sh report" in step["create"]
     assert "--keep no" in step["delete"] and "--image sha256:" in step["delete"]
+
+
+def test_our_wait_changes_no_container(make_config: ConfigFactory) -> None:
+    """vLLM's own engine-ready wait is the ceiling of ours, a constant: raising
+    timeouts.vllmReadySeconds updates the wait and replaces nothing."""
+    from tests.program.test_preview_diff import plan
+
+    before = make_config(hosts=2, executor=None)
+    after = make_config(hosts=2, executor=None, timeouts={"vllmReadySeconds": 2400})
+    assert plan(before, after) == {"vllm-ready": "update"}
+
+
+@pytest.mark.parametrize(
+    "key", ["VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "VLLM_ENGINE_READY_TIMEOUT_S"]
+)
+def test_vllm_env_cannot_move_the_caches_or_vllms_own_wait(
+    make_config: ConfigFactory, key: str
+) -> None:
+    config = make_config(hosts=2, executor=None)
+    config["vllm"] = {**config["vllm"], "env": {key: "/root/elsewhere"}}
+    with pytest.raises(Exception, match=f"vllm.env.{key}: "):
+        evaluate(config, SECRETS)

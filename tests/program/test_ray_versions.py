@@ -26,11 +26,19 @@ def test_every_checked_release_is_accepted_quietly(version: str) -> None:
     assert ray_layout_warning(version) is None
 
 
-@pytest.mark.parametrize("version", ["2.61.0", "3.0.0", "2.61.0.dev0", "nightly"])
-def test_a_newer_or_unknown_ray_is_named_with_what_to_do(version: str) -> None:
+@pytest.mark.parametrize(
+    ("version", "lead"),
+    [
+        ("2.61.0", "is newer than 2.60"),
+        ("3.0.0", "is newer than 2.60"),
+        ("2.61.0.dev0", "is newer than 2.60"),
+        ("nightly", "is not a release number"),
+    ],
+)
+def test_a_newer_or_unknown_ray_is_named_with_what_to_do(version: str, lead: str) -> None:
     warning = ray_layout_warning(version)
     assert warning is not None
-    assert warning.startswith(f"image.ref: ray {version} is newer than 2.60")
+    assert warning.startswith(f"image.ref: ray {version} {lead}; 2.60 is the newest release")
     assert NODE_LOOKUP_ERROR in warning and "use vllm.executor mp" in warning
 
 
