@@ -574,7 +574,9 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) 
 def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) -> StepSpec:
     """`node`'s compile caches (stacks/plan/nodes.py compile_cache_env), in a directory the
     scripts step made: the step reports its size, and its delete empties it with the serving
-    image (its files are the containers' user's) unless vllm.compileCache.keepOnDestroy.
+    image (its files are the containers' user's) unless vllm.compileCache.keepOnDestroy. The
+    delete also empties Ray's session directory, the other one the containers write as root, so
+    that the scripts step's delete (as the SSH user) can remove it.
     Runs after the image is on `node`, so a destroy deletes it before the image; a new image is
     an update (only the delete's image changes), which keeps the cache. (A forced `pulumi up
     --replace` of this step would run the old one's delete last and empty a cache the running
@@ -582,7 +584,13 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str
     cache_dir = node.compile_cache_dir
     keep = "yes" if plan.config.vllm.compile_cache.keep_on_destroy else "no"
     remove = script_call(
-        node, "compile-cache.sh", "remove", dir=cache_dir, image=image_id, keep=keep
+        node,
+        "compile-cache.sh",
+        "remove",
+        dir=cache_dir,
+        ray_dir=node.ray_dir,
+        image=image_id,
+        keep=keep,
     )
     return StepSpec(
         name=f"{name}-{node.name}",

@@ -208,20 +208,37 @@ def test_a_compile_cache_the_ssh_user_cannot_empty_fails_naming_what_to_do(
         scripts.chmod(0o755)
         for name in ("compile-cache.sh", "lib.sh"):
             shutil.copy(REPO / "components" / "scripts" / name, scripts / name)
-        cache = scripts / "compile-cache"
+        cache, ray = scripts / "compile-cache", scripts / "ray"
         (cache / "vllm" / "torch_compile_cache").mkdir(parents=True)
         (cache / "vllm" / "torch_compile_cache" / "graph.bin").write_text("root's")
-        cache.chmod(0o777)
-        done = subprocess.run(
-            ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-             "bash", str(scripts / "compile-cache.sh"), "remove", "--host", "spark2",
-             "--dir", str(cache), "--image", "sha256:gone", "--keep", "no"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        (ray / "session_latest" / "sockets").mkdir(parents=True)  # Ray's, written as root
+        for directory in (cache, ray):
+            directory.chmod(0o777)
+
+        def remove(*flags: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                 "bash", str(scripts / "compile-cache.sh"), "remove", "--host", "spark2",
+                 "--dir", str(cache), "--ray-dir", str(ray), "--image", "sha256:gone",
+                 *flags],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+
+        ray_first = remove("--keep", "yes")  # Ray's session files go even when the cache stays
+        shutil.rmtree(ray / "session_latest")
+        done = remove("--keep", "no")
         left = (cache / "vllm" / "torch_compile_cache" / "graph.bin").exists()
     finally:
         shutil.rmtree(scripts)
+    assert ray_first.returncode == 1, ray_first
+    assert ray_first.stderr.startswith(
+        f"spark-vllm: spark2: compile-cache: could not remove what is in {ray}"
+    )
     assert done.returncode == 1, done
-    assert done.stderr.startswith(f"spark-vllm: spark2: compile-cache: could not remove {cache}")
+    assert done.stderr.startswith(
+        f"spark-vllm: spark2: compile-cache: could not remove what is in {cache}: it holds "
+        "files of the containers' user (root), and emptying it from the serving image "
+        "sha256:gone failed: "
+    )
     assert f"likely cause: remove it by hand as root (sudo rm -rf {cache})" in done.stderr
     assert left
