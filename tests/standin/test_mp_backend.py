@@ -69,10 +69,11 @@ def test_the_head_waits_for_every_node_then_gives_up(standin: StandinFactory) ->
 
 
 def test_a_headless_node_without_its_head_gives_up_connecting(standin: StandinFactory) -> None:
+    """Bounded by vLLM's own --distributed-timeout-seconds (0.18.0 on), which a stack can pass
+    in vllm.extraArgs."""
     worker = standin(
-        TINY_MODEL, *mp_args(free_port(), 1),
-        env={**MP_ENV, "VLLM_STANDIN_RENDEZVOUS_TIMEOUT": "3"},
-    )  # fmt: skip
+        TINY_MODEL, *mp_args(free_port(), 1), "--distributed-timeout-seconds", "3", env=MP_ENV
+    )
     assert worker.wait_exit(FAST_FAILURE_S) == 1
     assert "The client socket has timed out after 3s while trying to connect" in worker.log
 

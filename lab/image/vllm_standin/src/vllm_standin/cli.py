@@ -79,6 +79,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-rank", "-r", type=int, default=0)
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=int, default=29501)
+    # vllm/config/parallel.py (0.18.0 on, PR #36047): torch.distributed's init timeout, the
+    # rendezvous included; unset, torch's default.
+    parser.add_argument("--distributed-timeout-seconds", type=int, default=None)
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
     )

@@ -94,8 +94,12 @@ class ServeConfig:
             master_addr=args.master_addr,
             master_port=args.master_port,
             headless=args.headless,
-            rendezvous_timeout_s=env_seconds(
-                "VLLM_STANDIN_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_TIMEOUT_S
+            # --distributed-timeout-seconds bounds the rendezvous as vLLM's does; unset,
+            # torch's default (the lab's tests shorten it with VLLM_STANDIN_RENDEZVOUS_TIMEOUT).
+            rendezvous_timeout_s=(
+                float(args.distributed_timeout_seconds)
+                if args.distributed_timeout_seconds
+                else env_seconds("VLLM_STANDIN_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_TIMEOUT_S)
             ),
             compile_key=compile_key(args),
         )
