@@ -17,6 +17,8 @@ require host dir
 empty() {
   local dir=$1 status=0 why
   [ -d "$dir" ] || return 0
+  # From /: GNU find fails when it cannot return to a working directory it may not enter.
+  cd /
   find "$dir" -mindepth 1 -delete 2>/dev/null && return 0
   why="$(timeout 240 docker run --rm --pull never --network none --user 0:0 \
     --entrypoint find -v "$dir:/empty" "$ARG_IMAGE" /empty -mindepth 1 -delete 2>&1 >/dev/null)" \
