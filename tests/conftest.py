@@ -35,17 +35,17 @@ from tests.lab import timings
 # phase and module"): the order work starts in. A module not listed counts as fast and goes
 # after these.
 MODULE_COST: dict[str, float] = {
-    "tests/lab/test_day_two.py": 781,
-    "tests/lab/test_faults.py": 631,
-    "tests/lab/test_executor_mp.py": 282,
-    "tests/lab/test_e2e.py": 246,
-    "tests/lab/test_bench.py": 213,
-    "tests/lab/test_day_two_grow.py": 163,
-    "tests/lab/test_hardware_faults.py": 144,
-    "tests/lab/test_lab_infra.py": 99,
-    "tests/standin/test_ray_backend.py": 75,
-    "tests/standin/test_mp_backend.py": 27,
-    "tests/lab/test_realmocks.py": 16,
+    "tests/lab/test_faults.py": 697,
+    "tests/lab/test_day_two.py": 651,
+    "tests/lab/test_executor_mp.py": 317,
+    "tests/lab/test_e2e.py": 296,
+    "tests/lab/test_bench.py": 217,
+    "tests/lab/test_day_two_grow.py": 207,
+    "tests/lab/test_hardware_faults.py": 163,
+    "tests/standin/test_ray_backend.py": 148,
+    "tests/lab/test_lab_infra.py": 45,
+    "tests/standin/test_mp_backend.py": 36,
+    "tests/lab/test_realmocks.py": 22,
 }
 _WORKER_KEY = "spark_vllm_lab_figures"
 
