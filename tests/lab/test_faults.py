@@ -90,11 +90,18 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
                         "rate", "40mbit", "burst", "256kb", "latency", "50ms"])  # fmt: skip
     cut = threading.Event()
 
+    stage = f"{STATE}/image-stage"
+
+    def staged_bytes() -> int:
+        """What the worker's stage holds in files (the directories alone say nothing)."""
+        sizes = host_sh(lab, WORKER, f"find {stage} -type f -printf '%s\\n' 2>/dev/null || true")
+        return sum(int(size) for size in sizes.split())
+
     def cut_when_loading() -> None:
+        # Not at a fixed time after `docker load` starts: on a slow machine `docker save` on the
+        # head may not have sent a byte yet, and a cut before anything is staged tests nothing.
         try:
-            wait_for(lambda: bool(host_sh(lab, WORKER, "pgrep -f '^docker load' || true")), 120,
-                     "docker load running on the worker")  # fmt: skip
-            time.sleep(3)
+            wait_for(lambda: staged_bytes() >= 8_000_000, 120, "8 MB staged on the worker")
             lab.exec(WORKER, ["ip", "link", "set", worker_fabric, "down"])
             cut.set()
         except AssertionError:
@@ -124,8 +131,7 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
     )
     assert tagged == "", "a partial image was left tagged on the worker"
     # What arrived before the cut is staged on the worker, and the next copy resumes from it.
-    stage = f"{STATE}/image-stage"
-    staged = int(host_sh(lab, WORKER, f"du -sb --apparent-size {stage} | cut -f1"))
+    staged = staged_bytes()
     whole = int(host_sh(lab, "spark1", f"docker save {IMAGE} | wc -c"))
     assert staged > 0, "nothing of the cut copy was staged"
     successful_up(lab, stack)
