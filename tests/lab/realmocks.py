@@ -1159,9 +1159,12 @@ def teardown_entry(entry: JournalEntry, command_timeout_s: float) -> None:
             connection = connection_from_inputs(entry.inputs.get("connection"), entry.name)
             stdin = unwrap_secrets(entry.inputs.get("stdin"))
             result = run_over_ssh(connection, str(delete), stdin, command_timeout_s, [])
+            logging_mode = unwrap_secrets(entry.inputs.get("logging"))
             if result.exit_code != 0:
-                logging_mode = unwrap_secrets(entry.inputs.get("logging"))
                 raise command_failure(connection, str(delete), result, "delete", logging_mode)
+            if logging_mode != "none":
+                # What a delete said (a kept rule, a directory left) shows beside a failed test.
+                log.info("%s: delete: %s", entry.name, tail(result.stdout + result.stderr, 10))
     elif entry.type == TYPE_CONTAINER and entry.docker_host is not None:
         remove_container(entry.docker_host, entry)
     elif entry.type == TYPE_REMOTE_IMAGE and entry.docker_host is not None:
