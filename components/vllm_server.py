@@ -26,7 +26,7 @@ from stacks.plan.containers import (
     headless_container,
     vllm_container,
 )
-from stacks.plan.nodes import DeploymentPlan
+from stacks.plan.nodes import DeploymentPlan, ServerSizing
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class VllmServerArgs:
     ray: RayCluster | None  # executor ray: the cluster the server joins; mp: none
     weights_ready: list[pulumi.Resource]
     api_key: pulumi.Output[str]  # a secret, never empty
-    gpu_memory_utilization: str | pulumi.Output[str]  # configured, or what the memory check derived
+    sizing: ServerSizing | pulumi.Output[ServerSizing]  # configured, or the memory check's
     key_file: pulumi.Resource  # the key's file on the head (components/front.py)
     front: docker.Container  # the front's container: the readiness probe goes through it
     firewalled: dict[str, pulumi.Resource]  # by node name: its rules hold (none: firewall off)
@@ -123,19 +123,19 @@ class VllmServer(pulumi.ComponentResource):
         resource_name: str,
         args: VllmServerArgs,
         host: Host,
-        spec: Callable[[str], ContainerSpec],
+        spec: Callable[[ServerSizing], ContainerSpec],
         after: list[pulumi.Resource],
         id_labels: list[tuple[str, pulumi.Input[str]]] | None = None,
     ) -> docker.Container:
-        """`spec` takes the memory fraction: with `auto` known once the memory check ran."""
-        utilization = args.gpu_memory_utilization
+        """`spec` takes the server's memory sizing: with `auto` known once the memory check ran."""
+        sizing = args.sizing
         return service_container(
             resource_name,
-            spec(utilization if isinstance(utilization, str) else PENDING),
+            spec(sizing if isinstance(sizing, ServerSizing) else ServerSizing(PENDING)),
             args.image_id,
             command=None
-            if isinstance(utilization, str)
-            else utilization.apply(lambda u: list(spec(u).command)),
+            if isinstance(sizing, ServerSizing)
+            else sizing.apply(lambda known: list(spec(known).command)),
             provider=host.provider,
             parent=self,
             # With Ray, these come before the cluster the server joins.

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -214,6 +215,21 @@ def _own_directory(instead: str) -> Any:
     return check
 
 
+MIN_KV_CACHE_BYTES = 64 * 1024**2
+BYTE_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+BYTE_UNITS |= {"KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
+
+
+def _byte_size(value: Any) -> Any:
+    """ "24GiB", "1.5 TB" or "25769803776" as bytes; anything else as given (the type decides)."""
+    if not isinstance(value, str):
+        return value
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", value)
+    if found is None or (found.group(2) or "") not in BYTE_UNITS:
+        return value
+    return int(float(found.group(1)) * BYTE_UNITS[found.group(2) or ""])
+
+
 def _one_error(message: str) -> Any:
     """A wrap validator that reports any failure as one line, `<value> is <message>`: a union's
     members would each give their own, under keys the user never wrote (`...constrained-float`)."""
@@ -369,6 +385,19 @@ class VllmConfig(ConfigModel):
             )
         ),
     ] = 0.8
+    # The KV cache per GPU in bytes (vLLM's --kv-cache-memory-bytes): unset, vLLM's profiler
+    # sizes it from gpuMemoryUtilization; "auto", the memory check gives it what the budget
+    # leaves beside the weights and a reserve; a size ("24GiB", or bytes), checked to fit. On
+    # unified memory the profiler can starve it (README, Memory).
+    kv_cache: Annotated[
+        Literal["auto"] | Annotated[int, Field(ge=MIN_KV_CACHE_BYTES)] | None,
+        BeforeValidator(_byte_size),
+        WrapValidator(
+            _one_error(
+                "neither auto nor a size of at least 64 MiB; set e.g. auto, 24GiB or 25769803776"
+            )
+        ),
+    ] = None
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     # "mp" (the default): vLLM's own multi-node mode (vLLM 0.11.1 on): a vLLM container per
@@ -679,10 +708,14 @@ def _ports_distinct(cfg: StackConfig) -> None:
 # option's `=value` (`-tp=2`) and a one-letter one's attached value (`-n2`) all reach the option.
 # A multi-letter one's attached value (`-tp2`) does not.
 GUARDED_FLAGS = OWNED_VLLM_FLAGS | {CONFIG_FILE_FLAG}
+# What vllm.kvCache sets (vllm/engine/arg_utils.py, 0.10.2 on): a user's own is kept when unset.
+KV_CACHE_FLAGS = frozenset({"--kv-cache-memory-bytes"})
 
 
-def _flag_reached(arg: str) -> tuple[str, list[str]] | None:
-    """The flag name `arg` is read as (folded) and the guarded flags it reaches; None for a
+def _flag_reached(
+    arg: str, guarded: frozenset[str] = GUARDED_FLAGS
+) -> tuple[str, list[str]] | None:
+    """The flag name `arg` is read as (folded) and the `guarded` flags it reaches; None for a
     value (no leading `-`, a negative number, `-`, or `--` which ends the options)."""
     if not arg.startswith("-") or arg in ("-", "--") or re.match(r"-\d", arg):
         return None
@@ -693,11 +726,11 @@ def _flag_reached(arg: str) -> tuple[str, list[str]] | None:
             return name, []
     else:
         name = arg.split("=", 1)[0]
-        if arg[:2] in GUARDED_FLAGS and len(name) > 2:  # a one-letter option's attached value
+        if arg[:2] in guarded and len(name) > 2:  # a one-letter option's attached value
             return name, [arg[:2]]
-    if name in GUARDED_FLAGS:
+    if name in guarded:
         return name, [name]
-    return name, sorted(flag for flag in GUARDED_FLAGS if flag.startswith(name))
+    return name, sorted(flag for flag in guarded if flag.startswith(name))
 
 
 def _no_user_overrides(cfg: StackConfig) -> None:
@@ -744,6 +777,10 @@ def _no_user_overrides(cfg: StackConfig) -> None:
             raise ConfigError(
                 f"{key}: {name} configures vLLM's Ray executor; "
                 "vllm.executor is mp (no Ray): remove it, or use executor ray"
+            )
+        if cfg.vllm.kv_cache is not None and (_flag_reached(arg, KV_CACHE_FLAGS) or ("", []))[1]:
+            raise ConfigError(
+                f"{key}: {written} sizes the KV cache, as vllm.kvCache does: set one of them"
             )
         if flags:
             hint = (

@@ -115,7 +115,10 @@ def build_deployment(settings: Settings) -> Deployment:
         ModelWeightsArgs(plan, head, workers, image.present_on, settings.hf_token),
     )
     memory = ServerMemory(
-        "memory", ServerMemoryArgs(plan, head, image.image_id, list(weights.present_on.values()))
+        "memory",
+        ServerMemoryArgs(
+            plan, head, image.image_id, weights.manifest, list(weights.present_on.values())
+        ),
     )
     firewall = Firewall(
         "firewall",
@@ -155,7 +158,7 @@ def build_deployment(settings: Settings) -> Deployment:
             ray,
             list(weights.present_on.values()),
             settings.api_key,
-            memory.gpu_memory_utilization,
+            memory.server_sizing,
             front.key_file,
             front.container,
             firewall.ready,

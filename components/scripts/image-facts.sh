@@ -3,7 +3,8 @@
 # architecture against this host's, then (run once, no network) vllm and ray present, their
 # versions, and with --check-flags yes, vllm.extraArgs against the image's own `vllm serve`.
 #   image-facts.sh --host H --image-id ID --ref REF --extra-args JSON --check-flags yes|no
-#                  --executor ray|mp --timeout-seconds S
+#                  --executor ray|mp --timeout-seconds S [--kv-cache yes]
+# (--kv-cache yes: vllm.kvCache is set, so `vllm serve` must take --kv-cache-memory-bytes.)
 # Prints `spark-vllm-image-facts {json}` as its last line.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
@@ -24,7 +25,7 @@ set +e
 output="$(timeout "$ARG_TIMEOUT_SECONDS" docker run --rm --network none \
   -v "$SPARK_BIN/image_facts.py:/spark-vllm/image_facts.py:ro" \
   --entrypoint python3 "$ARG_IMAGE_ID" /spark-vllm/image_facts.py \
-  "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" "$ARG_EXECUTOR" 2>&1)"
+  "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" "$ARG_EXECUTOR" "${ARG_KV_CACHE:-no}" 2>&1)"
 status=$?
 set -e
 facts="$(grep '^spark-vllm-image-facts ' <<<"$output" | tail -n 1 || true)"

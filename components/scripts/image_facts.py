@@ -96,6 +96,7 @@ def flag_problems(extra_args: list[str], known: set[str], vllm: str) -> list[str
 def main() -> int:
     extra_args, check_flags = json.loads(sys.argv[1]), sys.argv[2] == "yes"
     executor = sys.argv[3] if len(sys.argv) > 3 else "ray"
+    kv_cache = len(sys.argv) > 4 and sys.argv[4] == "yes"
     dist = provider_of("vllm")
     vllm = dist.version if dist is not None else None
     try:
@@ -130,6 +131,11 @@ def main() -> int:
             problems.append("image.ref: `vllm serve --help` did not list its flags")
         else:
             problems += flag_problems(extra_args, known, vllm)
+            if kv_cache and "--kv-cache-memory-bytes" not in known:
+                problems.append(
+                    f"image.ref: vllm {vllm} has no --kv-cache-memory-bytes: vllm.kvCache "
+                    "needs vLLM 0.10.2 or newer (or leave vllm.kvCache unset)"
+                )
             if executor == "mp" and not {"--nnodes", "--headless"} <= known:
                 problems.append(
                     f"image.ref: vllm {vllm} has no --nnodes/--headless: vllm.executor mp "

@@ -8,7 +8,10 @@
 #   memory-check.sh --host HEAD --nodes "name|dest|bin|containers|fabricip<newline>..." --image-id ID --gpus yes|no
 #                   --drop-page-cache yes|no --utilization F|auto --margin-fraction F
 #                   --min-margin-bytes N --server-container NAME [--fabric-key F --fabric-known-hosts F]
-# Prints `spark-vllm-memory-sizing {json}` as its last line.
+#                   [--kv-cache auto|BYTES --snapshot DIR --tensor-parallel N --pipeline-parallel N
+#                    --max-model-len N --kv-cache-dtype D --reserve-bytes N]   (vllm.kvCache)
+# Prints `spark-vllm-memory-sizing {json}` as its last line; with --kv-cache, its `kvCache` holds
+# what kv_sizing.py derived from the fraction chosen here, on the node with the least memory.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host nodes image-id gpus drop-page-cache utilization margin-fraction min-margin-bytes \
@@ -95,6 +98,26 @@ else
   fi
 fi
 
+kv_json=""
+if [ -n "${ARG_KV_CACHE:-}" ]; then
+  budget="$(awk -v u="$chosen" 'NF { b = u * $2; if (!n++ || b < m) m = b } END { printf "%.0f", m }' <<<"$rows")"
+  set +e
+  kv="$(python3 "$SPARK_BIN/kv_sizing.py" --snapshot "$ARG_SNAPSHOT" --budget-bytes "$budget" \
+    --reserve-bytes "$ARG_RESERVE_BYTES" --kv-cache "$ARG_KV_CACHE" \
+    --tensor-parallel "$ARG_TENSOR_PARALLEL" --pipeline-parallel "$ARG_PIPELINE_PARALLEL" \
+    --max-model-len "$ARG_MAX_MODEL_LEN" --kv-cache-dtype "$ARG_KV_CACHE_DTYPE" 2>&1)"
+  status=$?
+  set -e
+  if [ "$status" -ne 0 ]; then
+    problem="$(sed -n 's/^problem: //p' <<<"$kv")" cause="$(sed -n 's/^cause: //p' <<<"$kv")"
+    fail "${problem:-vllm.kvCache: sizing the KV cache failed (exit $status): ${kv//$'\n'/ }}" \
+      "${cause:-the python3 on the head (3.8 or later is needed)}"
+  fi
+  kv_json="$(sed -n 's/^spark-vllm-kv //p' <<<"$kv")"
+  note "$(sed -n 's/^note: //p' <<<"$kv")"
+fi
+
 nodes_json="$(awk -v g="$GIB" 'NF { printf "%s\"%s\":{\"totalGib\":%.1f,\"freeGib\":%.1f,\"fits\":%s,\"basis\":\"%s\"}", (n++ ? "," : ""), $1, $2/g, $3/g, $4, $6 }' <<<"$rows")"
-printf 'spark-vllm-memory-sizing {"gpuMemoryUtilization":"%s","mode":"%s","kept":%s,"nodes":{%s}}\n' \
-  "$chosen" "$([ "$ARG_UTILIZATION" = auto ] && echo auto || echo fixed)" "$kept" "$nodes_json"
+printf 'spark-vllm-memory-sizing {"gpuMemoryUtilization":"%s","mode":"%s","kept":%s,"nodes":{%s}%s}\n' \
+  "$chosen" "$([ "$ARG_UTILIZATION" = auto ] && echo auto || echo fixed)" "$kept" "$nodes_json" \
+  "${kv_json:+,\"kvCache\":$kv_json}"

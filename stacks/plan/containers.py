@@ -28,6 +28,7 @@ from stacks.plan.nodes import (
     CONTAINER_SCRIPTS_DIR,
     DeploymentPlan,
     NodePlan,
+    ServerSizing,
     node_env,
     ray_start_args,
     vllm_launcher_args,
@@ -141,17 +142,17 @@ def ray_container(
 
 
 def vllm_container(
-    plan: DeploymentPlan, mounts_token: str, scripts: EntryScripts, gpu_memory_utilization: str
+    plan: DeploymentPlan, mounts_token: str, scripts: EntryScripts, sizing: ServerSizing
 ) -> ContainerSpec:
     """The server on the head: the launcher (vllm-launcher.sh) waits for Ray's GPUs and
-    reads the API key from a mounted directory, then runs `vllm serve` sized to
-    `gpu_memory_utilization` (the configured fraction, or what the memory check derived)."""
+    reads the API key from a mounted directory, then runs `vllm serve` sized by `sizing` (the
+    configured memory, or what the memory check derived)."""
     spec = _service(
         plan,
         plan.head,
         "vllm",
         ("bash", "-c", scripts.launcher, "vllm-launcher"),
-        tuple(vllm_launcher_args(plan, gpu_memory_utilization)),
+        tuple(vllm_launcher_args(plan, sizing)),
         mounts_token,
         scripts,
     )
@@ -164,7 +165,7 @@ def headless_container(
     node: NodePlan,
     mounts_token: str,
     scripts: EntryScripts,
-    gpu_memory_utilization: str,
+    sizing: ServerSizing,
 ) -> ContainerSpec:
     """Executor mp: a worker's own vLLM, `--headless` with its node rank; it serves no API and
     never sees the API key."""
@@ -173,7 +174,7 @@ def headless_container(
         node,
         "vllm-headless",
         ("bash", "-c", scripts.launcher, "vllm-launcher"),
-        tuple(vllm_launcher_args(plan, gpu_memory_utilization, node)),
+        tuple(vllm_launcher_args(plan, sizing, node)),
         mounts_token,
         scripts,
     )

@@ -7,7 +7,7 @@ preflight_flags); `hardware_warnings` compares them across nodes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, serving_container_names
@@ -24,6 +24,16 @@ LINK_TEST_SECONDS = 3
 # with the page cache (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47).
 AUTO_MARGIN_FRACTION = 0.05
 AUTO_MIN_MARGIN_BYTES = 2 * GIB
+
+# vllm.kvCache: what the server allocates per GPU besides its weights and the KV cache, kept
+# out of the cache's bytes. Given --kv-cache-memory-bytes (vLLM 0.10.2 on), vLLM takes the bytes
+# as they are and measures nothing else (vllm/v1/worker/gpu_worker.py determine_available_memory):
+# the activation peak of a max_num_batched_tokens step, CUDA graphs, and what is not torch's
+# (CUDA context, NCCL buffers) are ours to leave room for. eugr/spark-vllm-docker PR #286 finds
+# the non-torch share near 2 GiB on GB10 once compile's transient host memory is left out; CUDA
+# graphs and the activations of the models served here take a few GiB more. On unified memory
+# running out freezes the host, so this errs high; a stack that knows better sets bytes.
+KV_CACHE_RESERVE_BYTES = 6 * GIB
 
 FABRIC_LINK_PREFIX = "spark-vllm-fabric-link "
 MEMORY_SIZING_PREFIX = "spark-vllm-memory-sizing "
@@ -53,10 +63,11 @@ def fabric_link(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
     )
 
 
-def memory_check(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+def memory_check(plan: DeploymentPlan, name: str, image_id: str, commit: str = "") -> StepSpec:
     """On the head, once the image and the weights are on every node and before Ray or the
     server starts: what each node will have free for the server, against the configured
-    fraction, or the fraction `auto` derives (memory-check.sh, memory-probe.sh on each node)."""
+    fraction, or the fraction `auto` derives (memory-check.sh, memory-probe.sh on each node);
+    with vllm.kvCache, the KV cache's bytes too, from the snapshot at `commit` (kv_sizing.py)."""
     cfg = plan.config
     # One node a line: a state dir may hold a space.
     nodes = "\n".join(
@@ -75,6 +86,7 @@ def memory_check(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
         "min_margin_bytes": AUTO_MIN_MARGIN_BYTES,
         "server_container": plan.container_name("vllm"),
         **fabric_flags(plan),
+        **kv_cache_flags(plan, commit),
     }
     return StepSpec(
         name=f"{name}-check",
@@ -83,6 +95,55 @@ def memory_check(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
         # One CUDA query per node (the image run once with the GPUs), bounded to 3 min each.
         timeouts=Timeouts(create=4 * len(plan.nodes) + 2),
     )
+
+
+def sizes_kv_cache(plan: DeploymentPlan) -> bool:
+    """vllm.kvCache is set: the memory check sizes (or checks) the KV cache from the snapshot."""
+    return plan.config.vllm.kv_cache is not None
+
+
+def memory_check_value(image_id: str, manifest: str) -> str:
+    """`ID|COMMIT`: the image and the head's snapshot (its manifest is "commit files bytes")."""
+    return f"{image_id}|{(manifest.split() or [''])[0]}"
+
+
+def memory_check_for(plan: DeploymentPlan, name: str, value: str) -> StepSpec:
+    """The check from the image ID, or from memory_check_value's `ID|COMMIT`."""
+    image_id, _, commit = value.partition("|")
+    return memory_check(plan, name, image_id, commit)
+
+
+def kv_cache_flags(plan: DeploymentPlan, commit: str) -> dict[str, str | int]:
+    """What kv_sizing.py needs for vllm.kvCache (none when unset: vLLM's profiler sizes it)."""
+    cfg = plan.config
+    if cfg.vllm.kv_cache is None:
+        return {}
+    return {
+        "kv_cache": str(cfg.vllm.kv_cache),
+        "snapshot": snapshot_dir(cfg.model.cache_dir, cfg.model.id, commit),
+        "tensor_parallel": cfg.vllm.tensor_parallel_size,
+        "pipeline_parallel": cfg.vllm.pipeline_parallel_size,
+        "max_model_len": cfg.vllm.max_model_len or 0,
+        "kv_cache_dtype": extra_arg_value(cfg.vllm.extra_args, "--kv-cache-dtype") or "auto",
+        "reserve_bytes": KV_CACHE_RESERVE_BYTES,
+    }
+
+
+def snapshot_dir(cache_dir: str, model: str, commit: str) -> str:
+    """Where the HF cache keeps a snapshot (huggingface_hub's layout; snapshot.sh reads it)."""
+    return f"{cache_dir}/hub/models--{model.replace('/', '--')}/snapshots/{commit}"
+
+
+def extra_arg_value(extra_args: Sequence[str], flag: str) -> str | None:
+    """The value vllm.extraArgs gives `flag` (`--flag v` or `--flag=v`; the last one wins, as
+    argparse reads it)."""
+    value = None
+    for index, arg in enumerate(extra_args):
+        if arg == flag and index + 1 < len(extra_args):
+            value = extra_args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.removeprefix(flag + "=")
+    return value
 
 
 def _last_json(stdout: str, prefix: str) -> dict[str, Any]:

@@ -7,10 +7,10 @@ Gloo on loopback and env not reaching a worker are handled (../shared/ANCHORS.md
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from stacks.config import (
     BASTION,
@@ -359,8 +359,41 @@ def own_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     return [*names, plan.container_name("front")] if node.is_head else names
 
 
+@dataclass(frozen=True)
+class ServerSizing:
+    """The server's memory on every node: vLLM's --gpu-memory-utilization and, with
+    vllm.kvCache, --kv-cache-memory-bytes (configured, or what the memory check derived)."""
+
+    gpu_memory_utilization: str
+    kv_cache_bytes: int | None = None
+
+    def flags(self) -> list[str]:
+        flags = ["--gpu-memory-utilization", self.gpu_memory_utilization]
+        if self.kv_cache_bytes is not None:
+            flags += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        return flags
+
+
+def fixed_sizing(plan: DeploymentPlan) -> ServerSizing | None:
+    """The sizing the config gives before the memory check ran (which still checks it fits);
+    None when `auto` derives a part of it."""
+    vllm = plan.config.vllm
+    if vllm.gpu_memory_utilization == "auto" or vllm.kv_cache == "auto":
+        return None
+    return ServerSizing(str(vllm.gpu_memory_utilization), vllm.kv_cache)
+
+
+def checked_sizing(sizing: Mapping[str, Any]) -> ServerSizing:
+    """The sizing the memory check chose (its `memory` output)."""
+    kv_cache = sizing.get("kvCache")
+    return ServerSizing(
+        str(sizing["gpuMemoryUtilization"]),
+        int(kv_cache["kvCacheBytes"]) if isinstance(kv_cache, Mapping) else None,
+    )
+
+
 def vllm_launcher_args(
-    plan: DeploymentPlan, gpu_memory_utilization: str, node: NodePlan | None = None
+    plan: DeploymentPlan, sizing: ServerSizing, node: NodePlan | None = None
 ) -> list[str]:
     """The launcher's flags (components/scripts/vllm-launcher.sh), then `--` and vLLM's, for
     the server on the head or, with executor mp, a headless `node`.
@@ -394,22 +427,16 @@ def vllm_launcher_args(
         if node.is_head:
             port = plan.config.vllm.server_port
             flags += ["--health-url", f"http://{plan.server_address}:{port}/health"]
-    return [*flags, "--", *vllm_serve_args(plan, gpu_memory_utilization, node)]
-
-
-def fixed_gpu_memory_utilization(plan: DeploymentPlan) -> str | None:
-    """The configured fraction as vLLM's flag reads it; None for `auto` (the memory check's)."""
-    value = plan.config.vllm.gpu_memory_utilization
-    return None if value == "auto" else str(value)
+    return [*flags, "--", *vllm_serve_args(plan, sizing, node)]
 
 
 def vllm_serve_args(
-    plan: DeploymentPlan, gpu_memory_utilization: str, node: NodePlan | None = None
+    plan: DeploymentPlan, sizing: ServerSizing, node: NodePlan | None = None
 ) -> list[str]:
     """Arguments after `vllm serve` on `node` (the head by default), from typed config (never
-    probed from the image) and, with `auto`, the fraction the memory check derived
-    (`gpu_memory_utilization`). With executor mp every node gets the same arguments but its
-    node rank, and the workers `--headless` (vLLM docs, parallelism_scaling.md)."""
+    probed from the image) and, with `auto`, the sizing the memory check derived. With executor
+    mp every node gets the same arguments but its node rank, and the workers `--headless` (vLLM
+    docs, parallelism_scaling.md)."""
     cfg = plan.config
     node = node or plan.head
     args = [
@@ -428,8 +455,7 @@ def vllm_serve_args(
         str(cfg.vllm.pipeline_parallel_size),
         "--distributed-executor-backend",
         cfg.vllm.executor,
-        "--gpu-memory-utilization",
-        gpu_memory_utilization,
+        *sizing.flags(),
     ]
     if not plan.uses_ray:
         args += [

@@ -566,6 +566,8 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) 
             check_flags="yes" if node.is_head else "no",
             executor=plan.config.vllm.executor,
             timeout_seconds=IMAGE_FACTS_SECONDS,
+            # Only when set: a stack without it keeps the step's command as it was.
+            **({"kv_cache": "yes"} if node.is_head and plan.config.vllm.kv_cache else {}),
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
     )

@@ -16,6 +16,7 @@ import pytest
 
 from lab import Lab
 from lab.stack import PROJECT
+from stacks.plan.hardware import KV_CACHE_RESERVE_BYTES
 from tests.lab.deploying import host_sh, lab_config
 from tests.lab.faulting import (
     assert_no_container_started,
@@ -96,8 +97,11 @@ def test_a_memory_hog_leaves_too_little_and_auto_sizes_the_server_to_what_is_lef
     assert abs(fits - free_gib * GIB / total) < 0.02
     # Nothing of ours started: Ray waits for the memory check.
     assert_no_container_started(lab)
-    # `auto` (and the page cache dropped first) sizes the server to what the hog left.
-    outputs = successful_up(lab, stack, with_utilization(lab, "auto", dropPageCache=True))
+    # `auto` (and the page cache dropped first) sizes the server to what the hog left; with
+    # vllm.kvCache auto, its KV cache in bytes from that budget too.
+    config = with_utilization(lab, "auto", dropPageCache=True)
+    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "kvCache": "auto"}
+    outputs = successful_up(lab, stack, config)
     sizing = outputs["memory"]
     assert sizing["mode"] == "auto", sizing
     chosen = float(sizing["gpuMemoryUtilization"])
@@ -106,3 +110,12 @@ def test_a_memory_hog_leaves_too_little_and_auto_sizes_the_server_to_what_is_lef
     assert f'"--gpu-memory-utilization","{sizing["gpuMemoryUtilization"]}"' in args.replace(
         ", ", ","
     )
+    # The KV cache: what the budget (the fraction of the smaller node) leaves beside the weights
+    # and the reserve, given to vLLM, which takes it as given and says what it holds.
+    kv_cache = sizing["kvCache"]
+    budget = chosen * min(node["totalGib"] for node in sizing["nodes"].values()) * GIB
+    expected = budget - kv_cache["weightsPerGpuGib"] * GIB - KV_CACHE_RESERVE_BYTES
+    assert abs(kv_cache["kvCacheBytes"] - expected) < 0.2 * GIB, sizing
+    assert f'"--kv-cache-memory-bytes","{kv_cache["kvCacheBytes"]}"' in args.replace(", ", ",")
+    log = host_sh(lab, "spark1", "docker logs spark-vllm-vllm 2>&1")
+    assert f"GPU KV cache size: {kv_cache['tokens']:,} tokens" in log, log[-2000:]

@@ -167,11 +167,15 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
         create = shlex.split(str(inputs.get("create")))
         asked = create[create.index("--utilization") + 1]
         node = {"totalGib": 121.7, "freeGib": 110.0, "fits": 0.9, "basis": "cuda"}
-        sizing = {
+        sizing: dict[str, Any] = {
             "gpuMemoryUtilization": "0.85" if asked == "auto" else asked,
             "mode": "auto" if asked == "auto" else "fixed",
             "nodes": {"spark1": node},
         }
+        if "--kv-cache" in create:  # 30 GiB for `auto`, else the bytes asked for
+            kv_cache = create[create.index("--kv-cache") + 1]
+            kv_bytes = 30 * 1024**3 if kv_cache == "auto" else int(kv_cache)
+            sizing["kvCache"] = {"kvCacheBytes": kv_bytes, "mode": kv_cache}
         return "spark-vllm-memory-sizing " + json.dumps(sizing) + "\n"
     if name.endswith("-facts"):  # as image-facts.sh answers for a vLLM image with Ray
         facts = {"machine": "aarch64", "python": "3.12.3", "ray": "2.53.0", "vllm": "0.16.0"}

@@ -162,3 +162,78 @@ def test_parsers_take_the_last_line_of_their_kind() -> None:
     }
     assert hardware.parse_memory_sizing("nothing here") == {}
     assert hardware.parse_preflight('warning\n{"kernel": "6.17"}\n') == {"kernel": "6.17"}
+
+
+# --- vllm.kvCache -------------------------------------------------------------------------------
+
+GIB = 1024**3
+
+
+def kv_config(make_config: ConfigFactory, executor: str | None = "ray", **vllm: object) -> dict:
+    config = make_config(hosts=2, executor=executor)
+    config["vllm"] = {**config["vllm"], **vllm}
+    return config
+
+
+def test_without_kv_cache_nothing_of_it_reaches_the_check_the_image_check_or_the_server(
+    make_config: ConfigFactory,
+) -> None:
+    """Unset (the default), vLLM's profiler sizes the cache: the commands stay as they were."""
+    ev = evaluate(kv_config(make_config), SECRETS)
+    assert "--kv-cache" not in ev.named("memory-check").inputs["create"]
+    assert "--kv-cache" not in ev.named("image-spark1-facts").inputs["create"]
+    assert "--kv-cache-memory-bytes" not in ev.named("vllm-container").inputs["command"]
+
+
+def test_kv_cache_auto_is_sized_by_the_check_from_the_snapshot_and_given_to_every_node(
+    make_config: ConfigFactory,
+) -> None:
+    config = kv_config(
+        make_config, executor=None, kvCache="auto", extraArgs=["--kv-cache-dtype", "fp8"]
+    )
+    ev = evaluate(config, SECRETS)
+    create = shlex.split(ev.named("memory-check").inputs["create"])
+    flags = {create[i]: create[i + 1] for i in range(len(create) - 1) if create[i].startswith("--")}
+    cache = config["model"]["cacheDir"]
+    model = config["model"]["id"].replace("/", "--")
+    # The snapshot the weights step fetched (its manifest's commit), on the head.
+    assert flags["--snapshot"] == (
+        f"{cache}/hub/models--{model}/snapshots/0123456789abcdef0123456789abcdef01234567"
+    )
+    assert (flags["--kv-cache"], flags["--kv-cache-dtype"]) == ("auto", "fp8")
+    assert (flags["--tensor-parallel"], flags["--pipeline-parallel"]) == ("2", "1")
+    assert flags["--reserve-bytes"] == str(hardware.KV_CACHE_RESERVE_BYTES)
+    # The image must take the flag (vLLM 0.10.2 on): checked on the head, where vLLM serves.
+    assert "--kv-cache yes" in ev.named("image-spark1-facts").inputs["create"]
+    assert "--kv-cache" not in ev.named("image-spark2-facts").inputs["create"]
+    # With mp every node's vLLM gets the same bytes (each worker sizes its own GPU's cache).
+    for container in ("vllm-container", "vllm-spark2"):
+        command = ev.named(container).inputs["command"]
+        assert command[command.index("--kv-cache-memory-bytes") + 1] == str(30 * GIB)
+    assert ev.outputs["memory"]["kvCache"]["kvCacheBytes"] == 30 * GIB
+
+
+def test_kv_cache_bytes_with_a_fixed_fraction_are_known_in_preview(
+    make_config: ConfigFactory,
+) -> None:
+    """Configured bytes need no measurement to be known (the check still refuses them if they
+    do not fit): `pulumi preview` shows the server's whole command."""
+    config = kv_config(make_config, kvCache="24GiB", gpuMemoryUtilization=0.8)
+    ev = evaluate(config, SECRETS, preview=True)
+    command = ev.named("vllm-container").inputs["command"]
+    assert command[command.index("--kv-cache-memory-bytes") + 1] == str(24 * GIB)
+    assert (
+        f"--kv-cache {24 * GIB} "
+        in evaluate(config, SECRETS).named("memory-check").inputs["create"]
+    )
+
+
+def test_kv_cache_and_the_flag_in_extra_args_are_refused_together(
+    make_config: ConfigFactory,
+) -> None:
+    config = kv_config(make_config, kvCache="auto", extraArgs=["--kv-cache-memory-bytes=8G"])
+    with pytest.raises(ConfigError, match=r"vllm.extraArgs\[0\]: --kv-cache-memory-bytes sizes "):
+        parse_stack_config(config)
+    # Unset, a user's own flag is theirs (the image check still checks the image has it).
+    config = kv_config(make_config, extraArgs=["--kv-cache-memory-bytes", "8G"])
+    assert parse_stack_config(config).vllm.kv_cache is None

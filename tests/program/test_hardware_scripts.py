@@ -105,12 +105,13 @@ def memory(
     docker: str | None = None,
     fabric_ip: str = "127.0.0.1",
     bin_dir: Path = SCRIPTS,
+    kv_cache: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     nodes = f"spark1|-|{bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{fabric_ip}"
     flags = {
         "nodes": nodes, "image-id": "sha256:" + "a" * 64, "gpus": "no", "drop-page-cache": "no",
         "utilization": utilization, "margin-fraction": "0.05", "min-margin-bytes": str(1 << 30),
-        "server-container": "spark-vllm-vllm",
+        "server-container": "spark-vllm-vllm", **(kv_cache or {}),
     }  # fmt: skip
     args = [word for key, value in flags.items() for word in (f"--{key}", value)]
     env = fake_bin(tmp_path, docker=docker or "#!/usr/bin/env bash\nexit 1\n")
@@ -177,3 +178,56 @@ def test_a_node_whose_state_dir_holds_a_space_and_a_quote_is_measured(tmp_path: 
     status, out, err = memory(tmp_path, "auto", bin_dir=bin_dir)
     assert status == 0, err
     assert sizing(out)["gpuMemoryUtilization"] == "0.35"
+
+
+def kv_snapshot(tmp_path: Path, weights_gib: int) -> Path:
+    """A snapshot of a 16-layer model (2 KV heads of 128, bf16: 8 KiB a token on each of two
+    GPUs) with `weights_gib` of (sparse) weights."""
+    snap = tmp_path / "snapshot"
+    snap.mkdir()
+    config = {
+        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 4,
+        "head_dim": 128, "hidden_size": 2048, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    (snap / "config.json").write_text(json.dumps(config))
+    with (snap / "model.safetensors").open("wb") as handle:
+        handle.truncate(weights_gib * GIB)
+    return snap
+
+
+def kv_flags(snap: Path, kv_cache: str) -> dict[str, str]:
+    return {
+        "kv-cache": kv_cache, "snapshot": str(snap), "tensor-parallel": "2",
+        "pipeline-parallel": "1", "max-model-len": "32768", "kv-cache-dtype": "auto",
+        "reserve-bytes": str(2 * GIB),
+    }  # fmt: skip
+
+
+def test_kv_cache_auto_takes_what_the_chosen_fraction_leaves_beside_the_weights(
+    tmp_path: Path,
+) -> None:
+    """auto: 0.35 of 100 GiB is the budget; 10 GiB of weights over two GPUs and the 2 GiB
+    reserve leave 28 GiB for the cache: the sizing carries it, and says what it holds."""
+    status, out, err = memory(
+        tmp_path, "auto", kv_cache=kv_flags(kv_snapshot(tmp_path, 10), "auto")
+    )
+    assert status == 0, err
+    kv_cache = sizing(out)["kvCache"]
+    assert isinstance(kv_cache, dict)
+    assert kv_cache["kvCacheBytes"] == 35 * GIB - 5 * GIB - 2 * GIB
+    assert kv_cache["bytesPerToken"] == 16 * 2 * 2 * 128 * 2
+    assert "KV cache 28.0 GiB per GPU (auto): " in err
+
+
+def test_kv_cache_bytes_that_do_not_fit_beside_the_weights_are_refused(tmp_path: Path) -> None:
+    snap = kv_snapshot(tmp_path, 10)
+    status, _, err = memory(tmp_path, "0.4", kv_cache=kv_flags(snap, str(40 * GIB)))
+    assert status == 1
+    first, second = err.strip().splitlines()[-2:]
+    assert first == (
+        "spark-vllm: spark1: memory-check: vllm.kvCache 40.0 GiB does not fit: 40.0 GiB for the "
+        "server per node, less 5.0 GiB of weights per GPU and 2.0 GiB for activations and CUDA "
+        "graphs leaves 33.0 GiB"
+    )
+    assert "lower vllm.kvCache or set it to auto" in second
+    assert memory(tmp_path, "0.4", kv_cache=kv_flags(snap, str(30 * GIB)))[0] == 0

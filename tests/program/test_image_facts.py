@@ -49,9 +49,9 @@ def fake_site(
     return {"PYTHONPATH": str(site), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def probe(env: dict[str, str], extra: list[str]) -> subprocess.CompletedProcess[str]:
+def probe(env: dict[str, str], extra: list[str], *more: str) -> subprocess.CompletedProcess[str]:
     # -S: no site-packages, so only the fake site's distributions are seen.
-    argv = ["python3", "-S", str(SCRIPTS / "image_facts.py"), json.dumps(extra), "yes"]
+    argv = ["python3", "-S", str(SCRIPTS / "image_facts.py"), json.dumps(extra), "yes", *more]
     return subprocess.run(
         argv, capture_output=True, text=True, timeout=60, env={**os.environ, **env}
     )
@@ -92,6 +92,19 @@ def test_an_image_without_a_fit_ray_is_refused(
 ) -> None:
     done = probe(fake_site(tmp_path, ray=ray, requires=requires), [])
     assert done.returncode == 3 and problem in done.stderr
+
+
+def test_kv_cache_needs_a_vllm_that_takes_its_bytes(tmp_path: Path) -> None:
+    """vllm.kvCache sets --kv-cache-memory-bytes (vLLM 0.10.2 on): an image without it is refused
+    before any container starts; asked only when the stack sets vllm.kvCache."""
+    env = fake_site(tmp_path)
+    done = probe(env, [], "mp", "yes")
+    assert done.returncode == 3
+    assert (
+        "vllm 0.16.0rc1 has no --kv-cache-memory-bytes: vllm.kvCache needs vLLM 0.10.2 or newer"
+        in done.stderr
+    )
+    assert "kv-cache-memory" not in probe(env, [], "ray", "no").stderr
 
 
 def test_an_image_without_vllm_is_refused(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from stacks.config import parse_stack_config
 from stacks.plan import steps
 from stacks.plan.containers import EntryScripts, ray_container, vllm_container
 from stacks.plan.front import front_bind
-from stacks.plan.nodes import DeploymentPlan, plan_deployment
+from stacks.plan.nodes import DeploymentPlan, ServerSizing, plan_deployment
 from stacks.plan.steps import Receipt, StepSpec, create_command
 from tests.program.conftest import ConfigFactory
 
@@ -155,7 +155,7 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
     plan = plan_of(make_config(hosts=2))
     head = ray_container(plan, plan.head, "m1", SCRIPTS)
     worker = ray_container(plan, plan.workers[0], "m2", SCRIPTS)
-    server = vllm_container(plan, "m1", SCRIPTS, "0.8")
+    server = vllm_container(plan, "m1", SCRIPTS, ServerSizing("0.8"))
     assert (head.restart, worker.restart, server.restart) == (
         "on-failure",
         "on-failure",
@@ -257,7 +257,7 @@ def test_where_the_front_listens_is_where_it_is_probed_and_published(
     config = make_config(hosts=2)
     config["vllm"] = {**config["vllm"], "listen": listen}
     plan = plan_of(config)
-    command = vllm_container(plan, "m", SCRIPTS, "0.8").command
+    command = vllm_container(plan, "m", SCRIPTS, ServerSizing("0.8")).command
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--port") + 1] == "8001"
     assert front_bind(plan) == bind

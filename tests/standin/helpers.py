@@ -49,6 +49,12 @@ def tiny_model_files() -> dict[str, bytes]:
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "max_position_embeddings": TINY_MAX_POSITION_EMBEDDINGS,
+        # The lab model's shape (lab/hfmodel.py): 1 KiB of KV cache a token.
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 2,
+        "torch_dtype": "float32",
     }
     return {
         "config.json": json.dumps(config).encode(),

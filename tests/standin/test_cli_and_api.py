@@ -252,3 +252,22 @@ def test_the_model_flag_is_deprecated_but_accepted(standin: StandinFactory) -> N
     assert "you should provide the model as a positional argument" in server.log
     _, body = http("GET", server.base_url + "/v1/models")
     assert [m["root"] for m in json.loads(body)["data"]] == [TINY_MODEL]
+
+
+def test_kv_cache_bytes_are_taken_as_given_and_must_hold_one_full_request(
+    standin: StandinFactory,
+) -> None:
+    """--kv-cache-memory-bytes (vLLM 0.10.2 on): the tiny model (2 layers, 4 KV heads of 16,
+    float32) takes 1 KiB a token; 2 MiB hold 2048 tokens, two requests of 1024; 512 KiB
+    cannot hold one, which vLLM refuses at start naming the length that would fit."""
+    server = standin(TINY_MODEL, "--max-model-len", "1024", "--kv-cache-memory-bytes", "2M")
+    server.wait_ready(timeout_s=60)
+    assert "Reserved 0.00 GiB memory for KV Cache as specified by kv_cache_memory_bytes" in (
+        server.log
+    )
+    assert "GPU KV cache size: 2,048 tokens" in server.log
+    assert "Maximum concurrency for 1,024 tokens per request: 2.00x" in server.log
+    server.stop()
+    server = standin(TINY_MODEL, "--max-model-len", "1024", "--kv-cache-memory-bytes", "512K")
+    assert server.wait_exit(60) == 1
+    assert "the estimated maximum model length is 512" in server.log

@@ -71,6 +71,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     parser.add_argument("--max-model-len", type=human_readable_int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    # vllm/config/cache.py (0.10.2 on): the KV cache per GPU in bytes; profiling is skipped.
+    parser.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     parser.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default=None)

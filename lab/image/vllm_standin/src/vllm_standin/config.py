@@ -54,6 +54,7 @@ class ServeConfig:
     headless: bool = False
     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
     compile_key: str = ""
+    kv_cache_memory_bytes: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -94,6 +95,7 @@ class ServeConfig:
             master_addr=args.master_addr,
             master_port=args.master_port,
             headless=args.headless,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             # --distributed-timeout-seconds bounds the rendezvous as vLLM's does; unset,
             # torch's default (the lab's tests shorten it with VLLM_STANDIN_RENDEZVOUS_TIMEOUT).
             rendezvous_timeout_s=(

@@ -81,3 +81,18 @@ def read_max_position_embeddings(snapshot_path: str) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def kv_bytes_per_token(snapshot_path: str, tensor_parallel_size: int) -> int:
+    """One token in one rank's KV cache (vLLM's full-attention page per token): K and V, the
+    rank's share of the KV heads (at least one), every layer, the model's dtype."""
+    import json
+
+    with open(os.path.join(snapshot_path, "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    heads = int(config.get("num_attention_heads", 1))
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    dtype_bytes = 4 if config.get("torch_dtype") == "float32" else 2
+    layers = int(config["num_hidden_layers"])
+    return 2 * layers * max(kv_heads // tensor_parallel_size, 1) * head_dim * dtype_bytes

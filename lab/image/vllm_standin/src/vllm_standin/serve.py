@@ -20,9 +20,15 @@ from vllm_standin.engine import (
     build_engine,
 )
 from vllm_standin.http_api import ServerState, StandinServer
-from vllm_standin.model_files import measure_snapshot, read_max_position_embeddings
+from vllm_standin.model_files import (
+    kv_bytes_per_token,
+    measure_snapshot,
+    read_max_position_embeddings,
+)
 from vllm_standin.multinode import run_headless, validate_multinode
 from vllm_standin.openai_api import ServedModel
+
+GIB = 1024**3
 
 logger = logging.getLogger("vllm_standin.api_server")
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -93,6 +99,8 @@ def start_engine(config: ServeConfig) -> tuple[Engine, int]:
     engine = build_engine(config, driver_snapshot, STOP_REQUESTED)
     engine.start()
     load_weights_like_vllm(driver_snapshot.path)
+    if config.kv_cache_memory_bytes is not None and driver_snapshot.path:
+        check_kv_cache_like_vllm(config, driver_snapshot.path, max_model_len)
     # vLLM's own figure for the engine's start (v1/engine/core.py), compile included.
     logger.info(
         "init engine (profile, create kv cache, warmup model) took %.2f seconds",
@@ -124,6 +132,39 @@ def load_weights_like_vllm(snapshot_path: str | None) -> None:
     if STOP_REQUESTED.wait(seconds / (total + 1)):
         raise TerminationRequested()
     logger.info("Graph capturing finished in %.0f secs", seconds / (total + 1))
+
+
+def check_kv_cache_like_vllm(config: ServeConfig, snapshot_path: str, max_model_len: int) -> None:
+    """--kv-cache-memory-bytes as vLLM takes it (v1/worker/gpu_worker.py determine_available_memory,
+    v1/core/kv_cache_utils.py check_enough_kv_cache_memory): the bytes as given, what they hold in
+    tokens for the model's attention layers, and a refusal when one request of the maximum
+    length does not fit. Full attention only (the lab's models)."""
+    kv_bytes = config.kv_cache_memory_bytes or 0
+    per_token = kv_bytes_per_token(snapshot_path, config.tensor_parallel_size)
+    logger.info(
+        "Reserved %.2f GiB memory for KV Cache as specified by kv_cache_memory_bytes config and "
+        "skipped memory profiling. This does not respect the gpu_memory_utilization config. "
+        "Only use kv_cache_memory_bytes config when you want manual control of KV cache memory "
+        "size.",
+        kv_bytes / GIB,
+    )
+    needed = per_token * max_model_len
+    if kv_bytes < needed:
+        raise StartupError(
+            "ValueError: To serve at least one request with the models's max seq len "
+            f"({max_model_len}), ({needed / GIB:.2f} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory ({kv_bytes / GIB:.2f} GiB). Based on the "
+            f"available memory, the estimated maximum model length is {kv_bytes // per_token}. "
+            "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine."
+        )
+    tokens = kv_bytes // per_token
+    logger.info("GPU KV cache size: %s tokens", f"{tokens:,}")
+    logger.info(
+        "Maximum concurrency for %s tokens per request: %.2fx",
+        f"{max_model_len:,}",
+        tokens / max_model_len,
+    )
 
 
 def bind_server(config: ServeConfig) -> StandinServer:

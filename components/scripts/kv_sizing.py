@@ -1,0 +1,254 @@
+"""vllm.kvCache: the KV cache in bytes per GPU (vLLM's --kv-cache-memory-bytes), from the model's
+config.json, the snapshot's weight files and the budget the memory check found on every node.
+
+    kv_sizing.py --snapshot DIR --budget-bytes N --reserve-bytes N --kv-cache auto|BYTES
+                 --tensor-parallel N --pipeline-parallel N --max-model-len N|0
+                 --kv-cache-dtype auto|fp8|...
+
+Prints `spark-vllm-kv {json}`; or, when the cache cannot hold one request of the model's
+maximum length or does not fit beside the weights, `problem: ...` and `cause: ...` and exits 1.
+
+Why: on unified memory (GB10) vLLM's profiler measures what is free while the page cache and
+other processes move, and can leave the KV cache starved (eugr/spark-vllm-docker PR #286);
+NVIDIA's xr-ai (PR #462) sets --kv-cache-memory-bytes instead. With that flag vLLM skips its
+own sizing (vllm/v1/worker/gpu_worker.py, determine_available_memory), so the bytes must leave
+room for the weights and what the server allocates besides them (`--reserve-bytes`).
+Standard library only: it runs with the head's own python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+PREFIX = "spark-vllm-kv "
+
+# vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE: the cache dtypes that take one byte.
+ONE_BYTE_CACHE_DTYPES = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
+MODEL_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+# What multimodal configs call their language model's part (transformers' get_text_config).
+TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
+
+
+class Refused(Exception):
+    """What cannot be served, and its likely cause (memory-check.sh passes both to `fail`)."""
+
+    def __init__(self, problem: str, cause: str) -> None:
+        super().__init__(problem)
+        self.problem, self.cause = problem, cause
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """What one token takes in one rank's KV cache: in every full-attention layer, and in every
+    sliding-window layer up to its window."""
+
+    full_bytes: int  # per token, the rank's full-attention layers together
+    sliding_bytes: int  # per token, the rank's sliding-window layers together
+    window: int  # their window in tokens (0: none)
+
+    def for_request(self, tokens: int) -> int:
+        """Bytes one request of `tokens` tokens holds in the rank's cache."""
+        return self.full_bytes * tokens + self.sliding_bytes * min(tokens, self.window or tokens)
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a (possibly multimodal) config.json."""
+    for key in TEXT_CONFIG_KEYS:
+        part = config.get(key)
+        if isinstance(part, dict) and part.get("num_hidden_layers"):
+            return part
+    return config
+
+
+def cache_dtype_bytes(config: dict[str, Any], kv_cache_dtype: str) -> int:
+    """`auto` keeps the model's dtype (vLLM's CacheConfig.cache_dtype)."""
+    if kv_cache_dtype in ONE_BYTE_CACHE_DTYPES:
+        return 1
+    if kv_cache_dtype not in ("", "auto"):
+        return MODEL_DTYPE_BYTES.get(kv_cache_dtype, 2)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return MODEL_DTYPE_BYTES.get(dtype, 2)
+
+
+def layer_kinds(config: dict[str, Any]) -> list[str]:
+    """Each layer's attention: `full`, `sliding` or `none` (linear attention and Mamba layers keep
+    a fixed state per request, not per token: not counted here)."""
+    layers = int(config["num_hidden_layers"])
+    types = config.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        kinds = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding"}
+        return [kinds.get(str(t), "none") for t in types]
+    interval = config.get("full_attention_interval")  # Qwen3-Next: every Nth layer is full
+    if isinstance(interval, int) and interval > 0:
+        return ["full" if (i + 1) % interval == 0 else "none" for i in range(layers)]
+    return ["full"] * layers
+
+
+def kv_shape(
+    config: dict[str, Any], tensor_parallel: int, pipeline_parallel: int, dtype_bytes: int
+) -> KvShape:
+    """One rank's share: layers split across pipeline stages; KV heads across tensor-parallel
+    ranks, replicated when there are fewer heads than ranks (vLLM's get_num_kv_heads); an MLA
+    latent (DeepSeek) is not split."""
+    kinds = layer_kinds(config)
+    stages = max(pipeline_parallel, 1)
+    full = -(-kinds.count("full") // stages)
+    sliding = -(-kinds.count("sliding") // stages)
+    if config.get("kv_lora_rank"):
+        per_layer = (
+            int(config["kv_lora_rank"]) + int(config.get("qk_rope_head_dim", 0))
+        ) * dtype_bytes
+    else:
+        heads = int(config.get("num_attention_heads", 1))
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        per_layer = 2 * max(kv_heads // max(tensor_parallel, 1), 1) * head_dim * dtype_bytes
+    window = int(config.get("sliding_window") or 0) if sliding else 0
+    return KvShape(full * per_layer, sliding * per_layer, window)
+
+
+def weight_files_bytes(snapshot: Path) -> int:
+    """The snapshot's weights (safetensors, else PyTorch bins), links followed."""
+    for pattern in ("*.safetensors", "*.bin", "*.pt"):
+        files = [p for p in snapshot.rglob(pattern) if p.is_file()]
+        if files:
+            return sum(p.stat().st_size for p in files)
+    return 0
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def size_kv_cache(
+    *,
+    config: dict[str, Any],
+    weights_bytes: int,
+    budget_bytes: int,
+    reserve_bytes: int,
+    requested: str,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    max_model_len: int,
+    kv_cache_dtype: str,
+) -> dict[str, Any]:
+    """The KV cache per GPU for `requested` (`auto`: all the budget leaves; else bytes), and what
+    it holds; raises Refused when it does not fit or cannot hold one request of the model's
+    maximum length (vLLM refuses that at start, after minutes of loading: here, before)."""
+    text = text_config(config)
+    shape = kv_shape(
+        text, tensor_parallel, pipeline_parallel, cache_dtype_bytes(text, kv_cache_dtype)
+    )
+    ranks = max(tensor_parallel, 1) * max(pipeline_parallel, 1)
+    weights_per_rank = -(-weights_bytes // ranks)
+    room = budget_bytes - weights_per_rank - reserve_bytes
+    beside = (
+        f"{gib(budget_bytes)} for the server per node, less {gib(weights_per_rank)} of weights "
+        f"per GPU and {gib(reserve_bytes)} for activations and CUDA graphs"
+    )
+    if requested == "auto":
+        kv_bytes = room
+    else:
+        kv_bytes = int(requested)
+        if kv_bytes > room:
+            raise Refused(
+                f"vllm.kvCache {gib(kv_bytes)} does not fit: {beside} leaves {gib(max(room, 0))}",
+                "lower vllm.kvCache or set it to auto; or raise vllm.gpuMemoryUtilization "
+                "(auto: free memory, preflight.dropPageCache: true)",
+            )
+    length = max_model_len or int(text.get("max_position_embeddings") or 0)
+    one_request = shape.for_request(length) if length else 0
+    if kv_bytes <= 0 or kv_bytes < one_request:
+        per_token = shape.full_bytes or 1
+        fits = max(kv_bytes, 0) // per_token
+        raise Refused(
+            f"vllm.kvCache {requested}: the KV cache ({gib(max(kv_bytes, 0))}; {beside}) cannot "
+            f"hold one request of {length} tokens ({gib(one_request)}); about {fits} tokens fit",
+            "set vllm.maxModelLen lower, give the server more memory (vllm.gpuMemoryUtilization, "
+            "free memory), or spread the model over more GPUs",
+        )
+    tokens = kv_bytes // shape.full_bytes if shape.full_bytes else 0
+    return {
+        "kvCacheBytes": kv_bytes,
+        "mode": "auto" if requested == "auto" else "fixed",
+        "budgetGib": round(budget_bytes / GIB, 1),
+        "weightsPerGpuGib": round(weights_per_rank / GIB, 1),
+        "reserveGib": round(reserve_bytes / GIB, 1),
+        "bytesPerToken": shape.full_bytes,
+        "tokens": tokens,
+        "maxModelLen": length,
+        "fullLengthRequests": round(kv_bytes / one_request, 1) if one_request else None,
+    }
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line for the user: the cache's size and what it holds."""
+    requests = result["fullLengthRequests"]
+    held = f" ({requests} requests of {result['maxModelLen']})" if requests is not None else ""
+    return (
+        f"KV cache {result['kvCacheBytes'] / GIB:.1f} GiB per GPU ({result['mode']}): "
+        f"{result['tokens']} tokens{held}; {result['weightsPerGpuGib']} GiB of weights per GPU, "
+        f"{result['reserveGib']} GiB reserved, of {result['budgetGib']} GiB"
+    )
+
+
+def report(refused: Refused) -> int:
+    print(f"problem: {refused.problem}")
+    print(f"cause: {refused.cause}")
+    return 1
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kv_sizing.py")
+    parser.add_argument("--snapshot", type=Path, required=True)
+    parser.add_argument("--budget-bytes", type=int, required=True)
+    parser.add_argument("--reserve-bytes", type=int, required=True)
+    parser.add_argument("--kv-cache", required=True)
+    parser.add_argument("--tensor-parallel", type=int, required=True)
+    parser.add_argument("--pipeline-parallel", type=int, required=True)
+    parser.add_argument("--max-model-len", type=int, default=0)
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    args = parser.parse_args(argv)
+    try:
+        config = json.loads((args.snapshot / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return report(
+            Refused(
+                f"vllm.kvCache: cannot read the model's config.json: {exc}",
+                "the snapshot is incomplete (run 'pulumi up --refresh'), or the model has none",
+            )
+        )
+    try:
+        result = size_kv_cache(
+            config=config,
+            weights_bytes=weight_files_bytes(args.snapshot),
+            budget_bytes=args.budget_bytes,
+            reserve_bytes=args.reserve_bytes,
+            requested=args.kv_cache,
+            tensor_parallel=args.tensor_parallel,
+            pipeline_parallel=args.pipeline_parallel,
+            max_model_len=args.max_model_len,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
+    except Refused as refused:
+        return report(refused)
+    except (KeyError, TypeError, ValueError) as exc:
+        return report(
+            Refused(
+                f"vllm.kvCache: the model's config.json lacks what sizes its KV cache ({exc})",
+                "an architecture spark-vllm does not know: set vllm.kvCache in bytes, or unset it",
+            )
+        )
+    print(PREFIX + json.dumps(result, separators=(",", ":")))
+    print(f"note: {summary(result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
