@@ -112,6 +112,13 @@ case "$action" in
             break
           fi
         done
+        # A delete that ran while this pass checked or applied (`remove` marks, then removes)
+        # could see its removal undone here; taking the chain down again after the mark closes
+        # that window (the CI's destroy once left the chain so).
+        if [ -e "$removed" ]; then
+          for cmd in $(families); do remove "$cmd"; done
+          problem="removed"
+        fi
       fi
       if [ -z "$problem" ]; then
         printf '%s %s\n' "$boot_id" "$digest" > "$marker.tmp" && mv "$marker.tmp" "$marker"

@@ -88,3 +88,104 @@ def test_the_step_names_the_host_the_step_and_the_guards_reason(tmp_path: Path) 
         env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+# A stand-in for `chroot ROOT env VAR=... iptables ...` as the guard runs it: the host's tables
+# in a JSON file. Before the first `-N` (the guard applying its chain), it plays a delete that
+# runs then (firewall.sh remove: the mark, then the chain down), once.
+FAKE_CHROOT = r"""#!/usr/bin/env python3
+import json, os, sys
+from pathlib import Path
+args = sys.argv[2:]
+if args[0] == "env":
+    args = args[1:]
+    while "=" in args[0]:
+        args = args[1:]
+if args[0] == "sh":
+    sys.exit(0)
+cmd, rest = args[0], [a for a in args[1:]]
+if rest[:2] == ["-w", "10"]:
+    rest = rest[2:]
+path = Path(os.environ["FAKE_TABLES"])
+tables = json.loads(path.read_text()) if path.exists() else {}
+table = tables.setdefault(cmd, {"INPUT": []})
+op, chain, rule = rest[0], rest[1], " ".join(rest[2:])
+race = Path(os.environ["FAKE_RACE"])
+if op == "-N" and race.exists():
+    race.unlink()
+    Path(os.environ["FAKE_REMOVED"]).touch()
+    for t in tables.values():
+        t["INPUT"] = [r for r in t["INPUT"] if r != "-j " + chain]
+        t.pop(chain, None)
+status = 0
+if op == "-S":
+    if chain not in table:
+        status = 1
+    else:
+        print("-P INPUT ACCEPT" if chain == "INPUT" else "-N " + chain)
+        for r in table[chain]:
+            print(f"-A {chain} {r}")
+elif op == "-C":
+    status = 0 if rule in table.get(chain, []) else 1
+elif op == "-N":
+    status = 1 if chain in table else 0
+    table.setdefault(chain, [])
+elif op == "-F":
+    status = 0 if chain in table else 1
+    if chain in table:
+        table[chain] = []
+elif op == "-A":
+    status = 0 if chain in table else 1
+    table.get(chain, []).append(rule)
+elif op == "-D":
+    status = 0 if rule in table.get(chain, []) else 1
+    if status == 0:
+        table[chain].remove(rule)
+elif op == "-I":
+    table[chain].insert(0, " ".join(rest[3:]))
+elif op == "-X":
+    status = 0 if table.pop(chain, None) is not None else 1
+Path(f"{path}.tmp").write_text(json.dumps(tables))
+os.replace(f"{path}.tmp", path)  # whole, for the test reading it meanwhile
+sys.exit(status)
+"""
+
+
+def test_a_delete_while_the_guard_applies_leaves_no_chain(tmp_path: Path) -> None:
+    """The guard checks for the delete's mark, then applies; a delete that marks and removes in
+    between would see the chain come back, and stay once the guard is gone (a destroy in CI
+    left it so). The guard looks for the mark again after applying, and takes it down."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "chroot").write_text(FAKE_CHROOT)
+    (fake / "chroot").chmod(0o755)
+    state, tables = tmp_path / "firewall", tmp_path / "tables.json"
+    (tmp_path / "race").touch()
+    env = {
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "FAKE_TABLES": str(tables),
+        "FAKE_RACE": str(tmp_path / "race"),
+        "FAKE_REMOVED": str(state / "removed"),
+    }
+    guard = subprocess.Popen(
+        ["bash", str(SCRIPTS / "firewall.sh"), "guard", "--chain", "SPARK-VLLM-TEST",
+         "--fabric-interface", "fab0", "--tcp-ports", "6379,8001", "--digest", "abc123",
+         "--root", "/", "--dir", str(state), "--interval", "1"],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while (tmp_path / "race").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # The pass that raced ends by taking the chain down (without the second look, the
+        # chain stays for good: this waits out its deadline and fails).
+        while "SPARK-VLLM-TEST" in tables.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        guard.terminate()
+        _, err = guard.communicate(timeout=10)
+    assert not (tmp_path / "race").exists(), err
+    left = tables.read_text()
+    assert "SPARK-VLLM-TEST" not in left, (left, err)
+    assert not (state / "applied").exists()
