@@ -27,6 +27,7 @@ from tests.lab.faulting import (
     wait_for,
 )
 from tests.lab.realmocks import RealMocks
+from tests.lab.timings import record_figure
 
 pytestmark = [pytest.mark.lab, pytest.mark.exclusive]
 
@@ -119,3 +120,9 @@ def test_a_memory_hog_leaves_too_little_and_auto_sizes_the_server_to_what_is_lef
     assert f'"--kv-cache-memory-bytes","{kv_cache["kvCacheBytes"]}"' in args.replace(", ", ",")
     log = host_sh(lab, "spark1", "docker logs spark-vllm-vllm 2>&1")
     assert f"GPU KV cache size: {kv_cache['tokens']:,} tokens" in log, log[-2000:]
+    record_figure(
+        "KV cache sized by the memory check (vllm.kvCache: auto)",
+        f"{kv_cache['kvCacheBytes'] / GIB:.1f} GiB per GPU of a {kv_cache['budgetGib']} GiB budget "
+        f"({kv_cache['tokens']} tokens, {kv_cache['fullLengthRequests']} requests of "
+        f"{kv_cache['maxModelLen']})",
+    )
