@@ -1,0 +1,175 @@
+"""Each host's own steps, as pure specs (stacks/plan/steps.py): its state leaf claimed, the
+scripts installed, preflight, the firewall's wait, the front's configuration."""
+
+from __future__ import annotations
+
+import shlex
+
+from stacks.plan.firewall import (
+    FIREWALLED_LABEL,
+    READY_WAIT_SECONDS,
+    chain_name,
+    firewall_dir,
+    rules_digest,
+)
+from stacks.plan.front import FRONT_CONFIG_NAME, front_config
+from stacks.plan.nodes import OWNER_FILE, DeploymentPlan, NodePlan, preflight_flags
+from stacks.plan.steps import (
+    BUNDLE_MARKER,
+    Receipt,
+    StepSpec,
+    Timeouts,
+    check,
+    owned,
+    script_call,
+    words,
+)
+
+
+def mounts_step(name: str) -> str:
+    """The receipt of the host directories containers bind (a recreated one replaces them)."""
+    return f"{name}-mounts"
+
+
+def bound_dirs(plan: DeploymentPlan, node: NodePlan) -> tuple[str, ...]:
+    own = (node.bin_dir, node.ray_dir, node.compile_cache_dir, firewall_dir(node))
+    front = (front_dir(plan),) if node.is_head else ()
+    return (*own, *front, plan.config.model.cache_dir)
+
+
+def front_dir(plan: DeploymentPlan) -> str:
+    return f"{plan.head.state_dir}/front"
+
+
+def claim_state_leaf(plan: DeploymentPlan, node: NodePlan) -> str:
+    """Make `node`'s state leaf and mark it this deployment's; refuse a leaf that holds files
+    without the mark (not made by spark-vllm) or another deployment's mark."""
+    leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
+    deployment = shlex.quote(plan.deployment_id)
+    prefix = f"spark-vllm: {node.name}: scripts: {node.state_dir}"
+    foreign = shlex.quote(f"{prefix} holds files spark-vllm did not make: not using it")
+    other = shlex.quote(f"{prefix} belongs to deployment ")
+    fix = shlex.quote(
+        "  likely cause: hosts[].stateDir names a directory in use; choose another base directory"
+    )
+    return (
+        f"mkdir -p -m 700 {leaf} && "
+        f'owner="$(cat {owner} 2>/dev/null || true)" && '
+        f'if [ -z "$owner" ] && [ -n "$(ls -A {leaf})" ]; then '
+        f"echo {foreign} >&2; echo {fix} >&2; exit 1; fi && "
+        f'if [ -n "$owner" ] && [ "$owner" != {deployment} ]; then '
+        f'echo {other}"$owner" >&2; echo {fix} >&2; exit 1; fi && '
+        f"echo {deployment} > {owner}"
+    )
+
+
+def install_scripts(
+    plan: DeploymentPlan, name: str, node: NodePlan, scripts_digest: str
+) -> StepSpec:
+    """Unpack the step scripts (a tarball on stdin) into `<stateDir>/bin`.
+
+    A changed bundle is an update (pulumi-command replaces only on `triggers`), which runs this
+    create again over the installed files. The delete removes `bin` only while it holds this
+    bundle, so the delete of an older bundle never removes a newer one. (A forced `pulumi up
+    --replace` of this resource with the same bundle would still lose `bin` to the old half's
+    delete: the delete cannot tell two installs of one bundle apart.) The receipts go with the
+    scripts: every other step of this host ran before this delete.
+    """
+    bound = bound_dirs(plan, node)
+    digest = shlex.quote(scripts_digest)  # hex: the same word quoted or not
+    bin_dir = shlex.quote(node.bin_dir)
+    marker = shlex.quote(f"{node.bin_dir}/{BUNDLE_MARKER}")
+    marks = words(f"{d}/.spark-vllm-mark.{mounts_step(name)}" for d in bound)
+    # What the deployment made inside its leaf: gone with the scripts, the last step on the host.
+    made = words(
+        [node.bin_dir, f"{node.state_dir}/receipts", node.ray_dir, firewall_dir(node)]
+        + [f"{node.state_dir}/image-stage"]  # what a cut image copy left (image-sync.sh)
+        + ([front_dir(plan)] if node.is_head else [])
+    )
+    leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
+    return StepSpec(
+        name=f"{name}-scripts",
+        node=node,
+        create=(
+            f"umask 077 && {claim_state_leaf(plan, node)} && mkdir -p {words(bound)} && "
+            f"chmod 755 {bin_dir} && base64 -d | tar -xzf - -C {bin_dir} && "
+            f"echo {digest} > {marker}"
+        ),
+        receipts=(
+            Receipt(f"{name}-scripts", node, (check("sha256sums", node.bin_dir),)),
+            Receipt(mounts_step(name), node, tuple(check("mark", d) for d in bound)),
+        ),
+        delete=owned(
+            plan,
+            node,
+            f'if [ "$(cat {marker} 2>/dev/null)" = {digest} ]; then '
+            f"rm -rf {made} && rm -f {marks} && "
+            f'if [ "$(ls -A {leaf})" = {shlex.quote(OWNER_FILE)} ]; then '
+            f"rm -f {owner} && rmdir {leaf}; fi; fi",
+        ),
+        stdin="scripts-bundle",
+        timeouts=Timeouts(create=2),
+        quiet="stderr",
+        prints=scripts_digest,
+    )
+
+
+def preflight(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
+    """Fails early and clearly: ports, memory, disk, GPUs, the fabric interface (preflight.sh)."""
+    return StepSpec(
+        name=f"{name}-preflight",
+        node=node,
+        create=script_call(node, "preflight.sh", **preflight_flags(plan, node)),
+        timeouts=Timeouts(create=5),
+    )
+
+
+def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None:
+    """The guard container holds this node's rules (stacks/plan/firewall.py): the step waits,
+    bounded, for its first marker, and its delete takes the rules down unless a container
+    behind the gate still runs (components/scripts/firewall-step.sh)."""
+    if not plan.config.fabric.firewall:
+        return None
+    flags: dict[str, str | float] = {
+        "container": plan.container_name("firewall"),
+        "dir": firewall_dir(node),
+    }
+    return StepSpec(
+        name=f"{name}-{node.name}",
+        node=node,
+        create=script_call(
+            node,
+            "firewall-step.sh",
+            "wait",
+            **flags,
+            digest=rules_digest(plan, node),
+            timeout_seconds=READY_WAIT_SECONDS,
+        ),
+        delete=script_call(
+            node,
+            "firewall-step.sh",
+            "remove",
+            **flags,
+            chain=chain_name(plan),
+            label=FIREWALLED_LABEL,
+        ),
+    )
+
+
+def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
+    """The front's haproxy.cfg on the head, whole on the command line: it holds no secret, so
+    `pulumi preview` shows what a change does to it."""
+    head, path = plan.head, f"{front_dir(plan)}/{FRONT_CONFIG_NAME}"
+    target, partial = shlex.quote(path), shlex.quote(f"{path}.tmp")
+    step = f"{name}-config"
+    return StepSpec(
+        name=step,
+        node=head,
+        create=(
+            f"mkdir -p {shlex.quote(front_dir(plan))} && "
+            f"printf '%s' {shlex.quote(front_config(plan))} > {partial} && "
+            f"chmod 644 {partial} && mv {partial} {target}"
+        ),
+        receipts=(Receipt(step, head, (check("files", path),)),),
+        delete=owned(plan, head, f"rm -f {target}"),
+    )

@@ -1,0 +1,101 @@
+"""Ray and the server's waits, as pure specs (stacks/plan/steps.py): every node joined, the API
+key's file, and the readiness wait (with the NCCL transport it found)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from stacks.plan.fabric import fabric_flags
+from stacks.plan.nodes import CONTAINER_SCRIPTS_DIR, DeploymentPlan, log_specs, node_check_specs
+from stacks.plan.steps import Stdin, StepSpec, Timeouts, check, script_call, undoable
+
+
+def ray_wait(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+    """Every node joined Ray over its fabric IP with its GPUs, within the join timeout."""
+    seconds = plan.config.timeouts.ray_join_seconds
+    awaited: dict[str, str | float] = {
+        "expect_ips": ",".join(n.fabric_ip for n in plan.nodes),
+        "gpus": plan.total_gpus,
+        "timeout_seconds": seconds,
+    }
+    return _wait(plan, f"{name}-joined", "ray-wait.sh", "ray-head", awaited, image_id, seconds)
+
+
+def _wait(
+    plan: DeploymentPlan,
+    step: str,
+    script: str,
+    container: Literal["ray-head", "vllm"],
+    awaited: dict[str, str | float],
+    image_id: str,
+    seconds: int,
+    model: dict[str, str] | None = None,
+    stdin: Stdin | None = None,
+) -> StepSpec:
+    """A bounded wait on the head for `container`; on a timeout, its diagnostics: every node's
+    log (the server's too once it runs) and its image, weights and memory checks."""
+    flags: dict[str, str | float] = {
+        "container": plan.container_name(container),
+        "container_scripts": CONTAINER_SCRIPTS_DIR,
+        **awaited,
+        "nodes": log_specs(plan, include_vllm=container == "vllm"),
+        "node_checks": node_check_specs(plan),
+        "image_id": image_id,
+        **(model or {}),
+        **fabric_flags(plan),
+    }
+    return StepSpec(
+        name=step,
+        node=plan.head,
+        create=script_call(plan.head, script, **flags),
+        stdin=stdin,
+        timeouts=Timeouts(create=seconds // 60 + 5),
+    )
+
+
+def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
+    """The API key (stdin) written to the file the server's launcher reads; nothing is logged."""
+    return undoable(
+        plan,
+        f"{name}-api-key",
+        plan.head,
+        "api-key-file.sh",
+        ("write", "remove"),
+        {"file": plan.api_key_file},
+        (check("files", plan.api_key_file),),
+        stdin="api-key",
+        quiet="none",
+    )
+
+
+def vllm_ready(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+    """The served model answers a real completion (the API key on stdin), within the timeout."""
+    cfg = plan.config
+    seconds = cfg.timeouts.vllm_ready_seconds
+    awaited: dict[str, str | float] = {
+        "port": cfg.vllm.port,
+        **({} if cfg.vllm.listen == "all" else {"probe_host": plan.probe_address}),
+        "served_name": cfg.model.served_model_name,
+        "timeout_seconds": seconds,
+        "progress_seconds": cfg.timeouts.vllm_progress_seconds,
+        "measure_completions": cfg.vllm.measure_completions,
+        # With HCAs, NCCL should run over RoCE: the wait reads which transport it chose.
+        "expect_transport": "ib" if plan.expects_rdma else "none",
+        "executor": cfg.vllm.executor,
+        # mp: where the nodes meet; the diagnostics check each node's way there.
+        **({} if plan.uses_ray else {"rendezvous": plan.rendezvous}),
+    }
+    model = cfg.model
+    snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}
+    step, script = f"{name}-ready", "vllm-ready.sh"
+    return _wait(plan, step, script, "vllm", awaited, image_id, seconds, snapshot, "api-key")
+
+
+FABRIC_TRANSPORT_PREFIX = "fabric transport: "
+
+
+def parse_fabric_transport(readiness: str) -> str:
+    """vllm-ready.sh's `fabric transport:` line: `ib <devices>`, `socket <interfaces>`, another
+    NCCL network, `unknown`, or `not checked (...)`."""
+    lines = [line for line in readiness.splitlines() if line.startswith(FABRIC_TRANSPORT_PREFIX)]
+    return lines[-1].removeprefix(FABRIC_TRANSPORT_PREFIX).strip() if lines else "unknown"
