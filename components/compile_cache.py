@@ -1,5 +1,5 @@
 """Each node's compile caches, kept on the host across server replacements (stacks/plan/nodes.py
-compile_cache_env, stacks/plan/steps.py compile_cache)."""
+compile_cache_env, stacks/plan/image.py compile_cache)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pulumi
 
 from components.host import Host
 from components.steps import Pending, host_step
-from stacks.plan import steps
+from stacks.plan import image
 from stacks.plan.nodes import DeploymentPlan
 
 
@@ -36,7 +36,7 @@ class CompileCache(pulumi.ComponentResource):
             host.node.name: host_step(
                 Pending(
                     args.image_id,
-                    functools.partial(steps.compile_cache, args.plan, name, host.node),
+                    functools.partial(image.compile_cache, args.plan, name, host.node),
                 ),
                 [host],
                 parent=self,

@@ -13,7 +13,7 @@ from pulumi_command import remote
 
 from components.host import Host
 from components.steps import host_step
-from stacks.plan import hardware, steps
+from stacks.plan import fabric, hardware
 from stacks.plan.nodes import DeploymentPlan
 
 
@@ -35,13 +35,13 @@ class FabricTrust(pulumi.ComponentResource):
         plan, head = args.plan, args.head
         trusted = {w.node.name: [head.preflight, w.preflight] for w in args.workers}
         outputs: dict[str, pulumi.Input[object]] = {"managed": False}
-        if steps.fabric_trust_managed(plan):
+        if fabric.fabric_trust_managed(plan):
             head_key = host_step(
-                steps.head_fabric_key(plan, name), [head], parent=self, after=[head.preflight]
+                fabric.head_fabric_key(plan, name), [head], parent=self, after=[head.preflight]
             )
             for worker in args.workers:
                 authorize = host_step(
-                    steps.authorize_head_key(plan, name, worker.node),
+                    fabric.authorize_head_key(plan, name, worker.node),
                     [worker],
                     parent=self,
                     after=[worker.preflight],
@@ -72,7 +72,7 @@ class FabricTrust(pulumi.ComponentResource):
         authorize: remote.Command,
     ) -> remote.Command:
         return host_step(
-            steps.pin_worker_key(plan, name, worker.node),
+            fabric.pin_worker_key(plan, name, worker.node),
             [head],
             parent=self,
             after=[authorize, head_key],

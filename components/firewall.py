@@ -12,7 +12,7 @@ from components.bundle import entry_scripts
 from components.containers import service_container
 from components.host import Host
 from components.steps import host_step
-from stacks.plan import steps
+from stacks.plan import hosts
 from stacks.plan.containers import firewall_container
 from stacks.plan.nodes import DeploymentPlan
 
@@ -39,7 +39,7 @@ class Firewall(pulumi.ComponentResource):
         self.guards, self.ready = {}, {}
         for host in args.hosts:
             node = host.node
-            step = steps.firewall(plan, name, node)
+            step = hosts.firewall(plan, name, node)
             if step is None:
                 continue
             guard = service_container(

@@ -14,7 +14,7 @@ from pulumi_command import remote
 from components.containers import service_container
 from components.host import Host
 from components.steps import host_step
-from stacks.plan import steps
+from stacks.plan import hosts, image, server
 from stacks.plan.containers import API_KEY_HASH_LABEL, front_container
 from stacks.plan.nodes import DeploymentPlan
 
@@ -36,7 +36,7 @@ class Front(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:Front", name, None, opts)
         plan, head = args.plan, args.head
         self.key_file = host_step(
-            steps.api_key_file(plan, name),
+            server.api_key_file(plan, name),
             [head],
             parent=self,
             after=[head.scripts],
@@ -50,9 +50,9 @@ class Front(pulumi.ComponentResource):
                 )
             ],
         )
-        config = host_step(steps.write_front_config(plan, name), [head], parent=self,
+        config = host_step(hosts.write_front_config(plan, name), [head], parent=self,
                            after=[head.scripts])  # fmt: skip
-        pull = steps.front_image_pull(plan)
+        pull = image.front_image_pull(plan)
         pulled = docker.RemoteImage(
             f"{name}-pull",
             name=pull.ref,

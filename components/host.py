@@ -14,7 +14,7 @@ from components.bundle import scripts_bundle
 from components.connection import connection_args, docker_host, docker_ssh_opts
 from components.facts import HostFacts, gather_facts
 from components.steps import host_step
-from stacks.plan import steps
+from stacks.plan import hosts
 from stacks.plan.nodes import DeploymentPlan, NodePlan
 from stacks.settings import SshAuth
 
@@ -47,7 +47,7 @@ class Host(pulumi.ComponentResource):
         self.facts = gather_facts(node, args.auth, args.known_hosts_file, args.control_dir)
         # Containers bind these directories: one recreated at the same path leaves them bound
         # to the old one, so the containers carry this token and are replaced when it changes.
-        self.mounts_token = self.facts.token(steps.mounts_step(name))
+        self.mounts_token = self.facts.token(hosts.mounts_step(name))
         self.provider = docker.Provider(
             f"{name}-docker",
             host=docker_host(node),
@@ -56,13 +56,13 @@ class Host(pulumi.ComponentResource):
         )
         bundle = scripts_bundle()
         self.scripts = host_step(
-            steps.install_scripts(plan, name, node, bundle.digest),
+            hosts.install_scripts(plan, name, node, bundle.digest),
             [self],
             parent=self,
             stdin={"scripts-bundle": bundle.archive_b64},
         )
         self.preflight = host_step(
-            steps.preflight(plan, name, node),
+            hosts.preflight(plan, name, node),
             [self],
             parent=self,
             after=[self.scripts],

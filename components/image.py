@@ -10,7 +10,7 @@ import pulumi_docker as docker
 
 from components.host import Host
 from components.steps import Pending, head_to_workers, host_step
-from stacks.plan import steps
+from stacks.plan import fabric, image
 from stacks.plan.nodes import DeploymentPlan
 from stacks.plan.ray_versions import ray_layout_warning
 
@@ -38,7 +38,7 @@ class ImageDistribution(pulumi.ComponentResource):
     ):
         super().__init__("spark-vllm:index:ImageDistribution", name, None, opts)
         plan, head = args.plan, args.head
-        pull = steps.image_pull(plan)
+        pull = image.image_pull(plan)
         pulled = docker.RemoteImage(
             f"{name}-pull",
             name=pull.ref,
@@ -56,7 +56,7 @@ class ImageDistribution(pulumi.ComponentResource):
         )
         self.image_id = pulled.image_id
         recorded = host_step(
-            Pending(self.image_id, functools.partial(steps.record_image, plan, name)),
+            Pending(self.image_id, functools.partial(image.record_image, plan, name)),
             [head],
             parent=self,
             after=[pulled],
@@ -65,18 +65,18 @@ class ImageDistribution(pulumi.ComponentResource):
             head.node.name: recorded,
             **head_to_workers(
                 self.image_id,
-                functools.partial(steps.sync_image, plan, name),
+                functools.partial(image.sync_image, plan, name),
                 head,
                 args.workers,
                 parent=self,
                 after=lambda worker: [recorded, worker.preflight, *args.fabric_ready],
-                relay_leader=steps.relay_leader(plan),
+                relay_leader=fabric.relay_leader(plan),
             ),
         }
         # Each node runs the image once before anything starts from it (image-facts.sh).
         checked = {
             host.node.name: host_step(
-                Pending(self.image_id, functools.partial(steps.image_facts, plan, name, host.node)),
+                Pending(self.image_id, functools.partial(image.image_facts, plan, name, host.node)),
                 [host],
                 parent=self,
                 after=[synced[host.node.name]],
@@ -84,7 +84,7 @@ class ImageDistribution(pulumi.ComponentResource):
             for host in [head, *args.workers]
         }
         self.present_on = dict(checked)
-        self.facts = checked[head.node.name].stdout.apply(steps.parse_image_facts)
+        self.facts = checked[head.node.name].stdout.apply(image.parse_image_facts)
         if plan.uses_ray:
             self.facts.apply(_warn_about_ray)
         self.register_outputs({"imageId": self.image_id, "facts": self.facts})

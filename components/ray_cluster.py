@@ -13,7 +13,7 @@ from components.bundle import entry_scripts
 from components.containers import service_container
 from components.host import Host
 from components.steps import Pending, host_step
-from stacks.plan import steps
+from stacks.plan import server
 from stacks.plan.containers import RAY_HEAD_ID_LABEL, ray_container
 from stacks.plan.nodes import DeploymentPlan
 
@@ -51,7 +51,7 @@ class RayCluster(pulumi.ComponentResource):
         ]
         containers = [self.head_container, *self.worker_containers]
         self.joined = host_step(
-            Pending(args.image_id, functools.partial(steps.ray_wait, plan, name)),
+            Pending(args.image_id, functools.partial(server.ray_wait, plan, name)),
             [args.head],
             parent=self,
             after=containers,

@@ -90,7 +90,7 @@ def head_to_workers(
     """`spec_for(worker, value)` for each worker: run on the head, its receipt kept on that
     worker. What a worker gets from the head over the fabric (the image, the weights).
 
-    With `relay_leader`, that worker's step relays to every worker (stacks/plan/steps.py
+    With `relay_leader`, that worker's step relays to every worker (stacks/plan/fabric.py
     relay_leader): it runs once every worker is ready for it (each one's `after`), and the other
     workers' steps run after it, to find what it brought (or copy what its chain could not)."""
     workers = list(workers)

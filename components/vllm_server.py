@@ -17,7 +17,7 @@ from components.containers import service_container
 from components.host import Host
 from components.ray_cluster import RayCluster
 from components.steps import PENDING, Pending, host_step
-from stacks.plan import steps
+from stacks.plan import server
 from stacks.plan.containers import (
     API_KEY_HASH_LABEL,
     MP_NODES_LABEL,
@@ -106,7 +106,7 @@ class VllmServer(pulumi.ComponentResource):
         )
         containers = [self.container, *self.headless_containers, args.front]
         self.readiness = host_step(
-            Pending(args.image_id, functools.partial(steps.vllm_ready, plan, name)),
+            Pending(args.image_id, functools.partial(server.vllm_ready, plan, name)),
             [head],
             parent=self,
             after=containers,
@@ -155,7 +155,7 @@ class VllmServer(pulumi.ComponentResource):
 def _checked_transport(readiness: str, expected_rdma: bool) -> str:
     """The transport NCCL chose; a loud warning in the `pulumi up` output when hosts have HCAs
     but NCCL did not use them."""
-    found = steps.parse_fabric_transport(readiness)
+    found = server.parse_fabric_transport(readiness)
     if expected_rdma and not found.startswith("ib"):
         pulumi.log.warn(
             f"NCCL is not using RDMA between the nodes (fabricTransport: {found}): "

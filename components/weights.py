@@ -9,7 +9,7 @@ import pulumi
 
 from components.host import Host
 from components.steps import head_to_workers, host_step
-from stacks.plan import steps
+from stacks.plan import fabric, weights
 from stacks.plan.nodes import DeploymentPlan
 
 
@@ -37,7 +37,7 @@ class ModelWeights(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:ModelWeights", name, None, opts)
         plan, head = args.plan, args.head
         fetch = host_step(
-            steps.fetch_weights(plan, name),
+            weights.fetch_weights(plan, name),
             [head],
             parent=self,
             after=[args.image_ready[head.node.name]],
@@ -48,13 +48,13 @@ class ModelWeights(pulumi.ComponentResource):
             head.node.name: fetch,
             **head_to_workers(
                 self.manifest,
-                functools.partial(steps.copy_weights, plan, name),
+                functools.partial(weights.copy_weights, plan, name),
                 head,
                 args.workers,
                 parent=self,
                 # One transfer at a time per worker: both saturate the same fabric link.
                 after=lambda worker: [fetch, worker.scripts, args.image_ready[worker.node.name]],
-                relay_leader=steps.relay_leader(plan),
+                relay_leader=fabric.relay_leader(plan),
             ),
         }
         self.register_outputs({"manifest": self.manifest})

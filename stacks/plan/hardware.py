@@ -10,8 +10,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stacks.plan.fabric import fabric_flags
 from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, serving_container_names
-from stacks.plan.steps import StepSpec, Timeouts, fabric_flags, script_call
+from stacks.plan.steps import StepSpec, Timeouts, script_call
 
 # Seconds the link test sends for: long enough for TCP to leave slow start on a 200G link and
 # for a shaped link's bucket to drain, short enough to cost nothing next to the copies.

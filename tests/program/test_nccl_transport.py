@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import components.vllm_server as vllm_server
-from stacks.plan.steps import parse_fabric_transport
+from stacks.plan.server import parse_fabric_transport
 from tests.program.test_scripts import load
 
 transport = load("nccl_transport").transport

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stacks.config import parse_stack_config
-from stacks.plan import steps
+from stacks.plan import fabric, hosts, image, server, steps, weights
 from stacks.plan.containers import EntryScripts, ray_container, vllm_container
 from stacks.plan.front import front_bind
 from stacks.plan.nodes import DeploymentPlan, ServerSizing, plan_deployment
@@ -39,20 +39,20 @@ def every_step(plan: DeploymentPlan) -> list[StepSpec]:
     """Every host step of `plan`, as the components register them."""
     specs: list[StepSpec] = []
     for node in plan.nodes:
-        specs += [steps.install_scripts(plan, node.name, node, "d" * 64)]
-        specs += [steps.preflight(plan, node.name, node)]
-        firewall = steps.firewall(plan, "firewall", node)
+        specs += [hosts.install_scripts(plan, node.name, node, "d" * 64)]
+        specs += [hosts.preflight(plan, node.name, node)]
+        firewall = hosts.firewall(plan, "firewall", node)
         specs += [firewall] if firewall is not None else []
-    specs += [steps.head_fabric_key(plan, "fabric")]
+    specs += [fabric.head_fabric_key(plan, "fabric")]
     for worker in plan.workers:
-        specs += [steps.authorize_head_key(plan, "fabric", worker)]
-        specs += [steps.pin_worker_key(plan, "fabric", worker)]
-        specs += [steps.sync_image(plan, "image", worker, IMAGE_ID)]
-        specs += [steps.copy_weights(plan, "weights", worker, MANIFEST)]
-    specs += [steps.record_image(plan, "image", IMAGE_ID), steps.fetch_weights(plan, "weights")]
-    specs += [steps.ray_wait(plan, "ray", IMAGE_ID), steps.api_key_file(plan, "front")]
-    specs += [steps.write_front_config(plan, "front")]
-    specs += [steps.vllm_ready(plan, "vllm", IMAGE_ID)]
+        specs += [fabric.authorize_head_key(plan, "fabric", worker)]
+        specs += [fabric.pin_worker_key(plan, "fabric", worker)]
+        specs += [image.sync_image(plan, "image", worker, IMAGE_ID)]
+        specs += [weights.copy_weights(plan, "weights", worker, MANIFEST)]
+    specs += [image.record_image(plan, "image", IMAGE_ID), weights.fetch_weights(plan, "weights")]
+    specs += [server.ray_wait(plan, "ray", IMAGE_ID), server.api_key_file(plan, "front")]
+    specs += [hosts.write_front_config(plan, "front")]
+    specs += [server.vllm_ready(plan, "vllm", IMAGE_ID)]
     return specs
 
 
@@ -60,7 +60,7 @@ def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactor
     """A failing receipt gives a fresh token (components/facts.py): the create differs, so
     pulumi-command plans an update that re-runs it; its delete, stdin and timeouts do not."""
     plan = plan_of(make_config(hosts=2))
-    spec = steps.sync_image(plan, "image", plan.workers[0], IMAGE_ID)
+    spec = image.sync_image(plan, "image", plan.workers[0], IMAGE_ID)
     held, fresh = create_command(spec, tokens("held")), create_command(spec, tokens("fresh"))
     assert held != fresh
     assert held.replace("held-", "fresh-") == fresh
@@ -70,13 +70,13 @@ def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactor
 def test_a_workers_receipt_is_written_there_over_the_fabric(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=2))
     worker = plan.workers[0]
-    spec = steps.copy_weights(plan, "weights", worker, MANIFEST)
+    spec = weights.copy_weights(plan, "weights", worker, MANIFEST)
     assert spec.node == plan.head and [r.node for r in spec.receipts] == [worker]
     receipt = create_command(spec, tokens()).split(" && ")[-1]
     assert receipt.startswith(f"bash {plan.head.bin_dir}/receipt.sh --host spark1 ")
     assert f"--worker spark2 --target {worker.fabric_destination}" in receipt
     assert f"--worker-bin {worker.bin_dir}" in receipt
-    assert f"--fabric-key {steps.fabric_key_file(plan)}" in receipt
+    assert f"--fabric-key {fabric.fabric_key_file(plan)}" in receipt
     assert "'snapshot|/home/aurora/.cache/huggingface|Qwen/Qwen3.5-122B-A10B-FP8|c0ffee1234'" in (
         receipt
     )
@@ -91,7 +91,7 @@ def test_a_steps_receipts_are_only_on_the_node_it_runs_on_or_its_worker(
         for receipt in spec.receipts:
             if receipt.node != spec.node:  # the head ran it for a worker: it needs the fabric
                 assert spec.node == plan.head, spec.name
-                assert dict(spec.fabric) == steps.fabric_flags(plan) != {}, spec.name
+                assert dict(spec.fabric) == fabric.fabric_flags(plan) != {}, spec.name
                 elsewhere += 1
     assert elsewhere == 4  # image and weights, on each of two workers
 
@@ -99,11 +99,11 @@ def test_a_steps_receipts_are_only_on_the_node_it_runs_on_or_its_worker(
 def test_the_image_stays_on_workers_unless_asked(make_config: ConfigFactory) -> None:
     keep = plan_of(make_config(hosts=2))
     drop = plan_of(make_config(hosts=2, image={"ref": "x/y:1", "keepOnDestroy": False}))
-    assert steps.sync_image(keep, "image", keep.workers[0], IMAGE_ID).delete is None
-    delete = steps.sync_image(drop, "image", drop.workers[0], IMAGE_ID).delete
+    assert image.sync_image(keep, "image", keep.workers[0], IMAGE_ID).delete is None
+    delete = image.sync_image(drop, "image", drop.workers[0], IMAGE_ID).delete
     # The worker's stage goes only while its state leaf is this deployment's (--owner).
     assert delete is not None and delete.endswith(" --remove yes --owner spark-vllm/test")
-    assert steps.image_pull(drop).keep_locally is False
+    assert image.image_pull(drop).keep_locally is False
 
 
 def test_a_configured_pin_is_passed_and_nothing_is_read_on_stdin(
@@ -113,8 +113,8 @@ def test_a_configured_pin_is_passed_and_nothing_is_read_on_stdin(
     pinned = plan_of(config)
     del config["hosts"][1]["hostKey"]
     learned = plan_of(config)
-    with_pin = steps.pin_worker_key(pinned, "fabric", pinned.workers[0])
-    without = steps.pin_worker_key(learned, "fabric", learned.workers[0])
+    with_pin = fabric.pin_worker_key(pinned, "fabric", pinned.workers[0])
+    without = fabric.pin_worker_key(learned, "fabric", learned.workers[0])
     assert with_pin.stdin is None and "--key 'ssh-ed25519 " in with_pin.create
     assert without.stdin == "worker-host-keys" and "--key" not in without.create
 
@@ -125,13 +125,13 @@ def test_secrets_are_read_on_stdin_only(make_config: ConfigFactory) -> None:
     readers = {spec.name: spec.stdin for spec in every_step(plan) if spec.stdin is not None}
     assert readers["front-api-key"] == "api-key" and readers["vllm-ready"] == "api-key"
     assert readers["weights-fetch"] == "hf-token"
-    assert steps.api_key_file(plan, "vllm").quiet == "none"  # nothing it prints is logged
+    assert server.api_key_file(plan, "vllm").quiet == "none"  # nothing it prints is logged
 
 
 def test_no_fabric_flags_when_the_user_manages_fabric_trust(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=2, fabric={"trust": "existing"}))
-    assert not steps.fabric_trust_managed(plan) and steps.fabric_flags(plan) == {}
-    assert "--fabric-key" not in steps.ray_wait(plan, "ray", IMAGE_ID).create
+    assert not fabric.fabric_trust_managed(plan) and fabric.fabric_flags(plan) == {}
+    assert "--fabric-key" not in server.ray_wait(plan, "ray", IMAGE_ID).create
 
 
 def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
@@ -140,8 +140,8 @@ def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
     plan = plan_of(make_config(hosts=2, timeouts={"imageTransferMinutes": 50}))
     for spec in every_step(plan):
         assert spec.timeouts.create >= 2, spec.name
-    assert steps.sync_image(plan, "image", plan.workers[0], IMAGE_ID).timeouts.create == 55
-    assert steps.head_fabric_key(plan, "fabric").timeouts == steps.QUICK
+    assert image.sync_image(plan, "image", plan.workers[0], IMAGE_ID).timeouts.create == 55
+    assert fabric.head_fabric_key(plan, "fabric").timeouts == steps.QUICK
 
 
 def test_a_check_refuses_its_separators() -> None:
@@ -261,6 +261,6 @@ def test_where_the_front_listens_is_where_it_is_probed_and_published(
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--port") + 1] == "8001"
     assert front_bind(plan) == bind
-    ready = steps.vllm_ready(plan, "vllm", IMAGE_ID).create
+    ready = server.vllm_ready(plan, "vllm", IMAGE_ID).create
     assert (f"--probe-host {probe}" in ready) if probe else ("--probe-host" not in ready)
     assert plan.endpoint_url == endpoint
