@@ -2,7 +2,7 @@
 
 import pulumi
 
-from stacks.deployment import build_deployment
+from composition.deployment import build_deployment
 from stacks.settings import load_settings
 
 deployment = build_deployment(load_settings())

@@ -313,7 +313,7 @@ class SshConfig(ConfigModel):
     dial_error_limit: int = Field(default=4, ge=1, le=50)
     per_dial_timeout_seconds: int = Field(default=15, ge=1, le=300)
     # true: talk to hosts whose key is neither pinned nor in knownHostsFile (with a warning);
-    # false refuses to deploy to them (stacks/deployment.py).
+    # false refuses to deploy to them (composition/deployment.py).
     allow_unpinned: bool = False
 
     @model_validator(mode="after")

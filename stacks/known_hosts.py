@@ -6,11 +6,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # the plan's type only: the plan itself reads pins through this module
-    from stacks.plan.nodes import SshEndpoint
+
+class PinnedHost(Protocol):
+    """What a pin is written from (the plan's SshEndpoint is one): this module sits below the
+    plan, which reads pins through it, so it names no type of the plan's."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def host_key(self) -> str | None: ...
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -46,7 +56,7 @@ def _matches(pattern: str, name: str) -> bool:
     return pattern == name
 
 
-def write_known_hosts(path: Path, endpoints: list[SshEndpoint]) -> None:
+def write_known_hosts(path: Path, endpoints: Sequence[PinnedHost]) -> None:
     """The pinned keys in known_hosts form, for OpenSSH clients spawned by the Docker provider.
 
     Pins written for hosts that are no longer configured are kept: a host removed from the
