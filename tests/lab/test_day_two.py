@@ -42,7 +42,7 @@ from tests.lab.timings import record_day_two, record_figure, record_timing
 
 pytestmark = pytest.mark.lab
 
-PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "components", "stacks")
+PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "composition", "components", "stacks")
 IMAGE_V2 = "spark-vllm-lab:v2"
 MODEL_SNAPSHOTS = "/root/.cache/huggingface/hub/models--spark-vllm-lab--tiny-chat-2/snapshots"
 
