@@ -10,8 +10,8 @@ from typing import Any
 
 from pulumi_command import remote
 
+from stacks.credentials import SshAuth
 from stacks.plan.nodes import NodePlan, SshEndpoint
-from stacks.settings import SshAuth
 
 
 def connection_args(node: NodePlan, auth: SshAuth) -> remote.ConnectionArgs:

@@ -14,9 +14,9 @@ from components.bundle import scripts_bundle
 from components.connection import connection_args, docker_host, docker_ssh_opts
 from components.facts import HostFacts, gather_facts
 from components.steps import host_step
+from stacks.credentials import SshAuth
 from stacks.plan import hosts
 from stacks.plan.nodes import DeploymentPlan, NodePlan
-from stacks.settings import SshAuth
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 import pulumi
 
 from stacks.config import ConfigError, SshConfig, StackConfig, parse_stack_config
+from stacks.credentials import SshAuth
 
 SECRET_KEYS = ("hfToken", "apiKey")
 CONFIG_KEYS = (
@@ -26,17 +27,6 @@ CONFIG_KEYS = (
     "preflight",
     "timeouts",
 )
-
-
-@dataclass(frozen=True)
-class SshAuth:
-    """This machine's credentials. The key's content is a secret; its path is not."""
-
-    private_key: pulumi.Output[str] | None
-    private_key_path: str | None
-    agent_socket: str | None
-    dial_error_limit: int
-    per_dial_timeout: int
 
 
 @dataclass(frozen=True)
