@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -439,17 +439,29 @@ class RayConfig(ConfigModel):
     min_worker_port: Port = 10002
     max_worker_port: Port = 10999
 
+    # The ports every node's Ray listens on besides the head's own (`port`), each with the
+    # `ray start` flag that fixes it: the one table `ray start`'s arguments, the firewall's and
+    # preflight's port lists and the keyed port checks are all read from.
+    NODE_PORT_FLAGS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("node_manager_port", "--node-manager-port"),
+        ("object_manager_port", "--object-manager-port"),
+        ("runtime_env_agent_port", "--runtime-env-agent-port"),
+        ("dashboard_agent_grpc_port", "--dashboard-agent-grpc-port"),
+        ("dashboard_agent_listen_port", "--dashboard-agent-listen-port"),
+        ("metrics_export_port", "--metrics-export-port"),
+    )
+
+    @property
+    def node_port_flags(self) -> dict[str, int]:
+        """`ray start`'s flag for each of NODE_PORT_FLAGS, and its port."""
+        return {flag: getattr(self, name) for name, flag in self.NODE_PORT_FLAGS}
+
     @property
     def fixed_ports(self) -> dict[str, int]:
         """Every single port Ray listens on, by its config key."""
         return {
             "ray.port": self.port,
-            "ray.nodeManagerPort": self.node_manager_port,
-            "ray.objectManagerPort": self.object_manager_port,
-            "ray.runtimeEnvAgentPort": self.runtime_env_agent_port,
-            "ray.dashboardAgentGrpcPort": self.dashboard_agent_grpc_port,
-            "ray.dashboardAgentListenPort": self.dashboard_agent_listen_port,
-            "ray.metricsExportPort": self.metrics_export_port,
+            **{f"ray.{to_camel(name)}": getattr(self, name) for name, _ in self.NODE_PORT_FLAGS},
             # Not a flag: passing it needs ray[client]; the head listens there when it has it.
             "Ray's client server port": RAY_CLIENT_SERVER_PORT,
         }

@@ -262,12 +262,7 @@ def ray_start_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
         f"--num-gpus={node.gpus}",
         f"--object-store-memory={ray.object_store_memory_bytes}",
         "--disable-usage-stats",
-        f"--node-manager-port={ray.node_manager_port}",
-        f"--object-manager-port={ray.object_manager_port}",
-        f"--runtime-env-agent-port={ray.runtime_env_agent_port}",
-        f"--dashboard-agent-grpc-port={ray.dashboard_agent_grpc_port}",
-        f"--dashboard-agent-listen-port={ray.dashboard_agent_listen_port}",
-        f"--metrics-export-port={ray.metrics_export_port}",
+        *(f"{flag}={port}" for flag, port in ray.node_port_flags.items()),
         f"--min-worker-port={ray.min_worker_port}",
         f"--max-worker-port={ray.max_worker_port}",
     ]
@@ -553,14 +548,7 @@ def cluster_listen_ports(
     if not (plan.uses_ray if uses_ray is None else uses_ray):
         return [str(plan.config.vllm.master_port), vllm_ports] if node.is_head else [vllm_ports]
     ray = plan.config.ray
-    ports = [
-        ray.node_manager_port,
-        ray.object_manager_port,
-        ray.runtime_env_agent_port,
-        ray.dashboard_agent_grpc_port,
-        ray.dashboard_agent_listen_port,
-        ray.metrics_export_port,
-    ]
+    ports = list(ray.node_port_flags.values())
     if node.is_head:
         ports = [ray.port, RAY_CLIENT_SERVER_PORT, *ports]
     return [str(p) for p in ports] + [f"{ray.min_worker_port}:{ray.max_worker_port}", vllm_ports]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from components.connection import docker_ssh_opts, ssh_option
 from stacks.config import parse_stack_config
-from stacks.plan.nodes import plan_deployment
 from stacks.credentials import SshAuth
+from stacks.plan.nodes import plan_deployment
 from tests.program.conftest import ConfigFactory
 
 LIB = Path(__file__).resolve().parents[2] / "components" / "scripts" / "lib.sh"
