@@ -541,6 +541,11 @@ class TimeoutsConfig(ConfigModel):
     vllm_progress_seconds: int = Field(default=30, ge=5, le=600)
     # How often the image and weights copies report bytes done, rate and ETA.
     copy_progress_seconds: int = Field(default=10, ge=1, le=600)
+    # A copy whose stream moves nothing this long is stopped, naming the worker (a wedged
+    # dockerd or disk there held it for the whole transfer timeout before). Judged at each
+    # progress report, and only while a stream is in flight: a worker loading what it got is
+    # not stalled.
+    copy_stall_seconds: int = Field(default=180, ge=30, le=3600)
     image_transfer_minutes: int = Field(default=60, ge=1, le=1440)
     weights_transfer_minutes: int = Field(default=240, ge=1, le=2880)
 

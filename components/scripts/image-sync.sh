@@ -2,6 +2,7 @@
 # On the head: stream the image to one worker over the fabric, unless it already has the same ID.
 #   image-sync.sh --host H --worker W --target ssh://user@ip:port --image-id ID --ref REF
 #                 --timeout-minutes M [--compress zstd|none] [--progress-seconds S]
+#                 [--stall-seconds S] (a stream that moves nothing for S seconds is stopped)
 #                 [--fabric-key K --fabric-known-hosts F]
 #                 [--worker-bin DIR] (the worker's scripts: what a cut copy left is staged beside)
 #                 [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
@@ -32,15 +33,18 @@ if [ "${ARG_REMOVE:-no}" = yes ]; then
   fi
   exit 0
 fi
+# Every probe of a worker's Docker is bounded: a wedged daemon answers nothing, and the copy
+# that follows then fails on its watchdog, naming the worker, instead of hanging here.
+PROBE_SECONDS=60
 # remote_id DEST: the image ID DEST has for this image (empty when it lacks it).
 remote_id() {
-  fabric_ssh "$1" "$(words docker image inspect --format '{{.Id}}' "$ARG_IMAGE_ID") 2>/dev/null || true"
+  fabric_ssh "$1" "$(words timeout "$PROBE_SECONDS" docker image inspect --format '{{.Id}}' "$ARG_IMAGE_ID") 2>/dev/null || true"
 }
 # layers_held DEST: how many of the image's leading layers DEST holds, or `containerd` when its
 # Docker keeps images there (every image's layers, one JSON list a line, after its store).
 layers_held() {
   local held
-  held="$(fabric_ssh "$1" "docker info --format '{{json .DriverStatus}}'; docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null || true)"
+  held="$(fabric_ssh "$1" "timeout $PROBE_SECONDS docker info --format '{{json .DriverStatus}}'; timeout $PROBE_SECONDS docker image ls -q --no-trunc | sort -u | xargs -r timeout $PROBE_SECONDS docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null || true)"
   if [[ "$held" == *io.containerd.snapshotter* ]]; then
     echo containerd
   else
@@ -52,7 +56,7 @@ has_zstd() { fabric_ssh "$1" "command -v zstd" >/dev/null 2>&1; }
 
 meters="$(mktemp -d)"
 reporter=""
-trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.staged"; fabric_multiplex_end' EXIT
+trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.staged" "$meters.pid" "$meters.stalled"; fabric_multiplex_end' EXIT
 fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
 docker image inspect "$ARG_IMAGE_ID" >/dev/null 2>&1 \
@@ -99,12 +103,29 @@ stream_size() {
   fi
 }
 # load_command BIN: what a worker runs to load the stream, BIN its scripts (a shell word): stage
-# what arrives (image_stage.py), load it, and drop the stage once the load succeeded.
+# what arrives (image_stage.py), load it, and drop the stage once the load succeeded. Its shell
+# (sshd made it a session leader) records its process group beside the stage first, so a stalled
+# copy can stop it there too (stop_remote_load).
 load_command() {
   local stage
   stage="\"\$(dirname $1)\"/image-stage/${ARG_IMAGE_ID#sha256:}"
-  printf '%s | python3 %s/image_stage.py receive %s | docker load && rm -rf %s' \
-    "$decompress" "$1" "$stage" "$stage"
+  printf 'mkdir -p %s && echo $$ > %s.pid && %s | python3 %s/image_stage.py receive %s | docker load && rm -rf %s %s.pid' \
+    "$stage" "$stage" "$decompress" "$1" "$stage" "$stage" "$stage"
+}
+# stop_remote_load BIN: after a stall, stop what the worker ran for the stream (a wedged
+# `docker load` would otherwise hold the stage until it is killed by hand); bounded, best effort.
+stop_remote_load() {
+  local pidfile
+  pidfile="$(dirname "$1")/image-stage/${ARG_IMAGE_ID#sha256:}.pid"
+  timeout 30 bash -c 'fabric_ssh "$1" "$2"' stop "$ARG_TARGET" \
+    "pidfile=$(words "$pidfile"); "'group="$(cat "$pidfile" 2>/dev/null)"; case "$group" in ""|*[!0-9]*) ;; *) grep -qs image_stage "/proc/$group/cmdline" && kill -KILL -- "-$group";; esac; rm -f "$pidfile"' \
+    >/dev/null 2>&1 || true
+}
+# stalled_fail: the message for a stream the watchdog stopped (report_progress).
+stalled_fail() {
+  stop_remote_load "${ARG_WORKER_BIN:-/nonexistent/bin}"
+  fail "copying $ARG_REF to $ARG_WORKER stalled: nothing moved for ${ARG_STALL_SECONDS}s (timeouts.copyStallSeconds) after $(( $(cat "$meters.stalled") / 1000000 )) MB; the transfer was stopped and nothing was tagged there" \
+    "$ARG_WORKER stopped taking the stream: its Docker daemon or disk is wedged (docker info there), or the fabric link stalled; the next run resumes from what it staged"
 }
 # send HELD METER DEST REMOTE [CHAIN]: the saved stream, its first HELD layers emptied (`whole`:
 # all of it), counted into METER, to DEST's REMOTE command. With CHAIN, under an agent holding
@@ -113,11 +134,12 @@ send() {
   local run=(bash -c)
   [ -z "${5:-}" ] || run=(bash -c 'with_relay_agent "$@"' send "$5" bash -c)
   timeout "${ARG_TIMEOUT_MINUTES}m" "${run[@]}" \
-    'set -o pipefail; held=$6 layers_py=$7 index=$8 forward=$9 staged=${10}
+    'echo $$ >"${11}"; set -o pipefail; held=$6 layers_py=$7 index=$8 forward=$9 staged=${10}
      thin() { if [ "$held" = whole ] || [ -z "$index" ]; then cat; else python3 "$layers_py" filter "$index" "$held" "$staged"; fi; }
      docker save "$1" | thin | dd bs=1M status=progress 2>"$5" | $2 | fabric_ssh $forward "$3" "$4"' \
     image-sync "$source_ref" "$compress" "$3" "$4" "$2" "$1" \
-    "$SPARK_BIN/image_layers.py" "$index" "$([ -z "${5:-}" ] || echo -A)" "$staged_names"
+    "$SPARK_BIN/image_layers.py" "$index" "$([ -z "${5:-}" ] || echo -A)" "$staged_names" \
+    "$meters.pid"
 }
 
 relayed=0
@@ -174,13 +196,15 @@ relay_to_chain() {
   size="$(stream_size "$least")" names="$(chain_names "$chain")"
   sink="$(load_command '"$SPARK_BIN"')"
   note "relaying $ARG_REF to $names in one chain (they all hold $least of $layer_count layers; $(( size / 1000000 )) MB)"
-  report_progress "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
+  report_progress "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" "${ARG_STALL_SECONDS:-0}" &
   reporter=$!
   output="$(send "$least" "$meters/relay" "$(chain_destination "$chain")" \
     "$(chain_call "$sink" "$chain")" "$chain")" \
     || status=$?
   kill "$reporter" 2>/dev/null || true
   reporter=""
+  # A stalled chain is left to each worker's own step (its own watchdog); this one goes on.
+  [ ! -e "$meters.stalled" ] || { note "the relay chain stalled after $(cat "$meters.stalled") bytes: stopped"; rm -f "$meters.stalled"; }
   mapfile -t lines <<<"$chain"
   for line in "${lines[@]}"; do
     IFS="|" read -r name dest _ <<<"$line"
@@ -246,7 +270,7 @@ use_index $(( held + ${#staged} ))
 size="$(stream_size "$held")"
 [ "$held" -eq 0 ] \
   || note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
-report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" &
+report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" "${ARG_STALL_SECONDS:-0}" &
 reporter=$!
 load="$decompress | docker load"
 [ -z "${ARG_WORKER_BIN:-}" ] || load="$(load_command "$(words "$ARG_WORKER_BIN")")"
@@ -254,8 +278,9 @@ set +e
 if [ -n "$index" ]; then
   send "$held" "$meters/save" "$ARG_TARGET" "$load" >&2
   status=$?
-  # Not when the link is what failed: the whole image would fail the same way, slower.
-  if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && fabric_ssh "$ARG_TARGET" true 2>/dev/null; then
+  # Not when the link is what failed, nor a stall: the whole image would fail the same way, slower.
+  if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ ! -e "$meters.stalled" ] \
+    && fabric_ssh "$ARG_TARGET" true 2>/dev/null; then
     note "$ARG_WORKER: loading the image without the layers it holds failed (exit $status): sending it whole"
     held=0
     : >"$staged_names"
@@ -270,6 +295,7 @@ set -e
 kill "$reporter" 2>/dev/null || true
 reporter=""
 elapsed=$(( SECONDS - started ))
+[ "$status" -eq 0 ] || [ ! -e "$meters.stalled" ] || stalled_fail
 if [ "$status" -ne 0 ]; then
   cause="the fabric link to $ARG_TARGET dropped, the worker's disk is full, or its Docker daemon failed"
   [ "$status" -eq 124 ] && cause="the transfer is slower than timeouts.imageTransferMinutes=$ARG_TIMEOUT_MINUTES allows"

@@ -216,20 +216,55 @@ metered_bytes() {
   echo "$total"
 }
 
-# report_progress WORKER WHAT TOTAL_BYTES DIR SECONDS: every SECONDS, one line into the step's
-# output (`spark2: image 120 of 980 MB, 48 MB/s, ETA 17 s`); run it in the background. Its
-# sleep is killed with it: a sleep left behind would hold the step's output open until it ends.
+# report_progress WORKER WHAT TOTAL_BYTES DIR SECONDS [STALL_SECONDS]: every SECONDS, one line into
+# the step's output (`spark2: image 120 of 980 MB, 48 MB/s, ETA 17 s`); run it in the
+# background. Its sleep is killed with it: a sleep left behind would hold the step's output open
+# until it ends. With STALL_SECONDS, a watchdog too: a stream still in flight (its dd has not
+# ended) that moved no byte for that long is stopped (stop_stalled) and DIR.stalled records
+# where: a wedged peer fails the copy then, not after the whole transfer timeout.
 report_progress() {
-  local started=$SECONDS sent elapsed rate nap=""
+  local started=$SECONDS sent elapsed rate nap="" last=-1 moved=$SECONDS
   trap '[ -z "$nap" ] || kill "$nap" 2>/dev/null; exit 0' TERM
   while :; do
     sleep "$5" & nap=$!
     wait "$nap" || return 0
     sent="$(metered_bytes "$4")" elapsed=$(( SECONDS - started ))
+    if [ "$sent" != "$last" ]; then
+      last="$sent" moved=$SECONDS
+    elif [ "${6:-0}" -gt 0 ] && [ $(( SECONDS - moved )) -ge "$6" ] && in_flight "$4"; then
+      stop_stalled "$4" "$sent"
+      return 0
+    fi
     rate=$(( sent / (elapsed > 0 ? elapsed : 1) ))
     printf '%s: %s %s of %s MB, %s MB/s, ETA %s s\n' "$1" "$2" $(( sent / 1000000 )) \
       $(( $3 / 1000000 )) $(( rate / 1000000 )) $(( rate > 0 ? ($3 - sent) / rate : 0 )) >&2
   done
+}
+
+# in_flight DIR: a stream metered into DIR is still running (its dd has not printed its end
+# record). Once every stream has ended, a quiet while is the worker loading what it got.
+in_flight() {
+  local log
+  for log in "$1"/*; do
+    [ -e "$log" ] || continue
+    grep -q 'records out' "$log" || return 0
+  done
+  return 1
+}
+
+# stop_stalled DIR BYTES: record the stall (DIR.stalled: the bytes sent) and stop the transfer
+# whose `bash -c` wrote its PID to DIR.pid: its whole process group (the `timeout` around it made
+# one), or that process alone when the group is this script's own.
+stop_stalled() {
+  local pid group
+  echo "$2" >"$1.stalled"
+  pid="$(cat "$1.pid" 2>/dev/null)" || return 0
+  group="$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')"
+  if [ -n "$group" ] && [ "$group" != "$(ps -o pgid= -p $$ | tr -d ' ')" ]; then
+    kill -TERM -- "-$group" 2>/dev/null || true
+  else
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
 }
 
 # container_state NAME: "running", "exited", ... or "missing".

@@ -6,7 +6,7 @@
 # checked; only this revision's blobs are considered. tar keeps the snapshot's symlinks intact.
 #   weights-sync.sh --host H --worker W --target ssh://user@ip:port --worker-bin DIR --cache-dir C
 #                   --model M --manifest "commit files bytes" --timeout-minutes T
-#                   [--progress-seconds S] [--fabric-key ...]
+#                   [--progress-seconds S] [--stall-seconds S] [--fabric-key ...]
 #                   [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
 # With --relay (two or more workers lack the revision, the head's fabric key managed), the blobs
 # none of them holds go once through a chain of them (relay.sh): the head's link carries one
@@ -36,7 +36,7 @@ sent_line() {
 }
 meters="$(mktemp -d)"  # one dd progress log per transfer: what went into ssh, counted by dd
 reporter=""
-trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters"; fabric_multiplex_end' EXIT
+trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.pid" "$meters.stalled"; fabric_multiplex_end' EXIT
 fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
 snapshot="$hub/$repo/snapshots/$commit"
@@ -57,8 +57,8 @@ metered_send() {
   local run=(bash -c) forward=""
   [ -z "${4:-}" ] || run=(bash -c 'with_relay_agent "$@"' metered-send "$4" bash -c) forward=-A
   timeout "${ARG_TIMEOUT_MINUTES}m" "${run[@]}" \
-    'set -o pipefail; dd bs=1M status=progress 2>"$1" | fabric_ssh $4 "$2" "$3"' \
-    weights-sync "$1" "$2" "$3" "$forward"
+    'echo $$ >"$5"; set -o pipefail; dd bs=1M status=progress 2>"$1" | fabric_ssh $4 "$2" "$3"' \
+    weights-sync "$1" "$2" "$3" "$forward" "$meters.pid"
 }
 
 relayed=0
@@ -107,13 +107,15 @@ relay_to_chain() {
   names="$(chain_names "$chain")"
   sink="$(words mkdir -p "$hub") && $(words tar -C "$hub" -xf -)"
   note "relaying ${#blobs[@]} blob(s) of $ARG_MODEL@$commit ($size bytes) to $names in one chain"
-  report_progress "$names" weights "$size" "$meters" "$PROGRESS_SECONDS" &
+  report_progress "$names" weights "$size" "$meters" "$PROGRESS_SECONDS" "${ARG_STALL_SECONDS:-0}" &
   reporter=$!
   output="$(tar -C "$hub" -cf - "${blobs[@]}" | metered_send "$meters/relay" "$(chain_destination "$chain")" \
     "$(chain_call "$sink" "$chain")" "$chain")" \
     || status=$?
   kill "$reporter" 2>/dev/null || true
   reporter=""
+  # A stalled chain is left to each worker's own step (its own watchdog); this one goes on.
+  [ ! -e "$meters.stalled" ] || { note "the relay chain stalled after $(cat "$meters.stalled") bytes: stopped"; rm -f "$meters.stalled"; }
   mapfile -t lines <<<"$chain"
   for line in "${lines[@]}"; do
     IFS='|' read -r name dest bin <<<"$line"
@@ -156,11 +158,15 @@ done
 echo "$ARG_WORKER: $ARG_MODEL@$commit: ${#kept[@]} blob(s) kept, ${#resumed[@]} resumed, ${#whole[@]} to send; $to_send of $bytes bytes to go" >&2
 
 started=$SECONDS
-report_progress "$ARG_WORKER" weights "$to_send" "$meters" "$PROGRESS_SECONDS" &
+report_progress "$ARG_WORKER" weights "$to_send" "$meters" "$PROGRESS_SECONDS" "${ARG_STALL_SECONDS:-0}" &
 reporter=$!
 
 failed() {
   local cause="the fabric link to $ARG_TARGET dropped or the worker's disk is full"
+  if [ -e "$meters.stalled" ]; then
+    fail "copying $ARG_MODEL to $ARG_WORKER stalled: nothing moved for ${ARG_STALL_SECONDS}s (timeouts.copyStallSeconds; $(cat "$meters.stalled") of $to_send bytes sent); the transfer was stopped, the next run resumes" \
+      "$ARG_WORKER stopped taking the stream: its disk is wedged or full, or the fabric link stalled"
+  fi
   [ "$1" -eq 124 ] && cause="the copy is slower than timeouts.weightsTransferMinutes=$ARG_TIMEOUT_MINUTES allows"
   fail "copying $ARG_MODEL to $ARG_WORKER failed after $(( SECONDS - started ))s (exit $1; $(metered_bytes "$meters") of $to_send bytes sent, the next run resumes)" "$cause"
 }

@@ -78,6 +78,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
         "timeout_minutes": minutes,
         "compress": "zstd",
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
+        "stall_seconds": plan.config.timeouts.copy_stall_seconds,
         **relay_flags(plan, worker),
     }
     return head_to_worker(

@@ -45,6 +45,7 @@ def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan, manifest: st
         "manifest": manifest,
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
+        "stall_seconds": plan.config.timeouts.copy_stall_seconds,
         **relay_flags(plan, worker),
     }
     done = check("snapshot", model.cache_dir, model.id, commit)

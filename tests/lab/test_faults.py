@@ -150,6 +150,60 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
     assert host_sh(lab, WORKER, f"ls -A {stage} 2>/dev/null || true") == ""  # dropped once loaded
 
 
+def test_a_worker_that_stops_taking_the_image_fails_the_copy_on_its_watchdog(
+    lab: Lab, stack: list[RealMocks]
+) -> None:
+    """The worker's `docker load` stopped (SIGSTOP: a wedged daemon or disk looks so from the
+    head): the stream stops moving, and the copy fails within timeouts.copyStallSeconds (+ a
+    progress report), naming the worker, instead of after imageTransferMinutes; what the worker
+    ran for the stream is stopped too, so nothing of it lingers there."""
+    lab.sh(WORKER, f"docker image rm -f {IMAGE} >/dev/null 2>&1; docker image prune -af >/dev/null")
+    head_fabric = lab.spec.fabric_ifname(0)
+    lab.exec("spark1", ["tc", "qdisc", "replace", "dev", head_fabric, "root", "tbf",
+                        "rate", "40mbit", "burst", "256kb", "latency", "50ms"])  # fmt: skip
+    stopped_at: list[float] = []
+
+    def staged_bytes() -> int:
+        sizes = host_sh(
+            lab, WORKER, f"find {STATE}/image-stage -type f -printf '%s\\n' 2>/dev/null || true"
+        )
+        return sum(int(size) for size in sizes.split())
+
+    def stop_the_load() -> None:
+        try:
+            wait_for(lambda: staged_bytes() >= 8_000_000, 120, "8 MB staged on the worker")
+            lab.sh(WORKER, "pkill -STOP -f '^docker load'")
+            stopped_at.append(time.monotonic())
+        except AssertionError:
+            pass
+
+    stopper = threading.Thread(target=stop_the_load, daemon=True)
+    stopper.start()
+    config = lab_config(lab)
+    config[f"{PROJECT}:fabric"] = {**config[f"{PROJECT}:fabric"], "minLinkGbps": 0}
+    config[f"{PROJECT}:timeouts"] = {
+        **config[f"{PROJECT}:timeouts"], "copyProgressSeconds": 2, "copyStallSeconds": 30,
+    }  # fmt: skip
+    try:
+        error = failing_up(lab, stack, config)
+        failed_at = time.monotonic()
+    finally:
+        stopper.join(timeout=130)
+        lab.sh(WORKER, "pkill -CONT -f '^docker load' || true")
+        lab.exec("spark1", ["tc", "qdisc", "del", "dev", head_fabric, "root"])
+    assert stopped_at, f"the copy ended before the load was stopped: {error}"
+    stalled = f"spark1: image-sync: copying {IMAGE} to {WORKER} stalled: nothing moved for 30s"
+    assert stalled in error, error
+    assert f"likely cause: {WORKER} stopped taking the stream" in error, error
+    record_timing("fault: a stopped docker load to the copy's error", failed_at - stopped_at[0])
+    # The watchdog's bound (30 s, judged at each 2 s report) and the steps that were running
+    # beside the copy, which the engine lets finish: well under a minute.
+    assert failed_at - stopped_at[0] < 30 + 30, failed_at - stopped_at[0]
+    # What the worker ran for the stream was stopped with it (SIGKILL reaches a stopped process).
+    left = host_sh(lab, WORKER, "pgrep -af 'image_stage.py receive|^docker load' || true")
+    assert left == "", left
+
+
 def test_stale_container_with_our_name(lab: Lab, stack: list[RealMocks]) -> None:
     lab.exec("spark1", ["docker", "run", "-d", "--name", f"{PREFIX}-vllm", IMAGE, "sleep", "600"])
     try:

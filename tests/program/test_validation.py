@@ -222,6 +222,7 @@ def test_the_production_timeouts_stay_what_the_readme_says() -> None:
         "vllmReadySeconds": 1800,
         "vllmProgressSeconds": 30,
         "copyProgressSeconds": 10,
+        "copyStallSeconds": 180,
         "imageTransferMinutes": 60,
         "weightsTransferMinutes": 240,
     }
