@@ -241,15 +241,14 @@ report_progress() {
   done
 }
 
-# in_flight DIR: a stream metered into DIR is still running (its dd has not printed its end
-# record). Once every stream has ended, a quiet while is the worker loading what it got.
+# in_flight DIR: the stream metered into DIR last (its log is the newest: an earlier one, a
+# relay's that was stopped, never ends its log) is still running: its dd has not printed its
+# end record. Once it has, a quiet while is the worker loading what it got.
 in_flight() {
-  local log
-  for log in "$1"/*; do
-    [ -e "$log" ] || continue
-    grep -q 'records out' "$log" || return 0
-  done
-  return 1
+  local newest
+  # shellcheck disable=SC2012  # the logs are ours, plain names (save, relay, part1...)
+  newest="$(ls -t "$1" 2>/dev/null | head -n 1)"
+  [ -n "$newest" ] && ! grep -q 'records out' "$1/$newest"
 }
 
 # stop_stalled DIR BYTES: record the stall (DIR.stalled: the bytes sent) and stop the transfer

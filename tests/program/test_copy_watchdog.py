@@ -71,3 +71,21 @@ def test_a_quiet_while_after_the_stream_ended_is_not_a_stall(tmp_path: Path) -> 
     done = watch(meters, 2, ended, 60)
     assert "status 0" in done.stdout, (done.stdout, done.stderr)
     assert not (tmp_path / "meters.stalled").exists()
+
+
+def test_an_earlier_stream_that_never_ended_its_log_does_not_make_a_later_one_stall(
+    tmp_path: Path,
+) -> None:
+    """A relay stopped midway leaves a log without its end record; the copy after it ends its
+    stream and waits for the worker's load: that quiet while is no stall either."""
+    meters = tmp_path / "meters"
+    meters.mkdir()
+    (meters / "relay").write_text("1048576 bytes (1.0 MB, 1.0 MiB) copied, 1 s, 1.0 MB/s\r")
+    time.sleep(1.1)  # the relay's log is the older one, as it was written first
+    ended = (
+        'timeout 120 bash -c \'echo $$ >"$1.pid"; head -c 2000000 /dev/zero '
+        '| dd bs=64k status=progress 2>"$1/save" >/dev/null; sleep 6\' transfer "$1"'
+    )
+    done = watch(meters, 2, ended, 60)
+    assert "status 0" in done.stdout, (done.stdout, done.stderr)
+    assert not (tmp_path / "meters.stalled").exists()
