@@ -251,6 +251,14 @@ in_flight() {
   [ -n "$newest" ] && ! grep -q 'records out' "$1/$newest"
 }
 
+# forget_stall DIR: after a relay chain, whose members' own steps copy what it did not bring
+# (each on its own watchdog): say that it stalled, and let the copy after it start afresh.
+forget_stall() {
+  [ -e "$1.stalled" ] || return 0
+  note "the relay chain stalled after $(cat "$1.stalled") bytes: stopped"
+  rm -f "$1.stalled"
+}
+
 # stop_stalled DIR BYTES: record the stall (DIR.stalled: the bytes sent) and stop the transfer
 # whose `bash -c` wrote its PID to DIR.pid: its whole process group (the `timeout` around it made
 # one), or that process alone when the group is this script's own.

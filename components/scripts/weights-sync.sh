@@ -114,8 +114,7 @@ relay_to_chain() {
     || status=$?
   kill "$reporter" 2>/dev/null || true
   reporter=""
-  # A stalled chain is left to each worker's own step (its own watchdog); this one goes on.
-  [ ! -e "$meters.stalled" ] || { note "the relay chain stalled after $(cat "$meters.stalled") bytes: stopped"; rm -f "$meters.stalled"; }
+  forget_stall "$meters"
   mapfile -t lines <<<"$chain"
   for line in "${lines[@]}"; do
     IFS='|' read -r name dest bin <<<"$line"

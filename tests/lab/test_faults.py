@@ -3,6 +3,7 @@ likely cause, and the next `up` (after the fault is fixed) succeeds and serves a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -62,6 +63,62 @@ def refusals(lab: Lab) -> Iterator[list[RealMocks]]:
     yield from fault_runs(lab)
 
 
+def staged_bytes(lab: Lab) -> int:
+    """What the worker's image stage holds in files (the directories alone say nothing)."""
+    sizes = host_sh(
+        lab, WORKER, f"find {STATE}/image-stage -type f -printf '%s\\n' 2>/dev/null || true"
+    )
+    return sum(int(size) for size in sizes.split())
+
+
+class StagedFault(threading.Thread):
+    """Runs `fault` once the worker's image stage holds 8 MB (not at a fixed time after `docker
+    load` starts: on a slow machine `docker save` on the head may not have sent a byte yet, and
+    a fault before anything is staged tests nothing); `at`: when it ran."""
+
+    def __init__(self, lab: Lab, fault: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self.lab, self.fault = lab, fault
+        self.at: float | None = None
+
+    def run(self) -> None:
+        try:
+            wait_for(lambda: staged_bytes(self.lab) >= 8_000_000, 120, "8 MB staged on the worker")
+        except AssertionError:
+            return
+        self.fault()
+        self.at = time.monotonic()
+
+
+def once_staged(lab: Lab, fault: Callable[[], object]) -> StagedFault:
+    thread = StagedFault(lab, fault)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def slow_image_copy(lab: Lab) -> Iterator[None]:
+    """The worker needs the image (an earlier test's deployment left it there: images are kept
+    on destroy), and a slow fabric keeps the transfer in flight long enough for a fault."""
+    lab.sh(WORKER, f"docker image rm -f {IMAGE} >/dev/null 2>&1; docker image prune -af >/dev/null")
+    head_fabric = lab.spec.fabric_ifname(0)
+    lab.exec("spark1", ["tc", "qdisc", "replace", "dev", head_fabric, "root", "tbf",
+                        "rate", "40mbit", "burst", "256kb", "latency", "50ms"])  # fmt: skip
+    try:
+        yield
+    finally:
+        lab.exec("spark1", ["tc", "qdisc", "del", "dev", head_fabric, "root"])
+
+
+def copy_fault_config(lab: Lab, **timeouts: int) -> dict[str, Any]:
+    """The link test would refuse the shaped fabric before any copy (test_hardware_faults.py):
+    here the copy itself must start, so the floor is off."""
+    config = lab_config(lab)
+    config[f"{PROJECT}:fabric"] = {**config[f"{PROJECT}:fabric"], "minLinkGbps": 0}
+    config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], **timeouts}
+    return config
+
+
 def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
     """First in the module: after an earlier test's runs, an ssh connection master to the worker
     can outlive them and read the facts although sshd is down (the failure then comes from the
@@ -81,47 +138,19 @@ def test_worker_sshd_down(lab: Lab, stack: list[RealMocks]) -> None:
 
 
 def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> None:
-    # The worker must need the image (an earlier test's deployment left it there: images are
-    # kept on destroy), and a slow fabric keeps the transfer in flight long enough to cut it.
-    lab.sh(WORKER, f"docker image rm -f {IMAGE} >/dev/null 2>&1; docker image prune -af >/dev/null")
-    head_fabric = lab.spec.fabric_ifname(0)
     worker_fabric = lab.spec.fabric_ifname(1)
-    lab.exec("spark1", ["tc", "qdisc", "replace", "dev", head_fabric, "root", "tbf",
-                        "rate", "40mbit", "burst", "256kb", "latency", "50ms"])  # fmt: skip
-    cut = threading.Event()
-
     stage = f"{STATE}/image-stage"
-
-    def staged_bytes() -> int:
-        """What the worker's stage holds in files (the directories alone say nothing)."""
-        sizes = host_sh(lab, WORKER, f"find {stage} -type f -printf '%s\\n' 2>/dev/null || true")
-        return sum(int(size) for size in sizes.split())
-
-    def cut_when_loading() -> None:
-        # Not at a fixed time after `docker load` starts: on a slow machine `docker save` on the
-        # head may not have sent a byte yet, and a cut before anything is staged tests nothing.
+    with slow_image_copy(lab):
+        done = once_staged(
+            lab, lambda: lab.exec(WORKER, ["ip", "link", "set", worker_fabric, "down"])
+        )
         try:
-            wait_for(lambda: staged_bytes() >= 8_000_000, 120, "8 MB staged on the worker")
-            lab.exec(WORKER, ["ip", "link", "set", worker_fabric, "down"])
-            cut.set()
-        except AssertionError:
-            pass
-
-    cutter = threading.Thread(target=cut_when_loading, daemon=True)
-    cutter.start()
-    # The link test would refuse the shaped fabric before any copy (test_hardware_faults.py):
-    # here the copy itself must start, so the floor is off.
-    config = lab_config(lab)
-    config[f"{PROJECT}:fabric"] = {**config[f"{PROJECT}:fabric"], "minLinkGbps": 0}
-    # Progress every second, so the lines show before the cut.
-    config[f"{PROJECT}:timeouts"] = {**config[f"{PROJECT}:timeouts"], "copyProgressSeconds": 1}
-    try:
-        error = failing_up(lab, stack, config)
-    finally:
-        cutter.join(timeout=130)
-        lab.exec(WORKER, ["ip", "link", "set", worker_fabric, "up"])
-        lab.exec("spark1", ["tc", "qdisc", "del", "dev", head_fabric, "root"])
-    assert cut.is_set(), f"the transfer ended before the cut: {error}"
+            # Progress every second, so the lines show before the cut.
+            error = failing_up(lab, stack, copy_fault_config(lab, copyProgressSeconds=1))
+        finally:
+            done.join(timeout=130)
+            lab.exec(WORKER, ["ip", "link", "set", worker_fabric, "up"])
+    assert done.at is not None, f"the transfer ended before the cut: {error}"
     assert f"copying {IMAGE} to {WORKER} failed after" in error, error
     assert "likely cause: the fabric link" in error
     # The copy reported its progress while it ran (pulumi-command streams the step's output).
@@ -131,7 +160,7 @@ def test_fabric_cut_during_image_transfer(lab: Lab, stack: list[RealMocks]) -> N
     )
     assert tagged == "", "a partial image was left tagged on the worker"
     # What arrived before the cut is staged on the worker, and the next copy resumes from it.
-    staged = staged_bytes()
+    staged = staged_bytes(lab)
     whole = int(host_sh(lab, "spark1", f"docker save {IMAGE} | wc -c"))
     assert staged > 0, "nothing of the cut copy was staged"
     successful_up(lab, stack)
@@ -157,48 +186,23 @@ def test_a_worker_that_stops_taking_the_image_fails_the_copy_on_its_watchdog(
     head): the stream stops moving, and the copy fails within timeouts.copyStallSeconds (+ a
     progress report), naming the worker, instead of after imageTransferMinutes; what the worker
     ran for the stream is stopped too, so nothing of it lingers there."""
-    lab.sh(WORKER, f"docker image rm -f {IMAGE} >/dev/null 2>&1; docker image prune -af >/dev/null")
-    head_fabric = lab.spec.fabric_ifname(0)
-    lab.exec("spark1", ["tc", "qdisc", "replace", "dev", head_fabric, "root", "tbf",
-                        "rate", "40mbit", "burst", "256kb", "latency", "50ms"])  # fmt: skip
-    stopped_at: list[float] = []
-
-    def staged_bytes() -> int:
-        sizes = host_sh(
-            lab, WORKER, f"find {STATE}/image-stage -type f -printf '%s\\n' 2>/dev/null || true"
-        )
-        return sum(int(size) for size in sizes.split())
-
-    def stop_the_load() -> None:
+    with slow_image_copy(lab):
+        done = once_staged(lab, lambda: lab.sh(WORKER, "pkill -STOP -f '^docker load'"))
+        config = copy_fault_config(lab, copyProgressSeconds=2, copyStallSeconds=30)
         try:
-            wait_for(lambda: staged_bytes() >= 8_000_000, 120, "8 MB staged on the worker")
-            lab.sh(WORKER, "pkill -STOP -f '^docker load'")
-            stopped_at.append(time.monotonic())
-        except AssertionError:
-            pass
-
-    stopper = threading.Thread(target=stop_the_load, daemon=True)
-    stopper.start()
-    config = lab_config(lab)
-    config[f"{PROJECT}:fabric"] = {**config[f"{PROJECT}:fabric"], "minLinkGbps": 0}
-    config[f"{PROJECT}:timeouts"] = {
-        **config[f"{PROJECT}:timeouts"], "copyProgressSeconds": 2, "copyStallSeconds": 30,
-    }  # fmt: skip
-    try:
-        error = failing_up(lab, stack, config)
-        failed_at = time.monotonic()
-    finally:
-        stopper.join(timeout=130)
-        lab.sh(WORKER, "pkill -CONT -f '^docker load' || true")
-        lab.exec("spark1", ["tc", "qdisc", "del", "dev", head_fabric, "root"])
-    assert stopped_at, f"the copy ended before the load was stopped: {error}"
+            error = failing_up(lab, stack, config)
+            failed_at = time.monotonic()
+        finally:
+            done.join(timeout=130)
+            lab.sh(WORKER, "pkill -CONT -f '^docker load' || true")
+    assert done.at is not None, f"the copy ended before the load was stopped: {error}"
     stalled = f"spark1: image-sync: copying {IMAGE} to {WORKER} stalled: nothing moved for 30s"
     assert stalled in error, error
     assert f"likely cause: {WORKER} stopped taking the stream" in error, error
-    record_timing("fault: a stopped docker load to the copy's error", failed_at - stopped_at[0])
+    record_timing("fault: a stopped docker load to the copy's error", failed_at - done.at)
     # The watchdog's bound (30 s, judged at each 2 s report) and the steps that were running
     # beside the copy, which the engine lets finish: well under a minute.
-    assert failed_at - stopped_at[0] < 30 + 30, failed_at - stopped_at[0]
+    assert failed_at - done.at < 30 + 30, failed_at - done.at
     # What the worker ran for the stream was stopped with it (SIGKILL reaches a stopped process).
     left = host_sh(lab, WORKER, "pgrep -af 'image_stage.py receive|^docker load' || true")
     assert left == "", left

@@ -20,6 +20,12 @@ TRANSFER = (
     '| dd bs=64k status=progress 2>"$1/save" | cat >/dev/null\' transfer "$1"'
 )
 
+# A transfer whose stream ends (dd prints its end record), then waits 6 s for the worker's load.
+ENDED = (
+    'timeout 120 bash -c \'echo $$ >"$1.pid"; head -c 2000000 /dev/zero '
+    '| dd bs=64k status=progress 2>"$1/save" >/dev/null; sleep 6\' transfer "$1"'
+)
+
 
 def watch(meters: Path, stall: int, script: str, seconds: float) -> subprocess.CompletedProcess:
     """`script` (with the meters dir as $1) in the background, report_progress beside it every
@@ -64,11 +70,7 @@ def test_a_quiet_while_after_the_stream_ended_is_not_a_stall(tmp_path: Path) -> 
     which can take minutes, and the watchdog leaves it be."""
     meters = tmp_path / "meters"
     meters.mkdir()
-    ended = (
-        'timeout 120 bash -c \'echo $$ >"$1.pid"; head -c 2000000 /dev/zero '
-        '| dd bs=64k status=progress 2>"$1/save" >/dev/null; sleep 6\' transfer "$1"'
-    )
-    done = watch(meters, 2, ended, 60)
+    done = watch(meters, 2, ENDED, 60)
     assert "status 0" in done.stdout, (done.stdout, done.stderr)
     assert not (tmp_path / "meters.stalled").exists()
 
@@ -82,10 +84,6 @@ def test_an_earlier_stream_that_never_ended_its_log_does_not_make_a_later_one_st
     meters.mkdir()
     (meters / "relay").write_text("1048576 bytes (1.0 MB, 1.0 MiB) copied, 1 s, 1.0 MB/s\r")
     time.sleep(1.1)  # the relay's log is the older one, as it was written first
-    ended = (
-        'timeout 120 bash -c \'echo $$ >"$1.pid"; head -c 2000000 /dev/zero '
-        '| dd bs=64k status=progress 2>"$1/save" >/dev/null; sleep 6\' transfer "$1"'
-    )
-    done = watch(meters, 2, ended, 60)
+    done = watch(meters, 2, ENDED, 60)
     assert "status 0" in done.stdout, (done.stdout, done.stderr)
     assert not (tmp_path / "meters.stalled").exists()
