@@ -204,7 +204,7 @@ def test_a_worker_that_stops_taking_the_image_fails_the_copy_on_its_watchdog(
     # beside the copy, which the engine lets finish: well under a minute.
     assert failed_at - done.at < 30 + 30, failed_at - done.at
     # What the worker ran for the stream was stopped with it (SIGKILL reaches a stopped process).
-    left = host_sh(lab, WORKER, "pgrep -af 'image_stage.py receive|^docker load' || true")
+    left = host_sh(lab, WORKER, "pgrep -af '[i]mage_stage.py receive|^[d]ocker load' || true")
     assert left == "", left
 
 
