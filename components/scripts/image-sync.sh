@@ -257,6 +257,9 @@ resume_staged() {
 }
 
 started=$SECONDS
+# What an earlier run left loading on the worker (a head that died mid-copy, a load stopped by
+# hand) would race this copy's writes to the stage: stopped first (only a stream of ours).
+[ -z "${ARG_WORKER_BIN:-}" ] || stop_remote_load "$ARG_WORKER_BIN"
 held="$(layers_held "$ARG_TARGET")"
 [ "$held" != containerd ] || held=0
 stage="$(dirname "${ARG_WORKER_BIN:-/nonexistent/bin}")/image-stage/${ARG_IMAGE_ID#sha256:}"
