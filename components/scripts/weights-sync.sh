@@ -36,7 +36,8 @@ sent_line() {
 }
 meters="$(mktemp -d)"  # one dd progress log per transfer: what went into ssh, counted by dd
 reporter=""
-trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.pid" "$meters.stalled"; fabric_multiplex_end' EXIT
+plans="$(mktemp -d)"  # the facts copy_plan.py decides from, and its plans
+trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.pid" "$meters.stalled" "$plans"; fabric_multiplex_end' EXIT
 fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
 snapshot="$hub/$repo/snapshots/$commit"
@@ -48,6 +49,7 @@ if [ -d "$snapshot" ]; then
     head_size["$(basename "$blob")"]="$(stat -c %s "$blob")"
   done < <(find "$snapshot" -type l)
 fi
+for name in "${!head_size[@]}"; do echo "$name ${head_size[$name]}"; done >"$plans/head"
 export_fabric_ssh
 
 # metered_send LOG DEST REMOTE_COMMAND [CHAIN]: stdin to DEST's REMOTE_COMMAND over the fabric,
@@ -75,10 +77,9 @@ weights_fact() {
 # in one tar stream passed from worker to worker (relay.sh), when two or more lack it. Each
 # worker's own step then sends what is left for it (a blob held in part, the snapshot's links).
 relay_to_chain() {
-  local line name dest bin fact chain="" members=0 output status=0 size=0 position=0 blob held
-  local -a lines blobs=()
+  local line name dest bin fact chain="" members=0 output status=0 size="" position=0 kind blob
+  local -a lines blobs=() holdings=()
   local facts
-  declare -A held_somewhere=()
   facts="$(mktemp -d)"
   probe_members "$ARG_RELAY" "$facts" weights_fact
   mapfile -t lines <<<"$ARG_RELAY"
@@ -90,18 +91,20 @@ relay_to_chain() {
       unreachable | "") note "$name cannot be reached over the fabric: its own step copies the weights"; continue ;;
       has) continue ;;
     esac
-    while read -r blob held; do
-      [ "${held:-0}" = 0 ] || held_somewhere["$blob"]=1
-    done <<<"$fact"
+    printf '%s\n' "$fact" >"$plans/member$position"
+    holdings+=("$plans/member$position")
     chain+="$line"$'\n' members=$(( members + 1 ))
   done
   rm -rf "$facts"
   chain="${chain%$'\n'}"
   [ "$members" -ge 2 ] || return 0
-  for name in "${!head_size[@]}"; do
-    [ -n "${held_somewhere[$name]:-}" ] && continue
-    blobs+=("$repo/blobs/$name") size=$(( size + head_size[$name] ))
-  done
+  while read -r kind blob; do
+    case "$kind" in
+      send) blobs+=("$repo/blobs/$blob") ;;
+      total) size="$blob" ;;
+    esac
+  done < <(python3 "$SPARK_BIN/copy_plan.py" chain-blobs "$plans/head" "${holdings[@]}")
+  [ -n "$size" ] || { note "planning the relay chain failed (copy_plan.py): each worker's own step copies"; return 0; }
   [ "${#blobs[@]}" -gt 0 ] || return 0
   local names started=$SECONDS sink
   names="$(chain_names "$chain")"
@@ -136,24 +139,21 @@ if [ "$(worker_manifest "$ARG_TARGET" "$ARG_WORKER_BIN")" = "$ARG_MANIFEST" ]; t
   exit 0
 fi
 [ -d "$snapshot" ] || fail "the head has no snapshot $commit of $ARG_MODEL" "the fetch step did not complete"
-declare -A worker_size=()
 sizes="$(blob_sizes "$ARG_TARGET" "$ARG_WORKER_BIN")" \
   || fail "cannot read which blobs $ARG_WORKER has: ${sizes//$'\n'/ }" "the worker's scripts are missing (run pulumi up again)"
-while read -r name size; do worker_size["$name"]="$size"; done <<<"$sizes"
+printf '%s\n' "$sizes" >"$plans/worker"
 
-# Kept: whole on the worker. Resumed: an LFS blob (sha256-named, so checkable) held in part.
-# Sent whole: the rest (a git-sha1-named blob is small: sent again rather than resumed).
-kept=() resumed=() whole=() to_send=0
-for name in "${!head_size[@]}"; do
-  have="${worker_size[$name]:-0}" want="${head_size[$name]}"
-  if [ "$have" -eq "$want" ]; then
-    kept+=("$name")
-  elif [ "$have" -gt 0 ] && [ "$have" -lt "$want" ] && [[ "$name" =~ ^[0-9a-f]{64}$ ]]; then
-    resumed+=("$name:$have"); to_send=$(( to_send + want - have ))
-  else
-    whole+=("$repo/blobs/$name"); to_send=$(( to_send + want ))
-  fi
-done
+# What is kept, resumed and sent whole, and why: copy_plan.py (table-tested).
+kept=() resumed=() whole=() to_send=""
+while read -r kind name have; do
+  case "$kind" in
+    kept) kept+=("$name") ;;
+    resume) resumed+=("$name:$have") ;;
+    send) whole+=("$repo/blobs/$name") ;;
+    total) to_send="$name" ;;
+  esac
+done < <(python3 "$SPARK_BIN/copy_plan.py" blobs "$plans/head" "$plans/worker")
+[ -n "$to_send" ] || fail "planning the copy of $ARG_MODEL to $ARG_WORKER failed" "the head's python3 (copy_plan.py) did not run"
 echo "$ARG_WORKER: $ARG_MODEL@$commit: ${#kept[@]} blob(s) kept, ${#resumed[@]} resumed, ${#whole[@]} to send; $to_send of $bytes bytes to go" >&2
 
 started=$SECONDS

@@ -1,0 +1,104 @@
+"""copy_plan.py: the weights copy's decisions, facts in and plan out (as pyinfra tests its
+operations), for every case the lab covers (kept, resumed after a cut, sent whole, relayed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "components" / "scripts" / "copy_plan.py"
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("copy_plan", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["copy_plan"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+plan = load()
+
+LFS = "a" * 64  # an LFS blob: named by its sha256
+LFS2 = "b" * 64
+GIT = "c" * 40  # a git blob (config.json, tokenizer files): sha1-named, small
+HEAD = {LFS: 8_000_000, LFS2: 4_000_000, GIT: 2_000}
+
+
+@pytest.mark.parametrize(
+    ("worker", "kept", "resumed", "whole", "to_send"),
+    [
+        # Nothing there: everything goes.
+        ({}, [], {}, [LFS, LFS2, GIT], 12_002_000),
+        # Up to date: nothing goes.
+        (dict(HEAD), [LFS, LFS2, GIT], {}, [], 0),
+        # A copy cut midway (the lab's weights cut): the part resumes, the rest goes whole.
+        ({LFS: 3_000_000, GIT: 2_000}, [GIT], {LFS: 3_000_000}, [LFS2], 9_000_000),
+        # A git blob held in part is small: sent again, not resumed (nothing to check it by).
+        ({LFS: 8_000_000, LFS2: 4_000_000, GIT: 1_000}, [LFS, LFS2], {}, [GIT], 2_000),
+        # More than the head has (another file under that name): sent whole, not trusted.
+        ({LFS: 9_000_000, LFS2: 4_000_000, GIT: 2_000}, [LFS2, GIT], {}, [LFS], 8_000_000),
+        # Reported as absent (0 bytes): sent whole.
+        ({LFS: 0, LFS2: 4_000_000, GIT: 2_000}, [LFS2, GIT], {}, [LFS], 8_000_000),
+    ],
+)
+def test_each_blob_is_kept_resumed_or_sent_whole(
+    worker: dict[str, int], kept: list[str], resumed: dict[str, int], whole: list[str], to_send: int
+) -> None:
+    result = plan.plan_blobs(HEAD, worker)
+    assert (sorted(result.kept), result.resumed, sorted(result.whole)) == (
+        sorted(kept),
+        resumed,
+        sorted(whole),
+    )
+    assert result.to_send == to_send
+
+
+@pytest.mark.parametrize(
+    ("members", "carried"),
+    [
+        # Two workers with nothing: the chain carries every blob.
+        ([{}, {}], [LFS, LFS2, GIT]),
+        # One holds a part of a blob: that blob is left to the members' own steps (the part is
+        # resumed there, not overwritten by the stream); the rest rides the chain.
+        ([{LFS: 3_000_000}, {}], [LFS2, GIT]),
+        # What every member holds whole needs no chain either.
+        ([{GIT: 2_000}, {GIT: 2_000, LFS2: 0}], [LFS, LFS2]),
+    ],
+)
+def test_a_relay_chain_carries_the_blobs_no_member_holds(
+    members: list[dict[str, int]], carried: list[str]
+) -> None:
+    assert plan.chain_blobs(HEAD, members) == sorted(carried)
+
+
+def sizes_file(path: Path, sizes: dict[str, int]) -> Path:
+    path.write_text("".join(f"{name} {size}\n" for name, size in sizes.items()))
+    return path
+
+
+def test_the_script_prints_the_plan_weights_sync_reads(tmp_path: Path) -> None:
+    head = sizes_file(tmp_path / "head", HEAD)
+    worker = sizes_file(tmp_path / "worker", {LFS: 3_000_000, GIT: 2_000})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "blobs", str(head), str(worker)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == [
+        f"kept {GIT}",
+        f"resume {LFS} 3000000",
+        f"send {LFS2}",
+        "total 9000000",
+    ]
+    member = sizes_file(tmp_path / "member1", {LFS: 3_000_000})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "chain-blobs", str(head), str(member), str(worker)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == [f"send {LFS2}", "total 4000000"]
