@@ -166,25 +166,27 @@ image_fact() {
 # relay_to_chain: one stream through every worker of --relay that lacks the image, when two or
 # more do; the others (and any a hop failed to reach) are left to their own steps.
 relay_to_chain() {
-  local line name dest fact unpack chain="" least="" members=0 zstd=yes output status=0 position=0
-  local -a lines
+  local line name chain="" least="" members=0 zstd="" output status=0 position kind value
+  local -a lines fact_files=()
   local facts
   facts="$(mktemp -d)"
   probe_members "$ARG_RELAY" "$facts" image_fact
   mapfile -t lines <<<"$ARG_RELAY"
-  for line in "${lines[@]}"; do
-    IFS="|" read -r name dest _ <<<"$line"
-    position=$(( position + 1 ))
-    read -r fact unpack <"$facts/$position" || fact=unreachable
-    case "$fact" in
-      unreachable) note "$name cannot be reached over the fabric: its own step copies the image"; continue ;;
-      has | staged | containerd) continue ;;
+  for position in $(seq "${#lines[@]}"); do fact_files+=("$facts/$position"); done
+  # Which workers the chain takes, and what they all hold: copy_plan.py (table-tested).
+  while read -r kind position value; do
+    case "$kind" in
+      member) chain+="${lines[position - 1]}"$'\n' members=$(( members + 1 )) ;;
+      skip)
+        [ "$value" = unreachable ] || continue
+        IFS="|" read -r name _ <<<"${lines[position - 1]}"
+        note "$name cannot be reached over the fabric: its own step copies the image" ;;
+      least) least="$position" ;;
+      zstd) zstd="$position" ;;
     esac
-    [ "$unpack" = zstd ] || zstd=no
-    { [ -n "$least" ] && [ "$least" -le "$fact" ]; } || least="$fact"
-    chain+="$line"$'\n' members=$(( members + 1 ))
-  done
+  done < <(python3 "$SPARK_BIN/copy_plan.py" image-chain "${fact_files[@]}")
   rm -rf "$facts"
+  [ -n "$zstd" ] || { note "planning the relay chain failed (copy_plan.py): each worker's own step copies"; return 0; }
   chain="${chain%$'\n'}"
   [ "$members" -ge 2 ] || return 0
   [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null && [ "$zstd" = yes ] \

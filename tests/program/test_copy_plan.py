@@ -102,3 +102,50 @@ def test_the_script_prints_the_plan_weights_sync_reads(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert done.stdout.splitlines() == [f"send {LFS2}", "total 4000000"]
+
+
+@pytest.mark.parametrize(
+    ("facts", "members", "skipped", "least", "zstd"),
+    [
+        # Three workers with nothing: all in, the whole image (no layer held by all), zstd.
+        (["0 zstd", "0 zstd", "0 zstd"], [1, 2, 3], {}, 0, True),
+        # An update: the stream leaves out the leading layers every member holds (the least).
+        (["5 zstd", "3 zstd", "4 plain"], [1, 2, 3], {}, 3, False),
+        # Who has the image, has a cut copy staged (its own step resumes it), or whose loader
+        # wants every blob (containerd: its own step sends it whole) stays out; so does one the
+        # head cannot reach, or whose probe said nothing.
+        (
+            ["has", "2 zstd", "staged", "containerd", "unreachable", "", "2 zstd"],
+            [2, 7],
+            {1: "has", 3: "staged", 4: "containerd", 5: "unreachable", 6: "unreachable"},
+            2,
+            True,
+        ),
+        # A probe answer that is no fact at all counts as unreachable, never as a member.
+        (["garbage here"], [], {1: "unreachable"}, 0, True),
+    ],
+)
+def test_an_image_chain_takes_the_workers_that_lack_the_image_and_can_load_it(
+    facts: list[str], members: list[int], skipped: dict[int, str], least: int, zstd: bool
+) -> None:
+    chain = plan.image_chain(facts)
+    assert (chain.members, chain.skipped, chain.least, chain.zstd) == (
+        members,
+        skipped,
+        least,
+        zstd,
+    )
+
+
+def test_the_image_chain_plan_is_printed_for_image_sync(tmp_path: Path) -> None:
+    files = []
+    for position, fact in enumerate(["3 zstd", "unreachable", "1 plain"], start=1):
+        files.append(tmp_path / str(position))
+        files[-1].write_text(fact + "\n")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "image-chain", *map(str, files)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == [
+        "member 1", "member 3", "skip 2 unreachable", "least 1", "zstd no",
+    ]  # fmt: skip
