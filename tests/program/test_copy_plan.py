@@ -3,27 +3,18 @@ operations), for every case the lab covers (kept, resumed after a cut, sent whol
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "components" / "scripts" / "copy_plan.py"
+from tests.program.test_scripts import SCRIPTS, load
+
+SCRIPT = SCRIPTS / "copy_plan.py"
 
 
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("copy_plan", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["copy_plan"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-plan = load()
+plan = load("copy_plan")
 
 LFS = "a" * 64  # an LFS blob: named by its sha256
 LFS2 = "b" * 64

@@ -3,30 +3,21 @@ and the memory check's budget; pure functions table-tested, then the script on a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "components" / "scripts" / "kv_sizing.py"
+from tests.program.test_scripts import SCRIPTS, load
+
+SCRIPT = SCRIPTS / "kv_sizing.py"
 GIB = 1024**3
 
 
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kv_sizing", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kv_sizing"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-kv = load()
+kv = load("kv_sizing")
 
 # Shapes of real configs (the fields vLLM reads), trimmed.
 LLAMA_70B = {  # GQA: 8 KV heads of 128, 80 layers, bf16
