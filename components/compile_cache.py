@@ -18,7 +18,7 @@ from stacks.plan.nodes import DeploymentPlan
 class CompileCacheArgs:
     plan: DeploymentPlan
     hosts: list[Host]
-    image_id: pulumi.Output[str]  # its delete empties the cache from a container of this image
+    image: pulumi.Output[str]  # pinned name: its delete empties the cache from a container of it
     image_ready: dict[str, pulumi.Resource]  # by node name: the image is there after it
 
 
@@ -35,7 +35,7 @@ class CompileCache(pulumi.ComponentResource):
         self.ready = {
             host.node.name: host_step(
                 Pending(
-                    args.image_id,
+                    args.image,
                     functools.partial(image.compile_cache, args.plan, name, host.node),
                 ),
                 [host],

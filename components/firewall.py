@@ -21,7 +21,7 @@ from stacks.plan.nodes import DeploymentPlan
 class FirewallArgs:
     plan: DeploymentPlan
     hosts: list[Host]
-    image_id: pulumi.Output[str]  # the guard runs from the serving image (bash, chroot)
+    image: pulumi.Output[str]  # the serving image's pinned name: the guard runs from it
     image_ready: dict[str, pulumi.Resource]  # by node name
     checked: pulumi.Resource  # the last check (ServerMemory): nothing starts before it passed
 
@@ -45,7 +45,7 @@ class Firewall(pulumi.ComponentResource):
             guard = service_container(
                 f"{name}-{node.name}-guard",
                 firewall_container(plan, node, host.mounts_token, entry_scripts()),
-                args.image_id,
+                args.image,
                 provider=host.provider,
                 parent=self,
                 after=[*host.prepared, args.image_ready[node.name], args.checked],

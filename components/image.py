@@ -24,12 +24,14 @@ class ImageDistributionArgs:
 
 
 class ImageDistribution(pulumi.ComponentResource):
-    """Every node ends up with the same image ID; a worker that has it already is skipped.
+    """Every node ends up with the same image, by content, under one pinned name; a worker
+    that has it already is skipped.
 
     Steps re-run only when the image ID changes, so a moved tag is a real diff in preview.
     """
 
     image_id: pulumi.Output[str]
+    pinned: pulumi.Output[str]  # its name on every node (stacks/plan/image.py pinned_image)
     present_on: dict[str, pulumi.Resource]  # node name -> the step after which it has the image
     facts: pulumi.Output[dict[str, str]]  # what the image carries (vllm, ray, python, machine)
 
@@ -55,6 +57,7 @@ class ImageDistribution(pulumi.ComponentResource):
             ),
         )
         self.image_id = pulled.image_id
+        self.pinned = self.image_id.apply(image.pinned_image)
         recorded = host_step(
             Pending(self.image_id, functools.partial(image.record_image, plan, name)),
             [head],
@@ -76,7 +79,7 @@ class ImageDistribution(pulumi.ComponentResource):
         # Each node runs the image once before anything starts from it (image-facts.sh).
         checked = {
             host.node.name: host_step(
-                Pending(self.image_id, functools.partial(image.image_facts, plan, name, host.node)),
+                Pending(self.pinned, functools.partial(image.image_facts, plan, name, host.node)),
                 [host],
                 parent=self,
                 after=[synced[host.node.name]],
@@ -87,7 +90,9 @@ class ImageDistribution(pulumi.ComponentResource):
         self.facts = checked[head.node.name].stdout.apply(image.parse_image_facts)
         if plan.uses_ray:
             self.facts.apply(_warn_about_ray)
-        self.register_outputs({"imageId": self.image_id, "facts": self.facts})
+        self.register_outputs(
+            {"imageId": self.image_id, "pinned": self.pinned, "facts": self.facts}
+        )
 
 
 def _warn_about_ray(facts: dict[str, str]) -> None:

@@ -21,7 +21,7 @@ from stacks.plan.nodes import DeploymentPlan, ServerSizing, checked_sizing, fixe
 class ServerMemoryArgs:
     plan: DeploymentPlan
     head: Host
-    image_id: pulumi.Output[str]
+    image: pulumi.Output[str]  # its pinned name (stacks/plan/image.py pinned_image)
     manifest: pulumi.Output[str]  # the head's snapshot, "commit files bytes" (vllm.kvCache)
     weights_ready: list[pulumi.Resource]  # the weights (and so the image) on every node
 
@@ -52,10 +52,11 @@ class ServerMemory(pulumi.ComponentResource):
 
 
 def _check_value(plan: DeploymentPlan, args: ServerMemoryArgs) -> pulumi.Output[str]:
-    """What the check's command lines need once known: the image ID, and the snapshot's commit
-    when the check sizes the KV cache (a stack without vllm.kvCache keeps its command)."""
+    """What the check's command lines need once known: the image's pinned name, and the
+    snapshot's commit when the check sizes the KV cache (a stack without vllm.kvCache keeps
+    its command)."""
     if not hardware.sizes_kv_cache(plan):
-        return args.image_id
-    return pulumi.Output.all(args.image_id, args.manifest).apply(
+        return args.image
+    return pulumi.Output.all(args.image, args.manifest).apply(
         lambda values: hardware.memory_check_value(values[0], values[1])
     )

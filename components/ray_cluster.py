@@ -23,7 +23,7 @@ class RayClusterArgs:
     plan: DeploymentPlan
     head: Host
     workers: list[Host]
-    image_id: pulumi.Output[str]
+    image: pulumi.Output[str]  # its pinned name (stacks/plan/image.py pinned_image)
     image_ready: dict[str, pulumi.Resource]
     memory_checked: pulumi.Resource  # measured before anything of ours starts (ServerMemory)
     firewalled: dict[str, pulumi.Resource]  # by node name: its rules hold (none: firewall off)
@@ -51,7 +51,7 @@ class RayCluster(pulumi.ComponentResource):
         ]
         containers = [self.head_container, *self.worker_containers]
         self.joined = host_step(
-            Pending(args.image_id, functools.partial(server.ray_wait, plan, name)),
+            Pending(args.image, functools.partial(server.ray_wait, plan, name)),
             [args.head],
             parent=self,
             after=containers,
@@ -71,7 +71,7 @@ class RayCluster(pulumi.ComponentResource):
         return service_container(
             resource_name,
             ray_container(args.plan, host.node, host.mounts_token, entry_scripts()),
-            args.image_id,
+            args.image,
             provider=host.provider,
             parent=self,
             after=[

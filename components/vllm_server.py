@@ -34,7 +34,7 @@ class VllmServerArgs:
     plan: DeploymentPlan
     head: Host
     workers: list[Host]
-    image_id: pulumi.Output[str]
+    image: pulumi.Output[str]  # its pinned name (stacks/plan/image.py pinned_image)
     image_ready: dict[str, pulumi.Resource]  # by node name
     memory_checked: pulumi.Resource  # measured before anything of ours starts (ServerMemory)
     ray: RayCluster | None  # executor ray: the cluster the server joins; mp: none
@@ -106,7 +106,7 @@ class VllmServer(pulumi.ComponentResource):
         )
         containers = [self.container, *self.headless_containers, args.front]
         self.readiness = host_step(
-            Pending(args.image_id, functools.partial(server.vllm_ready, plan, name)),
+            Pending(args.image, functools.partial(server.vllm_ready, plan, name)),
             [head],
             parent=self,
             after=containers,
@@ -132,7 +132,7 @@ class VllmServer(pulumi.ComponentResource):
         return service_container(
             resource_name,
             spec(sizing if isinstance(sizing, ServerSizing) else ServerSizing(PENDING)),
-            args.image_id,
+            args.image,
             command=None
             if isinstance(sizing, ServerSizing)
             else sizing.apply(lambda known: list(spec(known).command)),

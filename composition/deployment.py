@@ -117,18 +117,18 @@ def build_deployment(settings: Settings) -> Deployment:
     memory = ServerMemory(
         "memory",
         ServerMemoryArgs(
-            plan, head, image.image_id, weights.manifest, list(weights.present_on.values())
+            plan, head, image.pinned, weights.manifest, list(weights.present_on.values())
         ),
     )
     firewall = Firewall(
         "firewall",
-        FirewallArgs(plan, [head, *workers], image.image_id, image.present_on, memory.check),
+        FirewallArgs(plan, [head, *workers], image.pinned, image.present_on, memory.check),
     )
     front = Front("front", FrontArgs(plan, head, settings.api_key, memory.check))
     # Ray's and vLLM's containers start once the image and the node's compile cache are there.
     cache = CompileCache(
         "compile-cache",
-        CompileCacheArgs(plan, [head, *workers], image.image_id, image.present_on),
+        CompileCacheArgs(plan, [head, *workers], image.pinned, image.present_on),
     )
     ray = (
         RayCluster(
@@ -137,7 +137,7 @@ def build_deployment(settings: Settings) -> Deployment:
                 plan,
                 head,
                 workers,
-                image.image_id,
+                image.pinned,
                 cache.ready,
                 memory.check,
                 firewall.ready,
@@ -152,7 +152,7 @@ def build_deployment(settings: Settings) -> Deployment:
             plan,
             head,
             workers,
-            image.image_id,
+            image.pinned,
             cache.ready,
             memory.check,
             ray,

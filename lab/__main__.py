@@ -29,6 +29,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fabric-ifnames", default="", help="comma-separated, one per host")
     p.add_argument("--fabric-rate", default=None, help="e.g. 1gbit: tc shaping on the fabric")
     p.add_argument("--shm-size", default="1g")
+    p.add_argument(
+        "--engines",
+        default="",
+        help="comma-separated Docker engine per host: 20.10 (default), 26, 26-containerd",
+    )
     p.add_argument("--no-image", action="store_true", help="skip building/importing the image")
     p.add_argument("--no-model", action="store_true", help="skip seeding the head's HF cache")
     return p
@@ -47,6 +52,7 @@ def spec_from(args: argparse.Namespace) -> LabSpec:
         cache_dir=args.cache_dir,
         fabric_ifnames=ifnames,
         fabric_rate=args.fabric_rate,
+        engines=tuple(e for e in args.engines.split(",") if e),
         shm_size=args.shm_size,
         with_image=not args.no_image,
         with_model=not args.no_model,

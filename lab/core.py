@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from lab import client, hfmodel, image, net
+from lab import client, engines, hfmodel, image, net
 from lab.hosts import (
     Node,
     boot,
@@ -197,6 +197,8 @@ class Lab:
                 if self.spec.with_image
                 else None
             )
+            for engine in sorted(set(self.spec.engines)):
+                engines.ensure_fetched(self.spec.cache_dir, engine)
             net.build_network(self.spec)
             nodes = nodes_of(self.spec)
             pids = {}
@@ -232,6 +234,7 @@ class Lab:
                 host_key=host_public_key(self.node(name)),
                 netns=spec.netns(name),
                 is_head=(i == 0),
+                engine=spec.engine(i),
             )
             for i, name in enumerate(spec.host_names)
         ]

@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.engines import DEFAULT_ENGINE, daemon_json, fetched_dir, storage_driver
 from lab.net import NETNS_DIR
 from lab.proc import SCRIPTS_DIR, LabError, ensure_ed25519_key, ok, run, tail, wait_until
 from lab.spec import LabSpec
@@ -32,6 +33,8 @@ class Node:
     listen: tuple[str, ...]  # addresses sshd binds
     with_docker: bool
     cgroup_parent: str
+    engine: str = DEFAULT_ENGINE  # lab/engines.py
+    engine_dir: Path | None = None  # its unpacked binaries (None: the machine's own Docker)
 
     @property
     def host_key_path(self) -> Path:
@@ -71,8 +74,18 @@ def nodes_of(spec: LabSpec) -> list[Node]:
         listen: tuple[str, ...] = (spec.host_mgmt_ip(i), spec.host_fabric_ip(i))
         if spec.topology == "jump" and i == 0:
             listen = (*listen, spec.outside_far_ip)
+        engine = spec.engine(i)
         nodes.append(
-            Node(name, spec.netns(name), base / name, listen, True, spec.cgroup_parent(name))
+            Node(
+                name,
+                spec.netns(name),
+                base / name,
+                listen,
+                True,
+                spec.cgroup_parent(name),
+                engine,
+                fetched_dir(spec.cache_dir, engine),
+            )
         )
     return nodes
 
@@ -97,7 +110,7 @@ def prepare_files(spec: LabSpec, node: Node, client_pubkey: str) -> None:
     auth.chmod(0o600)
     (node.hostdir / "etc/hosts").write_text(etc_hosts(spec, node.name, node.listen[0]))
     (node.hostdir / "etc/hostname").write_text(node.name + "\n")
-    (node.hostdir / "etc/docker/daemon.json").write_text("{}\n")
+    (node.hostdir / "etc/docker/daemon.json").write_text(daemon_json(node.engine))
     own_etc_ssh(node.hostdir / "etc/ssh")
     ensure_ed25519_key(node.host_key_path, f"{node.name}-host", f"{node.name}: host key")
     listen = "\n".join(f"ListenAddress {addr}" for addr in node.listen)
@@ -179,6 +192,7 @@ def start_init(spec: LabSpec, node: Node) -> int:
         node.name,
         str(node.hostdir),
         spec.shm_size,
+        str(node.engine_dir or ""),
     ]
     # A session of its own: the host outlives this Python process (the CLI exits after `up`).
     proc = subprocess.Popen(
@@ -228,6 +242,8 @@ def start_daemons(node: Node, pid: int) -> None:
         str(node.hostdir),
         "1" if node.with_docker else "0",
         node.cgroup_parent,
+        str(node.engine_dir or ""),
+        storage_driver(node.engine),
     ]
     run(in_host(pid, argv), timeout=30, what=f"{node.name}: start daemons (host-daemons.sh)")
 

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lab.engines import DEFAULT_ENGINE, ENGINES
+
 Topology = Literal["bastion", "jump"]
 
 DEFAULT_STATE_DIR = Path("/var/lib/spark-vllm-lab")
@@ -47,6 +49,7 @@ class LabSpec:
     cache_dir: Path = DEFAULT_CACHE_DIR
     fabric_ifnames: tuple[str, ...] = ()  # per host; empty or shorter -> DEFAULT_FABRIC_IFNAME
     fabric_rate: str | None = None  # e.g. "1gbit": tc tbf on every host's fabric interface
+    engines: tuple[str, ...] = ()  # per host (lab/engines.py); empty or shorter -> 20.10
     shm_size: str = "1g"
     with_image: bool = True
     with_model: bool = True
@@ -68,6 +71,11 @@ class LabSpec:
                 raise SpecError(f"bad fabric interface name {name!r} (max 15 chars, not reserved)")
         if len(self.fabric_ifnames) > self.hosts:
             raise SpecError("more fabric interface names than hosts")
+        for engine in self.engines:
+            if engine not in ENGINES:
+                raise SpecError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if len(self.engines) > self.hosts:
+            raise SpecError("more engines than hosts")
         self._check_subnets()
         self._check_state_dir()
 
@@ -120,6 +128,10 @@ class LabSpec:
             return self.fabric_ifnames[index]
         return DEFAULT_FABRIC_IFNAME
 
+    def engine(self, index: int) -> str:
+        """The Docker engine of host `index` (0-based)."""
+        return self.engines[index] if index < len(self.engines) else DEFAULT_ENGINE
+
     @property
     def bastion_mgmt_ip(self) -> str:
         return str(self.mgmt_net.network_address + 1)
@@ -160,6 +172,7 @@ class HostInfo:
     host_key: str  # "ssh-ed25519 AAAA..." (no comment)
     netns: str
     is_head: bool
+    engine: str = DEFAULT_ENGINE  # lab/engines.py
 
 
 @dataclass(frozen=True)

@@ -80,15 +80,14 @@ class ImageChain:
 
 def image_chain(facts: list[str]) -> ImageChain:
     """Which workers an image chain takes, from each one's fact: `unreachable`, `has` (the
-    image), `staged` (a copy cut earlier: its own step resumes it), `containerd` (its loader
-    wants every blob: its own step sends the image whole), or `HELD zstd|plain`."""
+    image), `staged` (a copy cut earlier: its own step resumes it), or `HELD zstd|plain`."""
     chain = ImageChain()
     held: list[int] = []
     for position, line in enumerate(facts, start=1):
         words = line.split()
         fact = words[0] if words else "unreachable"
         if not fact.isdigit():
-            known = fact in ("has", "staged", "containerd")
+            known = fact in ("has", "staged")
             chain.skipped[position] = fact if known else "unreachable"
             continue
         chain.members.append(position)

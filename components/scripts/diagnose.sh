@@ -50,7 +50,7 @@ check_rendezvous() {
 }
 
 # check_nodes: the known causes that can be checked on each node, not only read in its logs.
-# Uses --node-checks "node|dest|bin ..." (dest "-" is this host), and --image-id, --model,
+# Uses --node-checks "node|dest|bin ..." (dest "-" is this host), and --image, --model,
 # --revision, --cache-dir when given.
 check_nodes() {
   local node dest bin out run
@@ -66,9 +66,9 @@ check_nodes() {
     fi
     printf '  %s: %s MiB of memory available\n' "$node" "$out"
     [ "$dest" = "-" ] || check_rendezvous "$node" run
-    if [ -n "${ARG_IMAGE_ID:-}" ] \
-       && ! "${run[@]}" "$(words docker image inspect "$ARG_IMAGE_ID") >/dev/null 2>&1"; then
-      printf '  likely cause: the image %s is missing on %s\n' "$ARG_IMAGE_ID" "$node"
+    if [ -n "${ARG_IMAGE:-}" ] \
+       && ! "${run[@]}" "$(words docker image inspect "$ARG_IMAGE") >/dev/null 2>&1"; then
+      printf '  likely cause: the image %s is missing on %s\n' "$ARG_IMAGE" "$node"
     fi
     if [ -n "${ARG_MODEL:-}" ] && ! out="$("${run[@]}" "$(words bash "$bin/hf-manifest.sh" --host "$node" \
         --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL" --revision "$ARG_REVISION")" 2>&1)"; then

@@ -2,16 +2,16 @@
 # On any node: what the serving image carries, read before any container starts from it: its
 # architecture against this host's, then (run once, no network) vllm and ray present, their
 # versions, and with --check-flags yes, vllm.extraArgs against the image's own `vllm serve`.
-#   image-facts.sh --host H --image-id ID --ref REF --extra-args JSON --check-flags yes|no
+#   image-facts.sh --host H --image NAME --ref REF --extra-args JSON --check-flags yes|no
 #                  --executor ray|mp --timeout-seconds S [--kv-cache yes]
 # (--kv-cache yes: vllm.kvCache is set, so `vllm serve` must take --kv-cache-memory-bytes.)
 # Prints `spark-vllm-image-facts {json}` as its last line.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
-require host image-id ref extra-args check-flags executor timeout-seconds
+require host image ref extra-args check-flags executor timeout-seconds
 
-image_arch="$(docker image inspect --format '{{.Architecture}}' "$ARG_IMAGE_ID" 2>/dev/null)" \
-  || fail "image $ARG_REF ($ARG_IMAGE_ID) is not on this host" "it was removed after the pull or the copy; run 'pulumi up --refresh'"
+image_arch="$(docker image inspect --format '{{.Architecture}}' "$ARG_IMAGE" 2>/dev/null)" \
+  || fail "image $ARG_REF ($ARG_IMAGE) is not on this host" "it was removed after the pull or the copy; run 'pulumi up --refresh'"
 case "$(uname -m)" in
   x86_64) host_arch=amd64 ;;
   aarch64 | arm64) host_arch=arm64 ;;
@@ -24,7 +24,7 @@ esac
 set +e
 output="$(timeout "$ARG_TIMEOUT_SECONDS" docker run --rm --network none \
   -v "$SPARK_BIN/image_facts.py:/spark-vllm/image_facts.py:ro" \
-  --entrypoint python3 "$ARG_IMAGE_ID" /spark-vllm/image_facts.py \
+  --entrypoint python3 "$ARG_IMAGE" /spark-vllm/image_facts.py \
   "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" "$ARG_EXECUTOR" "${ARG_KV_CACHE:-no}" 2>&1)"
 status=$?
 set -e

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# On the head: stream the image to one worker over the fabric, unless it already has the same ID.
+# On the head: stream the image to one worker over the fabric, unless it already has it.
 #   image-sync.sh --host H --worker W --target ssh://user@ip:port --image-id ID --ref REF
-#                 --timeout-minutes M [--compress zstd|none] [--progress-seconds S]
+#                 --pinned NAME --worker-bin DIR --timeout-minutes M [--compress zstd|none]
+#                 [--progress-seconds S]
 #                 [--stall-seconds S] (a stream that moves nothing for S seconds is stopped)
 #                 [--fabric-key K --fabric-known-hosts F]
-#                 [--worker-bin DIR] (the worker's scripts: what a cut copy left is staged beside)
+# The worker loads it with its own image-load.sh (in DIR, its scripts), which stages what arrives
+# beside DIR and names the image NAME, the name every container uses there. "Has it" means NAME
+# is there with the head's image's content (image_layers.py identity): an image ID differs
+# between Docker's classic store and the containerd image store for the same image.
 #                 [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
 #                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # `docker load` tags only after the whole stream arrived, so a cut link leaves nothing tagged.
 # Layers the worker already holds (an update of an image it has) are not sent: the saved stream
-# carries them as empty files, which `docker load` never reads (image_layers.py says why). A
-# worker whose Docker keeps images in containerd (whose loader wants every blob) gets it whole,
-# and so does a worker whose load of the thinned stream fails.
+# carries them as empty files, which `docker load` never reads (image_layers.py says why). The
+# containerd image store takes such a stream too: its loader skips a blob it holds, and its
+# unpacker a layer whose chain it has unpacked (checked in the lab with Docker 26.1); a worker
+# whose load of the thinned stream fails anyway gets the image whole.
 # A copy cut midway does not start again from nothing: the worker stages what arrives
 # (image_stage.py receive, beside its scripts in image-stage/), and the next copy sends only
 # what the stage lacks, completing a member staged in part from where it stopped.
@@ -22,12 +27,12 @@
 # Prints `spark-vllm-image-sent {"bytes": N, "layersKept": K, "layers": L, "relayed": R}` last.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
-require host worker target image-id ref timeout-minutes
+require host worker target image-id ref pinned worker-bin timeout-minutes
 if [ "${ARG_REMOVE:-no}" = yes ]; then
   # Destroy with image.keepOnDestroy false: untag and remove it on the worker (gone is fine),
   # and what a cut copy left staged, in the worker's state leaf while it is this deployment's.
-  fabric_ssh "$ARG_TARGET" "$(words docker image rm "$ARG_REF" "$ARG_IMAGE_ID") >/dev/null 2>&1 || true"
-  if [ -n "${ARG_WORKER_BIN:-}" ] && [ -n "${ARG_OWNER:-}" ]; then
+  fabric_ssh "$ARG_TARGET" "$(words docker image rm "$ARG_PINNED" "$ARG_REF" "$ARG_IMAGE_ID") >/dev/null 2>&1 || true"
+  if [ -n "${ARG_OWNER:-}" ]; then
     leaf="$(dirname "$ARG_WORKER_BIN")"
     fabric_ssh "$ARG_TARGET" "if [ \"\$(cat $(words "$leaf/.spark-vllm-owner") 2>/dev/null)\" = $(words "$ARG_OWNER") ]; then rm -rf $(words "$leaf/image-stage"); fi" || true
   fi
@@ -36,20 +41,18 @@ fi
 # Every probe of a worker's Docker is bounded: a wedged daemon answers nothing, and the copy
 # that follows then fails on its watchdog, naming the worker, instead of hanging here.
 PROBE_SECONDS=60
-# remote_id DEST: the image ID DEST has for this image (empty when it lacks it).
-remote_id() {
-  fabric_ssh "$1" "$(words timeout "$PROBE_SECONDS" docker image inspect --format '{{.Id}}' "$ARG_IMAGE_ID") 2>/dev/null || true"
+# remote_has DEST: DEST has the image under its pinned name, with the head's image's content.
+remote_has() {
+  local found
+  found="$(fabric_ssh "$1" "$(words timeout "$PROBE_SECONDS" docker image inspect "$ARG_PINNED") 2>/dev/null" \
+    | python3 "$SPARK_BIN/image_layers.py" identity 2>/dev/null || true)"
+  [ -n "$identity" ] && [ "$found" = "$identity" ]
 }
-# layers_held DEST: how many of the image's leading layers DEST holds, or `containerd` when its
-# Docker keeps images there (every image's layers, one JSON list a line, after its store).
+# layers_held DEST: how many of the image's leading layers DEST holds (from every image's layers
+# there, one JSON list a line).
 layers_held() {
-  local held
-  held="$(fabric_ssh "$1" "timeout $PROBE_SECONDS docker info --format '{{json .DriverStatus}}'; timeout $PROBE_SECONDS docker image ls -q --no-trunc | sort -u | xargs -r timeout $PROBE_SECONDS docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null || true)"
-  if [[ "$held" == *io.containerd.snapshotter* ]]; then
-    echo containerd
-  else
-    tail -n +2 <<<"$held" | python3 "$SPARK_BIN/image_layers.py" held "$layers" 2>/dev/null || echo 0
-  fi
+  fabric_ssh "$1" "timeout $PROBE_SECONDS docker image ls -q --no-trunc | sort -u | xargs -r timeout $PROBE_SECONDS docker image inspect --format '{{json .RootFS.Layers}}'" 2>/dev/null \
+    | python3 "$SPARK_BIN/image_layers.py" held "$layers" 2>/dev/null || echo 0
 }
 # has_zstd DEST: DEST can unpack a zstd stream.
 has_zstd() { fabric_ssh "$1" "command -v zstd" >/dev/null 2>&1; }
@@ -59,8 +62,9 @@ reporter=""
 trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.staged" "$meters.pid" "$meters.stalled"; fabric_multiplex_end' EXIT
 fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
-docker image inspect "$ARG_IMAGE_ID" >/dev/null 2>&1 \
-  || [ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ] \
+# The image's content identity, what a worker's copy is compared with (image_layers.py).
+identity="$(docker image inspect "$ARG_IMAGE_ID" 2>/dev/null | python3 "$SPARK_BIN/image_layers.py" identity || true)"
+[ -n "$identity" ] \
   || fail "image $ARG_IMAGE_ID is not on the head" "it was removed after the pull; run 'pulumi up --refresh'"
 # Save by reference when it names this exact image (keeps the tag), else by ID.
 source_ref="$ARG_IMAGE_ID"
@@ -102,15 +106,13 @@ stream_size() {
     python3 "$SPARK_BIN/image_layers.py" to-send "$index" "$1" "$staged_names"
   fi
 }
-# load_command BIN: what a worker runs to load the stream, BIN its scripts (a shell word): stage
-# what arrives (image_stage.py), load it, and drop the stage once the load succeeded. Its shell
-# (sshd made it a session leader) records its process group beside the stage first, so a stalled
-# copy can stop it there too (stop_remote_load).
+# load_command BIN: what a worker runs to load the stream, BIN its scripts (a shell word): its
+# image-load.sh stages what arrives, loads it, names it, and records its process group beside
+# the stage first, so a stalled copy can stop it there too (stop_remote_load).
 load_command() {
-  local stage
-  stage="\"\$(dirname $1)\"/image-stage/${ARG_IMAGE_ID#sha256:}"
-  printf 'mkdir -p %s && echo $$ > %s.pid && %s | python3 %s/image_stage.py receive %s | docker load && rm -rf %s %s.pid' \
-    "$stage" "$stage" "$decompress" "$1" "$stage" "$stage" "$stage"
+  local format=plain
+  [ "$decompress" = cat ] || format=zstd
+  printf 'bash %s/image-load.sh %s %s %s' "$1" "$(words "${ARG_IMAGE_ID#sha256:}")" "$(words "$ARG_PINNED")" "$format"
 }
 # stop_remote_load BIN: after a stall, stop what the worker ran for the stream (a wedged
 # `docker load` would otherwise hold the stage until it is killed by hand); bounded, best effort.
@@ -118,12 +120,12 @@ stop_remote_load() {
   local pidfile
   pidfile="$(dirname "$1")/image-stage/${ARG_IMAGE_ID#sha256:}.pid"
   timeout 30 bash -c 'fabric_ssh "$1" "$2"' stop "$ARG_TARGET" \
-    "pidfile=$(words "$pidfile"); "'group="$(cat "$pidfile" 2>/dev/null)"; case "$group" in ""|*[!0-9]*) ;; *) grep -qs image_stage "/proc/$group/cmdline" && kill -KILL -- "-$group";; esac; rm -f "$pidfile"' \
+    "pidfile=$(words "$pidfile"); "'group="$(cat "$pidfile" 2>/dev/null)"; case "$group" in ""|*[!0-9]*) ;; *) grep -qs image-load "/proc/$group/cmdline" && kill -KILL -- "-$group";; esac; rm -f "$pidfile"' \
     >/dev/null 2>&1 || true
 }
 # stalled_fail: the message for a stream the watchdog stopped (report_progress).
 stalled_fail() {
-  stop_remote_load "${ARG_WORKER_BIN:-/nonexistent/bin}"
+  stop_remote_load "$ARG_WORKER_BIN"
   fail "copying $ARG_REF to $ARG_WORKER stalled: nothing moved for ${ARG_STALL_SECONDS}s (timeouts.copyStallSeconds) after $(( $(cat "$meters.stalled") / 1000000 )) MB; the transfer was stopped and nothing was tagged there" \
     "$ARG_WORKER stopped taking the stream: its Docker daemon or disk is wedged (docker info there), or the fabric link stalled; the next run resumes from what it staged"
 }
@@ -143,13 +145,12 @@ send() {
 }
 
 relayed=0
-# image_fact DEST BIN: what the chain needs to know of a worker: `unreachable`, `has` (the image),
-# `staged` (a copy cut earlier: its own step resumes it), `containerd` (its loader wants every
-# blob: its own step sends the image whole), or
+# image_fact DEST BIN: what the chain needs to know of a worker: `unreachable`, `has` (the
+# image), `staged` (a copy cut earlier: its own step resumes it), or
 # `HELD zstd|plain` (the leading layers it holds, and whether it can unpack zstd).
 image_fact() {
   fabric_ssh "$1" true >/dev/null 2>&1 || { echo unreachable; return 0; }
-  [ "$(remote_id "$1")" != "$ARG_IMAGE_ID" ] || { echo has; return 0; }
+  ! remote_has "$1" || { echo has; return 0; }
   local stage
   stage="$(dirname "$2")/image-stage/${ARG_IMAGE_ID#sha256:}"
   if [ -n "$(fabric_ssh "$1" "$(words find "$stage" -type f -size +0) 2>/dev/null | head -n 1")" ]; then
@@ -158,10 +159,7 @@ image_fact() {
   fi
   local held
   held="$(layers_held "$1")"
-  if [ "$held" = containerd ]; then echo containerd
-  elif has_zstd "$1"; then echo "$held zstd"
-  else echo "$held plain"
-  fi
+  if has_zstd "$1"; then echo "$held zstd"; else echo "$held plain"; fi
 }
 # relay_to_chain: one stream through every worker of --relay that lacks the image, when two or
 # more do; the others (and any a hop failed to reach) are left to their own steps.
@@ -209,7 +207,7 @@ relay_to_chain() {
   mapfile -t lines <<<"$chain"
   for line in "${lines[@]}"; do
     IFS="|" read -r name dest _ <<<"$line"
-    if [ "$(remote_id "$dest")" = "$ARG_IMAGE_ID" ]; then
+    if remote_has "$dest"; then
       relayed=$(( relayed + 1 ))
     else
       note "$name did not get the image from the chain (relay status $(relayed_status "$output" "$name"), stream exit $status): its own step copies it"
@@ -221,8 +219,8 @@ if [ -n "${ARG_RELAY:-}" ] && [ -n "${ARG_FABRIC_KEY:-}" ]; then
   relay_to_chain
 fi
 
-if [ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ]; then
-  echo "$ARG_WORKER has $ARG_REF ($ARG_IMAGE_ID); nothing more to copy"
+if remote_has "$ARG_TARGET"; then
+  echo "$ARG_WORKER has $ARG_REF ($ARG_IMAGE_ID) as $ARG_PINNED; nothing more to copy"
   printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": 0, "layers": 0, "staged": 0, "relayed": %s}\n' \
     "$(metered_bytes "$meters")" "$relayed"
   exit 0
@@ -261,13 +259,10 @@ resume_staged() {
 started=$SECONDS
 # What an earlier run left loading on the worker (a head that died mid-copy, a load stopped by
 # hand) would race this copy's writes to the stage: stopped first (only a stream of ours).
-[ -z "${ARG_WORKER_BIN:-}" ] || stop_remote_load "$ARG_WORKER_BIN"
+stop_remote_load "$ARG_WORKER_BIN"
 held="$(layers_held "$ARG_TARGET")"
-[ "$held" != containerd ] || held=0
-stage="$(dirname "${ARG_WORKER_BIN:-/nonexistent/bin}")/image-stage/${ARG_IMAGE_ID#sha256:}"
-staged=""
-[ -z "${ARG_WORKER_BIN:-}" ] \
-  || staged="$(fabric_ssh "$ARG_TARGET" "$(words find "$stage" -type f -size +0 -printf '%P %s\n') 2>/dev/null" || true)"
+stage="$(dirname "$ARG_WORKER_BIN")/image-stage/${ARG_IMAGE_ID#sha256:}"
+staged="$(fabric_ssh "$ARG_TARGET" "$(words find "$stage" -type f -size +0 -printf '%P %s\n') 2>/dev/null" || true)"
 use_index $(( held + ${#staged} ))
 [ -n "$index" ] || held=0 staged=""
 [ -z "$staged" ] || resume_staged "$staged"
@@ -276,8 +271,7 @@ size="$(stream_size "$held")"
   || note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
 report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" "${ARG_STALL_SECONDS:-0}" &
 reporter=$!
-load="$decompress | docker load"
-[ -z "${ARG_WORKER_BIN:-}" ] || load="$(load_command "$(words "$ARG_WORKER_BIN")")"
+load="$(load_command "$(words "$ARG_WORKER_BIN")")"
 set +e
 if [ -n "$index" ]; then
   send "$held" "$meters/save" "$ARG_TARGET" "$load" >&2
@@ -305,8 +299,8 @@ if [ "$status" -ne 0 ]; then
   [ "$status" -eq 124 ] && cause="the transfer is slower than timeouts.imageTransferMinutes=$ARG_TIMEOUT_MINUTES allows"
   fail "copying $ARG_REF to $ARG_WORKER failed after ${elapsed}s (exit $status); nothing was tagged there" "$cause"
 fi
-[ "$(remote_id "$ARG_TARGET")" = "$ARG_IMAGE_ID" ] \
-  || fail "after the copy $ARG_WORKER does not have image $ARG_IMAGE_ID" "the worker's Docker daemon rejected the image (architecture? disk?)"
+remote_has "$ARG_TARGET" \
+  || fail "after the copy $ARG_WORKER does not have image $ARG_IMAGE_ID as $ARG_PINNED" "the worker's Docker daemon rejected the image (architecture? disk?)"
 echo "copied $ARG_REF ($ARG_IMAGE_ID) to $ARG_WORKER in ${elapsed}s"
 printf 'spark-vllm-image-sent {"bytes": %s, "layersKept": %s, "layers": %s, "staged": %s, "relayed": %s}\n' \
   "$(metered_bytes "$meters")" "$held" "$layer_count" "$(grep -c . "$staged_names")" "$relayed"

@@ -1,5 +1,7 @@
-"""Which of an image's layers a worker holds, and a `docker save` stream without them.
+"""An image's identity on any store, which of its layers a worker holds, and a `docker save`
+stream without them.
 
+    image_layers.py identity                  < `docker image inspect` JSON   > one identity a line
     image_layers.py held LAYERS_JSON          < worker's `docker image inspect` RootFS.Layers lines
     image_layers.py index                     < docker save stream   > index JSON
     image_layers.py filter INDEX_FILE COUNT [NAMES_FILE]
@@ -21,6 +23,16 @@ The member that holds a layer is named by the stream's manifest.json (`Layers`, 
 order), which `docker save` writes last: `index` reads one whole stream to find them (its
 layers' bytes are read and dropped), so `filter` can empty them from the next stream as they go
 by. Standard library only: it runs with the hosts' own python3.
+
+An image's ID is not its identity across stores. On Docker's classic store it is the config's
+digest; with the containerd image store (Docker 29's default) it is the digest of the manifest
+the store holds, which depends on how the image arrived: the same image loaded from a Docker 20.10
+stream and from a Docker 26 stream gets two IDs there, and neither is the head's (checked in the
+lab, tests/program/fixtures/inspect). The config is what survives `save | load` on every store,
+and Docker 26 does not show its digest there; `identity` hashes what `docker image inspect`
+shows of it on every store alike: the OCI config fields, the platform, the creation time and
+the layers' diff IDs. (Docker-only fields such as Hostname or AttachStdout are left out: the
+containerd store shows them empty.)
 """
 
 from __future__ import annotations
@@ -45,6 +57,41 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
             text = f"{chains[-1]} {diff_id}".encode()
             chains.append("sha256:" + hashlib.sha256(text).hexdigest())
     return chains
+
+
+# The OCI image-spec's config fields (config.md, "config"): what the containerd store shows of
+# an image's config; Docker's own extra fields are left out.
+OCI_CONFIG_FIELDS = (
+    "User",
+    "ExposedPorts",
+    "Env",
+    "Entrypoint",
+    "Cmd",
+    "Volumes",
+    "WorkingDir",
+    "Labels",
+    "StopSignal",
+)
+
+
+def identity(inspected: dict[str, object]) -> str:
+    """The image's content identity from one `docker image inspect` entry: equal on every store
+    for the same config (and so the same layers), different when anything in it differs."""
+    config = inspected.get("Config") or {}
+    assert isinstance(config, dict)
+    rootfs = inspected.get("RootFS") or {}
+    assert isinstance(rootfs, dict)
+    content = {
+        "architecture": inspected.get("Architecture") or "",
+        "os": inspected.get("Os") or "",
+        "variant": inspected.get("Variant") or "",
+        "created": inspected.get("Created") or "",
+        "diff_ids": list(rootfs.get("Layers") or []),
+        # Empty and missing read alike: stores differ in which they show.
+        "config": {key: config[key] for key in OCI_CONFIG_FIELDS if config.get(key)},
+    }
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return "content:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def held_count(image_layers: list[str], worker_images: Iterable[list[str]]) -> int:
@@ -108,6 +155,11 @@ def filtered(stream: BinaryIO, out: BinaryIO, emptied: set[str]) -> int:
 
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
+    if command == "identity" and len(argv) == 1:
+        text = sys.stdin.read().strip()
+        for entry in json.loads(text) if text else []:
+            print(identity(entry))
+        return 0
     if command == "held" and len(argv) == 2:
         worker = [json.loads(line) for line in sys.stdin if line.strip().startswith("[")]
         print(held_count(json.loads(argv[1]), worker))

@@ -5,7 +5,7 @@
 # utilization every node can give less the safety margin. A server of this deployment that is
 # running now gives back what it asked for (its own --gpu-memory-utilization) on the nodes it runs
 # on (its launcher's --expect-ips) when it restarts.
-#   memory-check.sh --host HEAD --nodes "name|dest|bin|containers|fabricip<newline>..." --image-id ID --gpus yes|no
+#   memory-check.sh --host HEAD --nodes "name|dest|bin|containers|fabricip<newline>..." --image NAME --gpus yes|no
 #                   --drop-page-cache yes|no --utilization F|auto --margin-fraction F
 #                   --min-margin-bytes N --server-container NAME [--fabric-key F --fabric-known-hosts F]
 #                   [--kv-cache auto|BYTES --snapshot DIR --tensor-parallel N --pipeline-parallel N
@@ -14,7 +14,7 @@
 # what kv_sizing.py derived from the fraction chosen here, on the node with the least memory.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
-require host nodes image-id gpus drop-page-cache utilization margin-fraction min-margin-bytes \
+require host nodes image gpus drop-page-cache utilization margin-fraction min-margin-bytes \
   server-container
 
 GIB=1073741824
@@ -34,7 +34,7 @@ while IFS='|' read -r -u 3 node dest bin containers fabric_ip; do
   [ -n "$node" ] || continue
   given_back=0
   [[ "$running_ips" == *",$fabric_ip,"* ]] && given_back="$running_utilization"
-  probe=(bash "$bin/memory-probe.sh" --host "$node" --image-id "$ARG_IMAGE_ID" --gpus "$ARG_GPUS"
+  probe=(bash "$bin/memory-probe.sh" --host "$node" --image "$ARG_IMAGE" --gpus "$ARG_GPUS"
          --drop-page-cache "$ARG_DROP_PAGE_CACHE" --container-names "$containers")
   set +e
   if [ "$dest" = - ]; then

@@ -4,12 +4,12 @@
 # MemAvailable (page cache counted as reclaimable); with --drop-page-cache yes, the page cache is
 # dropped first. Also what this deployment's own containers on the node hold (their cgroups),
 # which a restart of the server gives back. Changes nothing but the page cache.
-#   memory-probe.sh --host H --image-id ID --gpus yes|no --drop-page-cache yes|no
+#   memory-probe.sh --host H --image NAME --gpus yes|no --drop-page-cache yes|no
 #                   --container-names A,B
 # Prints `spark-vllm-memory TOTAL FREE OWN BASIS MEMFREE MEMAVAILABLE` (bytes).
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
-require host image-id gpus drop-page-cache container-names
+require host image gpus drop-page-cache container-names
 
 if [ "$ARG_DROP_PAGE_CACHE" = yes ]; then
   sync
@@ -31,7 +31,7 @@ if [ "$ARG_GPUS" = yes ]; then
   set +e
   cuda="$(timeout 180 docker run --rm --gpus all --network none \
     -v "$SPARK_BIN/cuda_free.py:/spark-vllm/cuda_free.py:ro" \
-    --entrypoint python3 "$ARG_IMAGE_ID" /spark-vllm/cuda_free.py 2>&1)"
+    --entrypoint python3 "$ARG_IMAGE" /spark-vllm/cuda_free.py 2>&1)"
   status=$?
   set -e
   line="$(grep '^cuda ' <<<"$cuda" | tail -n 1 || true)"

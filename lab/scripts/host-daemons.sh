@@ -7,8 +7,13 @@ set -euo pipefail
 hostdir=$1        # <state dir>/hosts/<name>
 with_docker=$2    # 1 for Spark hosts, 0 for the bastion
 cgroup_parent=$3  # cgroup (per controller) under which dockerd puts containers
+engine_dir=${4:-}  # Docker 26's unpacked binaries (lab/engines.py); empty: the machine's Docker
+storage_driver=${5-overlay2}  # empty with the containerd image store: its own snapshotter
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# Docker 26 finds its own containerd, shims and docker-proxy first; runc (and docker-init)
+# stay Debian 12's: Debian 13's runc needs a newer glibc.
+[[ -z $engine_dir ]] || PATH="$engine_dir/usr/sbin:$engine_dir/usr/bin:$PATH"
 logdir="$hostdir/log"
 mkdir -p "$logdir"
 
@@ -25,6 +30,8 @@ fi
 if [[ $with_docker == 1 ]] && ! alive /run/docker.pid; then
     # No iptables/bridge: hosts have no NAT and containers use the host network (like Ray on
     # Sparks). Data and exec roots are per host so the daemons share nothing.
+    # Docker 26 starts its own containerd (state under the data and exec roots) when no
+    # --containerd is given; 20.10 does too.
     setsid dockerd \
         --data-root "$hostdir/docker" \
         --exec-root /run/docker \
@@ -32,6 +39,6 @@ if [[ $with_docker == 1 ]] && ! alive /run/docker.pid; then
         -H unix:///run/docker.sock \
         --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false --bridge=none \
         --cgroup-parent="/$cgroup_parent" \
-        --storage-driver=overlay2 \
+        ${storage_driver:+"--storage-driver=$storage_driver"} \
         </dev/null >>"$logdir/dockerd.log" 2>&1 &
 fi

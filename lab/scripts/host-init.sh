@@ -11,6 +11,7 @@ set -euo pipefail
 name=$1      # hostname, e.g. spark1
 hostdir=$2   # <state dir>/hosts/<name>: this host's private files
 shm_size=$3  # size of /dev/shm, e.g. 1g
+engine_dir=${4:-}  # Docker 26's unpacked binaries (lab/engines.py); empty: the machine's Docker
 
 hostname "$name"
 
@@ -46,6 +47,13 @@ mkdir -p /etc/docker
 mount --bind "$hostdir/etc/docker" /etc/docker
 mount --bind "$hostdir/etc/ssh" /etc/ssh  # its own host key, where sshd keeps it
 mount --bind "$hostdir/tmp" /tmp
+
+# A host on Docker 26 has its CLI too, wherever the machine keeps a docker CLI.
+if [[ -n $engine_dir ]]; then
+    for cli in /usr/bin/docker /usr/local/bin/docker; do
+        [[ -e $cli ]] && mount --bind "$engine_dir/usr/bin/docker" "$cli"
+    done
+fi
 
 # The lab waits for this file (outside the private mounts, so the machine sees it).
 echo $$ > "$hostdir/init.ready"

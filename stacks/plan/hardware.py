@@ -64,7 +64,7 @@ def fabric_link(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
     )
 
 
-def memory_check(plan: DeploymentPlan, name: str, image_id: str, commit: str = "") -> StepSpec:
+def memory_check(plan: DeploymentPlan, name: str, image: str, commit: str = "") -> StepSpec:
     """On the head, once the image and the weights are on every node and before Ray or the
     server starts: what each node will have free for the server, against the configured
     fraction, or the fraction `auto` derives (memory-check.sh, memory-probe.sh on each node);
@@ -79,7 +79,7 @@ def memory_check(plan: DeploymentPlan, name: str, image_id: str, commit: str = "
     )
     flags: dict[str, str | float] = {
         "nodes": nodes,
-        "image_id": image_id,
+        "image": image,
         "gpus": "yes" if cfg.docker.request_gpus else "no",
         "drop_page_cache": "yes" if cfg.preflight.drop_page_cache else "no",
         "utilization": str(cfg.vllm.gpu_memory_utilization),
@@ -103,15 +103,16 @@ def sizes_kv_cache(plan: DeploymentPlan) -> bool:
     return plan.config.vllm.kv_cache is not None
 
 
-def memory_check_value(image_id: str, manifest: str) -> str:
-    """`ID|COMMIT`: the image and the head's snapshot (its manifest is "commit files bytes")."""
-    return f"{image_id}|{(manifest.split() or [''])[0]}"
+def memory_check_value(image: str, manifest: str) -> str:
+    """`IMAGE|COMMIT`: the image's pinned name and the head's snapshot (its manifest is
+    "commit files bytes")."""
+    return f"{image}|{(manifest.split() or [''])[0]}"
 
 
 def memory_check_for(plan: DeploymentPlan, name: str, value: str) -> StepSpec:
-    """The check from the image ID, or from memory_check_value's `ID|COMMIT`."""
-    image_id, _, commit = value.partition("|")
-    return memory_check(plan, name, image_id, commit)
+    """The check from the image's pinned name, or from memory_check_value's `IMAGE|COMMIT`."""
+    image, _, commit = value.partition("|")
+    return memory_check(plan, name, image, commit)
 
 
 def kv_cache_flags(plan: DeploymentPlan, commit: str) -> dict[str, str | int]:

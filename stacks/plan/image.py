@@ -43,37 +43,67 @@ def front_image_pull(plan: DeploymentPlan) -> ImagePull:
     return ImagePull(ref=image.ref, platform=image.platform, keep_locally=True, timeout_minutes=15)
 
 
+# Every container and step names the serving image by a tag made from the head's image ID, on
+# every node: an ID names an image only on the store that made it. With the containerd image
+# store (Docker 29's default) a worker's ID for the same image is the digest of the manifest it
+# holds, so the head's ID does not resolve there (checked in the lab with Docker 26); a tag does,
+# on every store. The head's record step and each worker's copy give the image this tag once it
+# is verified there by content (image_layers.py identity). `.invalid` is a reserved domain
+# (RFC 2606): should anything ever pull the name, it cannot fetch someone else's image.
+# pulumi-docker keeps a container's `image` as given when it is not an ID
+# (terraform-provider-docker v4.5.0 resource_docker_container_funcs.go:837-845), so a refresh
+# does not turn it into a diff.
+PINNED_REPOSITORY = "spark-vllm.invalid/image"
+
+
+def pinned_image(image_id: str) -> str:
+    """The serving image's name on every node (PINNED_REPOSITORY)."""
+    return f"{PINNED_REPOSITORY}:{image_id.replace(':', '-')}"
+
+
 def image_id_file(plan: DeploymentPlan) -> str:
     return f"{plan.head.state_dir}/image-id"
 
 
 def record_image(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
-    """The pulled image's ID, written on the head (what the waits compare workers with)."""
+    """The pulled image's ID, written on the head (what the waits compare workers with), and
+    its pinned name there; the delete takes the name off again (image-record.sh)."""
     head = plan.head
     step = f"{name}-head-record"
     record_file = image_id_file(plan)
+    pinned = pinned_image(image_id)
+    unpin = script_call(
+        head,
+        "image-record.sh",
+        "remove",
+        pinned=pinned,
+        keep="yes" if plan.config.image.keep_on_destroy else "no",
+    )
     return StepSpec(
         name=step,
         node=head,
         create=script_call(
             head,
             "image-record.sh",
+            "record",
             state_dir=head.state_dir,
             image_id=image_id,
             ref=plan.config.image.ref,
+            pinned=pinned,
         ),
-        receipts=(Receipt(step, head, (check("files", record_file), check("image", image_id))),),
-        delete=owned(plan, head, f"rm -f {shlex.quote(record_file)}"),
+        receipts=(Receipt(step, head, (check("files", record_file), check("image", pinned))),),
+        delete=f"{owned(plan, head, f'rm -f {shlex.quote(record_file)}')}; {unpin}",
     )
 
 
 def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str) -> StepSpec:
-    """The head streams the image to `worker` over the fabric unless it has that ID already;
-    the delete removes it there unless `image.keepOnDestroy`."""
+    """The head streams the image to `worker` over the fabric unless it has it already (by
+    content, under its pinned name); the delete removes it there unless `image.keepOnDestroy`."""
     minutes = plan.config.timeouts.image_transfer_minutes
     flags: dict[str, str | float] = {
         "image_id": image_id,
         "ref": plan.config.image.ref,
+        "pinned": pinned_image(image_id),
         "worker_bin": worker.bin_dir,  # what a cut copy left is staged beside it
         "timeout_minutes": minutes,
         "compress": "zstd",
@@ -87,7 +117,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
         worker,
         "image-sync.sh",
         flags,
-        check("image", image_id),
+        check("image", pinned_image(image_id)),
         minutes,
         removable=not plan.config.image.keep_on_destroy,
     )
@@ -96,7 +126,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
 IMAGE_FACTS_PREFIX = "spark-vllm-image-facts "
 
 
-def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) -> StepSpec:
+def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, pinned: str) -> StepSpec:
     """The image run once on `node` before any container starts from it: its architecture
     against the host's, vllm and ray present (a Ray at least what vLLM requires), and on the
     head, vllm.extraArgs against the image's own `vllm serve --help` (image-facts.sh)."""
@@ -106,7 +136,7 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) 
         create=script_call(
             node,
             "image-facts.sh",
-            image_id=image_id,
+            image=pinned,
             ref=plan.config.image.ref,
             # Only the head serves: a worker's check does not depend on (or re-run for) them.
             extra_args=json.dumps(list(plan.config.vllm.extra_args) if node.is_head else []),
@@ -120,7 +150,7 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) 
     )
 
 
-def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str) -> StepSpec:
+def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, pinned: str) -> StepSpec:
     """`node`'s compile caches (stacks/plan/nodes.py compile_cache_env), in a directory the
     scripts step made: the step reports its size, and its delete empties it with the serving
     image (its files are the containers' user's) unless vllm.compileCache.keepOnDestroy. The
@@ -138,7 +168,7 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, image_id: str
         "remove",
         dir=cache_dir,
         ray_dir=node.ray_dir,
-        image=image_id,
+        image=pinned,
         keep=keep,
     )
     return StepSpec(

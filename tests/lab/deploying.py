@@ -18,12 +18,14 @@ from lab import client as lab_client
 from lab.stack import PROJECT, stack_config
 from tests.cli import PulumiCli
 from tests.lab.realmocks import RealMocks, StackOutputs, run_program
+from tests.program.test_scripts import load
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "lab-secret-3f9a"
 PREFIX = "spark-vllm"
 # The lab stack's own directory on each host: <stateDir>/<project>.<stack> (stacks/plan/nodes.py)
 STATE = "/root/.spark-vllm/spark-vllm.lab"
+IMAGE_LAYERS = load("image_layers")
 # A server that exits at start, as whichever sees it first reports it: the Docker provider's
 # mustRun check, or the readiness wait (Docker restarts the server, so it may be running again).
 EXITED_AT_START = "container exited unexpectedly|vLLM exited during start-up"
@@ -117,6 +119,13 @@ def complete(base: str, model: str, key: str | None = API_KEY) -> tuple[int, dic
 
 def host_sh(lab: Lab, host: str, script: str) -> str:
     return lab.sh(host, script).stdout.strip()
+
+
+def image_identity(lab: Lab, host: str, image: str) -> str:
+    """`image`'s content identity on `host` (image_layers.py identity, the copy's own check):
+    the same on every store for the same image, empty when the host lacks the name."""
+    inspected = json.loads(host_sh(lab, host, f"docker image inspect {image} || true") or "[]")
+    return "".join(IMAGE_LAYERS.identity(entry) for entry in inspected)
 
 
 class EndpointPoller:

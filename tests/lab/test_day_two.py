@@ -23,6 +23,7 @@ from components.bundle import facts_script
 from components.facts import FACTS_HEADER
 from lab import Lab, hfmodel
 from lab.spec import IMAGE_NAME
+from stacks.plan.image import pinned_image
 from tests.lab import attacker
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import (
@@ -34,6 +35,7 @@ from tests.lab.deploying import (
     complete,
     copy_report,
     host_sh,
+    image_identity,
     lab_config,
     reachable_from_bastion,
 )
@@ -67,14 +69,15 @@ def assert_serves(stack: Stack) -> None:
 
 def assert_hosts_hold_the_deployment(stack: Stack) -> None:
     lab = stack.lab
+    head_identity = image_identity(lab, "spark1", stack.outputs["imageId"])
+    assert head_identity
     for host in ("spark1", "spark2"):
         assert host_sh(lab, host, f"test -f {STATE}/bin/preflight.sh && echo ok") == "ok", host
         marker = host_sh(lab, host, f"cat {STATE}/bin/.bundle-digest")
         assert len(marker) == 64, f"{host}: the installed bundle is not recorded"
-        image = host_sh(
-            lab, host, "docker image inspect --format '{{.Id}}' " + stack.outputs["imageId"]
-        )
-        assert image == stack.outputs["imageId"], f"{host}: the image is missing"
+        # Every node holds the head's image, by content, under its pinned name.
+        pinned = pinned_image(stack.outputs["imageId"])
+        assert image_identity(lab, host, pinned) == head_identity, f"{host}: the image is missing"
     running = host_sh(lab, "spark1", "docker ps --format '{{.Names}}' | sort").split()
     assert running == [f"{PREFIX}-{name}" for name in ("firewall", "front", "ray-head", "vllm")]
     running = host_sh(lab, "spark2", "docker ps --format '{{.Names}}' | sort").split()

@@ -20,6 +20,7 @@ import pytest
 from lab import Lab
 from lab.image import REQUIREMENTS
 from lab.stack import IMAGE_NAME, SERVED_NAME
+from stacks.plan.image import pinned_image
 from stacks.plan.ray_versions import NODE_LOOKUP_ERROR
 from tests.lab import attacker
 from tests.lab.deploying import (
@@ -33,6 +34,7 @@ from tests.lab.deploying import (
     deploy,
     forward_through_bastion,
     host_sh,
+    image_identity,
     lab_config,
     reachable_from_bastion,
 )
@@ -224,9 +226,9 @@ def test_each_worker_has_the_heads_image_and_model(deployed: Deployment) -> None
     )
     head_manifest = host_sh(lab, "spark1", manifest.format(h="spark1"))
     for worker in ("spark2",):
-        assert host_sh(lab, worker, "docker image inspect --format '{{.Id}}' " + image_id) == (
-            image_id
-        )
+        # By content, under its pinned name: the head's ID names it on its own store only.
+        identity = image_identity(lab, worker, pinned_image(image_id))
+        assert identity and identity == image_identity(lab, "spark1", image_id)
         assert host_sh(lab, worker, manifest.format(h=worker)) == head_manifest
         owner = host_sh(lab, worker, "stat -c %U /root/.cache/huggingface/hub")
         assert owner == "root"  # the SSH user, not a container's
@@ -292,12 +294,17 @@ def test_the_seeds_topology_with_three_hosts(
     hosts with different fabric interface names, TP x PP = 3. The state and cache directories
     hold a space and a quote (every shell word is quoted, here and in the scripts). With either
     executor (one lab for both: the first run's teardown leaves it clean); the mp run also has
-    the fabric between the two workers blocked, so the copies' relay chain falls back."""
+    the fabric between the two workers blocked, so the copies' relay chain falls back. Each
+    host on another Docker engine and image store (lab/engines.py)."""
     lab = lab_factory(
         "seeds3",
         hosts=3,
         topology="jump",
         fabric_ifnames=("enp1s0f1np1", "enP2p1s0f1np1", "fab0"),
+        # Today's Docker beside the old: the head on Docker 26's classic store (its save writes
+        # the OCI layout), the workers on the containerd image store (Docker 29's default,
+        # where an image ID is a manifest's digest) and on 20.10. The relay chain passes all.
+        engines=("26", "26-containerd", "20.10"),
     )
     state_base, cache_dir = "/root/spark vllm/it's", "/root/hf cache/o'neil"
     state_dir = f"{state_base}/spark-vllm.lab"  # the stack's own leaf under stateDir

@@ -102,13 +102,13 @@ def test_the_script_prints_the_plan_weights_sync_reads(tmp_path: Path) -> None:
         (["0 zstd", "0 zstd", "0 zstd"], [1, 2, 3], {}, 0, True),
         # An update: the stream leaves out the leading layers every member holds (the least).
         (["5 zstd", "3 zstd", "4 plain"], [1, 2, 3], {}, 3, False),
-        # Who has the image, has a cut copy staged (its own step resumes it), or whose loader
-        # wants every blob (containerd: its own step sends it whole) stays out; so does one the
-        # head cannot reach, or whose probe said nothing.
+        # Who has the image or has a cut copy staged (its own step resumes it) stays out; so
+        # does one the head cannot reach, or whose probe said nothing. (The containerd store
+        # takes the thinned stream too: no fact of its own.)
         (
             ["has", "2 zstd", "staged", "containerd", "unreachable", "", "2 zstd"],
             [2, 7],
-            {1: "has", 3: "staged", 4: "containerd", 5: "unreachable", 6: "unreachable"},
+            {1: "has", 3: "staged", 4: "unreachable", 5: "unreachable", 6: "unreachable"},
             2,
             True,
         ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from typing import Any
 
@@ -175,7 +176,9 @@ def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> No
         targets = {m["target"]: m for m in inputs["mounts"]}
         assert targets["/root/.cache/huggingface"]["source"] == "/home/aurora/.cache/huggingface"
         assert targets["/tmp/ray"]["source"] == "/home/aurora/.spark-vllm/spark-vllm.dev/ray"
-        assert inputs["image"].startswith("sha256:"), "containers run the image ID, not a tag"
+        # The image by its pinned name, made from the head's ID (never a tag that can move):
+        # an ID does not resolve on a worker with the containerd image store.
+        assert re.fullmatch(r"spark-vllm\.invalid/image:sha256-[0-9a-f]{64}", inputs["image"])
 
 
 def test_ray_containers_run_ray_bound_to_the_fabric(evaluation: Evaluation) -> None:

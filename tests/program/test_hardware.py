@@ -59,7 +59,7 @@ def test_the_memory_check_measures_every_node_with_our_containers(
         "0.8",
     )
     assert flags["--margin-fraction"] == "0.05" and flags["--min-margin-bytes"] == str(2 << 30)
-    assert flags["--image-id"] == IMAGE_ID
+    assert flags["--image"] == IMAGE_ID
 
 
 def test_auto_sizes_the_server_from_the_memory_check(make_config: ConfigFactory) -> None:

@@ -109,7 +109,7 @@ def memory(
 ) -> tuple[int, str, str]:
     nodes = f"spark1|-|{bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{fabric_ip}"
     flags = {
-        "nodes": nodes, "image-id": "sha256:" + "a" * 64, "gpus": "no", "drop-page-cache": "no",
+        "nodes": nodes, "image": "sha256:" + "a" * 64, "gpus": "no", "drop-page-cache": "no",
         "utilization": utilization, "margin-fraction": "0.05", "min-margin-bytes": str(1 << 30),
         "server-container": "spark-vllm-vllm", **(kv_cache or {}),
     }  # fmt: skip

@@ -148,7 +148,7 @@ def facts_script(tmp_path: Path, arch: str, extra: list[str]) -> subprocess.Comp
     (tmp_path / "bin" / "docker").write_text(FAKE_DOCKER)
     (tmp_path / "bin" / "docker").chmod(0o755)
     env["FAKE_ARCH"] = arch
-    flags = ["--image-id", "sha256:abc", "--ref", "example/vllm:1", "--extra-args"]
+    flags = ["--image", "sha256:abc", "--ref", "example/vllm:1", "--extra-args"]
     flags += [json.dumps(extra), "--check-flags", "yes", "--executor", "ray"]
     flags += ["--timeout-seconds", "60"]
     return run("image-facts.sh", "--host", "spark1", *flags, env=env)

@@ -93,3 +93,63 @@ def test_held_reads_the_workers_inspect_lines() -> None:
     lines = f"{json.dumps([BASE, MIDDLE])}\n{json.dumps([OTHER])}\n".encode()
     done = run("held", json.dumps([BASE, MIDDLE, TOP]), stdin=lines)
     assert done.stdout.decode().strip() == "2"
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "inspect"
+# `docker image inspect` of one image (the lab image with one committed layer) as each store
+# shows it, captured in the lab: Debian 12's Docker 20.10, and Debian 13's Docker 26.1 with the
+# classic store and with the containerd image store (where the ID is a manifest's digest).
+STORES = ("docker-20.10", "docker-26-overlay2", "docker-26-containerd")
+
+
+def inspected(store: str) -> dict[str, object]:
+    entries = json.loads((FIXTURES / f"{store}.json").read_text())
+    assert len(entries) == 1
+    return entries[0]  # type: ignore[no-any-return]
+
+
+def test_the_same_image_has_one_identity_on_every_store_though_its_ids_differ() -> None:
+    ids = {store: inspected(store)["Id"] for store in STORES}
+    assert ids["docker-20.10"] == ids["docker-26-overlay2"] != ids["docker-26-containerd"]
+    identities = {image_layers.identity(inspected(store)) for store in STORES}
+    assert len(identities) == 1
+    assert identities.pop().startswith("content:")
+
+
+def test_anything_in_the_config_changes_the_identity() -> None:
+    base = inspected("docker-26-containerd")
+    config = base["Config"]
+    assert isinstance(config, dict)
+    changed = [
+        {**base, "Created": "2026-12-03T12:58:25.372444605Z"},
+        {**base, "Architecture": "arm64"},
+        {**base, "RootFS": {"Type": "layers", "Layers": [BASE]}},
+        {**base, "Config": {**config, "Env": [*config["Env"], "EXTRA=1"]}},
+        {**base, "Config": {**config, "Entrypoint": ["vllm"]}},
+        {**base, "Config": {**config, "Labels": {}}},
+    ]
+    original = image_layers.identity(base)
+    assert all(image_layers.identity(other) != original for other in changed)
+    # Docker-only fields that the containerd store shows empty do not count; neither does how
+    # a store shows "nothing" (null or empty).
+    same = [
+        {**base, "Config": {**config, "Hostname": "6d02aea3cabf", "AttachStdout": True}},
+        {**base, "Config": {**config, "Volumes": {}, "OnBuild": []}},
+        {**base, "Id": "sha256:" + "0" * 64, "RepoTags": ["other:tag"]},
+    ]
+    assert all(image_layers.identity(other) == original for other in same)
+
+
+def test_identity_reads_inspect_output_and_prints_one_line_per_image() -> None:
+    text = (FIXTURES / "docker-20.10.json").read_text()
+    both = json.dumps(json.loads(text) * 2)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "identity"], input=both, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [image_layers.identity(inspected("docker-20.10"))] * 2
+    # Nothing inspected (the worker lacks the name): nothing printed, no failure.
+    empty = subprocess.run(
+        [sys.executable, str(SCRIPT), "identity"], input="", capture_output=True, text=True
+    )
+    assert (empty.returncode, empty.stdout) == (0, "")

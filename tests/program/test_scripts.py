@@ -368,7 +368,7 @@ def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Pat
     )
     done = subprocess.run(
         ["bash", str(driver), "--host", "spark1", "--node-checks", f"spark1|-|{SCRIPTS}",
-         "--image-id", "sha256:abc", "--model", "org/tiny", "--revision", "main",
+         "--image", "sha256:abc", "--model", "org/tiny", "--revision", "main",
          "--cache-dir", str(tmp_path / "hf")],
         capture_output=True, text=True, timeout=60,
         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},

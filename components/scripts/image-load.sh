@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On a worker: load the image stream the head sends on stdin (image-sync.sh), then give the
+# image the pinned name every container uses (stacks/plan/image.py PINNED_REPOSITORY).
+#   image-load.sh STAGE_NAME PINNED zstd|plain
+# What arrives is staged beside this script's directory, in image-stage/STAGE_NAME
+# (image_stage.py receive), so a copy cut midway resumes; the stage goes once the load
+# succeeded. The process group is recorded in image-stage/STAGE_NAME.pid first, so the head can
+# stop a stalled load (image-sync.sh stop_remote_load).
+set -euo pipefail
+bin="$(cd "$(dirname "$0")" && pwd)"
+stage="$(dirname "$bin")/image-stage/$1"
+pinned=$2
+mkdir -p "$stage"
+read -r _ _ _ _ group _ </proc/$$/stat
+echo "$group" >"$stage.pid"
+decompress=(cat)
+[ "$3" != zstd ] || decompress=(zstd -d -q)
+loaded="$("${decompress[@]}" | python3 "$bin/image_stage.py" receive "$stage" | docker load)"
+printf '%s\n' "$loaded"
+# `Loaded image: NAME` for a stream saved by name, `Loaded image ID: ID` for one saved by ID.
+image="$(sed -n 's/^Loaded image\( ID\)\{0,1\}: //p' <<<"$loaded" | tail -n 1)"
+[ -n "$image" ] || { echo "docker load named no image" >&2; exit 1; }
+docker tag "$image" "$pinned"
+rm -rf "$stage" "$stage.pid"
