@@ -22,10 +22,13 @@ from tests.lab.timings import record_timing
 JOIN_FAULT_SECONDS = 20
 
 
-def module_lab(lab_factory: Callable[..., Lab], name: str) -> Iterator[Lab]:
+def module_lab(
+    lab_factory: Callable[..., Lab], name: str, engines: tuple[str, ...] = ()
+) -> Iterator[Lab]:
     """A two-host bastion lab for one fault module (a fixture's body), brought down after it to
-    free the machine for later modules (the factory checks for leftovers)."""
-    lab = lab_factory(name, hosts=2, topology="bastion")
+    free the machine for later modules (the factory checks for leftovers). `engines`: each
+    host's Docker (lab/engines.py)."""
+    lab = lab_factory(name, hosts=2, topology="bastion", engines=engines)
     yield lab
     lab.down()
 

@@ -347,6 +347,16 @@ def test_the_seeds_topology_with_three_hosts(
             assert relayed == (1 if hop_blocked else 2), (kind, relayed)
         if not hop_blocked:
             assert_the_forwarded_key_signs_for_the_chains_hops_only(lab, state_dir)
+        # Each host ran its own engine and store, and holds the head's image by content under
+        # its pinned name (the ID differs on the containerd store).
+        pinned = pinned_image(outputs["imageId"])
+        head_identity = image_identity(lab, "spark1", outputs["imageId"])
+        engines = {"spark1": "26. overlay2", "spark2": "26. overlayfs", "spark3": "20.10 overlay2"}
+        for host, engine in engines.items():
+            version, store = engine.split()
+            seen = host_sh(lab, host, "docker info -f '{{.ServerVersion}} {{.Driver}}'").split()
+            assert seen[0].startswith(version) and seen[1] == store, (host, seen)
+            assert image_identity(lab, host, pinned) == head_identity, host
         image3 = copy_report(steps["image-spark3-sync"], "image")
         weights3 = copy_report(steps["weights-spark3-copy"], "weights")
         if hop_blocked:
