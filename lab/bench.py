@@ -14,6 +14,9 @@ Regimes: the fabric rate-limited on every host (tc tbf, so that the link and not
 bottleneck) and unlimited (the CPU is: ssh's cipher, as on real Sparks where one stream is far
 below 200 Gbit/s). Workloads it generates: a multi-layer image, a multi-blob HF snapshot, an
 image update that changes one layer, a revision that changes one file, a copy cut midway.
+The last worker runs Docker 26 with the containerd image store (Docker 29's default; the others
+Debian 12's 20.10): it is in every chain, and the image's own cases (nothing changed, one
+layer, a cut) run against it too, rate-limited.
 Times are medians of the repetitions; the goals (issue 11) print as PASS or MISS. Writes
 bench.md, bench.json and bench.png into DIR.
 """
@@ -38,6 +41,7 @@ from pathlib import Path
 from lab.core import Lab
 from lab.net import tbf_shaping
 from lab.spec import LabSpec
+from stacks.plan.image import pinned_image
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "components" / "scripts"
@@ -51,6 +55,8 @@ MODEL = "bench/snapshot"
 REPO_DIR = f"{CACHE}/hub/models--bench--snapshot"
 IMAGE = "spark-vllm-bench:v1"
 IMAGE_UPDATE = "spark-vllm-bench:v2"
+CONTAINERD = "spark-vllm (containerd store)"  # the method of the containerd worker's rows
+BENCH_ENGINES = ("20.10", "20.10", "20.10", "26-containerd")  # the head, then the workers
 MB = 1_000_000
 # OpenSSH's default preference is chacha20 first; AES-GCM is faster where the CPU has AES
 # instructions (x86 AES-NI, the Grace CPU's ARMv8 crypto extensions).
@@ -89,6 +95,10 @@ class Bench:
     def __init__(self, lab: Lab, sizes: Sizes) -> None:
         self.lab, self.sizes = lab, sizes
         self.workers = [n for n in lab.spec.host_names if n != HEAD]
+        stores = dict(zip(lab.spec.host_names, lab.spec.engines, strict=False))
+        self.containerd_worker = next(
+            (w for w in self.workers if stores.get(w) == "26-containerd"), None
+        )
         self.rows: list[Row] = []
 
     # -- set-up --------------------------------------------------------------------------------
@@ -128,6 +138,7 @@ class Bench:
     payload = 0
     missing_after_cut = 0
     image_missing_after_cut = 0
+    containerd_missing_after_cut = 0
 
     def make_workloads(self) -> None:
         """The images (v2 changes the top layer) and the snapshot's two revisions (the second
@@ -189,7 +200,7 @@ class Bench:
         return (
             f"bash {BIN}/image-sync.sh --host {HEAD} --worker {worker} --target "
             f"{self.target(worker)} --worker-bin {BIN} --image-id {image_id} --ref {image} "
-            "--timeout-minutes 60 "
+            f"--pinned {pinned_image(image_id)} --timeout-minutes 60 "
             f"--compress zstd --progress-seconds 600 {self.fabric}"
             + (f" --relay {shlex.quote(relay)}" if relay else "")
         )
@@ -384,11 +395,20 @@ class Bench:
             regime,
         )
 
-    def cut_and_resume(self, case: str, script: str, landing: str, total: int, regime: str) -> int:
-        """Run `script` for the first worker, cut it (the copy and its pipeline on the head)
+    def cut_and_resume(
+        self,
+        case: str,
+        script: str,
+        landing: str,
+        total: int,
+        regime: str,
+        worker: str | None = None,
+        method: str = "spark-vllm",
+    ) -> int:
+        """Run `script` for `worker` (the first), cut it (the copy and its pipeline on the head)
         once `landing` there holds about half of `total`, run it again; a row with what the
         retry sent, and what was missing when it started."""
-        worker = self.workers[0]
+        worker = worker or self.workers[0]
 
         def landed() -> int:
             out = self.lab.sh(worker, f"du -sb --apparent-size {landing} 2>/dev/null | cut -f1")
@@ -410,8 +430,38 @@ class Bench:
         seconds = time.monotonic() - started
         log = (self.lab.node(HEAD).hostdir / "root/bench/resume.log").read_text()
         sent = int(re.findall(SENT, log)[-1])
-        self.rows.append(Row(case, regime, 1, "spark-vllm", seconds, sent))
+        self.rows.append(Row(case, regime, 1, method, seconds, sent))
         return missing
+
+    def image_copy(self, worker: str, image: str) -> tuple[float, int]:
+        """The image alone to one worker, as its own step copies it: (seconds, bytes sent)."""
+        started = time.monotonic()
+        log = self.head(f"{self.image_script(worker, image)} 2>&1")
+        return time.monotonic() - started, int(re.findall(SENT, log)[-1])
+
+    def containerd_store(self, regime: str) -> None:
+        """The image's own cases against the containerd-store worker: a first copy, nothing
+        changed, one layer changed, and a copy cut at about half (uncompressed) resumed."""
+        worker = self.containerd_worker
+        if worker is None:
+            return
+        self.reset_workers()
+        self.record("image", regime, 1, CONTAINERD, [self.image_copy(worker, IMAGE)])
+        self.record("nothing changed (image)", regime, 1, CONTAINERD,
+                    [self.image_copy(worker, IMAGE)])  # fmt: skip
+        self.record("image update (one layer)", regime, 1, CONTAINERD,
+                    [self.image_copy(worker, IMAGE_UPDATE)])  # fmt: skip
+        self.reset_workers()
+        image = self.image_script(worker, IMAGE).replace("--compress zstd", "--compress none")
+        self.containerd_missing_after_cut = self.cut_and_resume(
+            "image resume after a cut",
+            image,
+            f"{STATE}/image-stage",
+            int(self.head(f"docker save {IMAGE} | wc -c")),
+            regime,
+            worker=worker,
+            method=CONTAINERD,
+        )
 
     def run(self) -> None:
         self.prepare()
@@ -423,6 +473,7 @@ class Bench:
             self.transport_choices(regime)
             if rate:
                 self.resumed_copy(regime)
+                self.containerd_store(regime)
         self.shape(None)
 
     # -- the report ----------------------------------------------------------------------------
@@ -495,6 +546,35 @@ class Bench:
                 f"{image_resumed.bytes / max(self.image_missing_after_cut, 1):.3f}x",
             ),
             ("nothing changed: 0 bytes", unchanged.bytes == 0, f"{unchanged.bytes} bytes"),
+            *self.containerd_goals(),
+        ]
+
+    def containerd_goals(self) -> list[tuple[str, bool, str]]:
+        """The image's byte goals on the containerd-store worker."""
+        if self.containerd_worker is None:
+            return []
+        limited = "rate-limited"
+        unchanged = self.find("nothing changed (image)", limited, 1, CONTAINERD)
+        layer = self.find("image update (one layer)", limited, 1, CONTAINERD)
+        resumed = self.find("image resume after a cut", limited, 1, CONTAINERD)
+        assert unchanged and layer and resumed
+        layer_bytes, missing = self.sizes.image_layers[-1], self.containerd_missing_after_cut
+        return [
+            (
+                "containerd store, image update of one layer: bytes <= 1.2x the layer",
+                layer.bytes <= 1.2 * layer_bytes,
+                f"{layer.bytes / layer_bytes:.3f}x",
+            ),
+            (
+                "containerd store, image resume after a cut at ~50%: bytes <= 1.1x the missing",
+                resumed.bytes <= 1.1 * missing,
+                f"{resumed.bytes / max(missing, 1):.3f}x",
+            ),
+            (
+                "containerd store, nothing changed: 0 bytes",
+                unchanged.bytes == 0,
+                f"{unchanged.bytes} bytes",
+            ),
         ]
 
     def choices(self) -> list[str]:
@@ -661,6 +741,7 @@ def bench_spec(state_dir: Path, prefix: str = "svb") -> LabSpec:
         outside_subnet="10.246.0.0/30",
         with_image=False,
         with_model=False,
+        engines=BENCH_ENGINES,
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab import Lab
-from lab.bench import run_bench
+from lab.bench import BENCH_ENGINES, run_bench
 from tests.lab.timings import record_figure
 
 pytestmark = pytest.mark.lab
@@ -23,13 +23,23 @@ BYTE_GOALS = (
     "resume after a cut at ~50%: bytes <= 1.1x what was missing",
     "image resume after a cut at ~50%: bytes <= 1.1x what was missing",
     "nothing changed: 0 bytes",
+    "containerd store, image update of one layer: bytes <= 1.2x the layer",
+    "containerd store, image resume after a cut at ~50%: bytes <= 1.1x the missing",
+    "containerd store, nothing changed: 0 bytes",
 )
 
 
 def test_the_short_benchmark_runs_and_reports_every_case(
     lab_factory: Callable[..., Lab], tmp_path: Path
 ) -> None:
-    lab = lab_factory("bench", hosts=4, topology="bastion", with_image=False, with_model=False)
+    lab = lab_factory(
+        "bench",
+        hosts=4,
+        topology="bastion",
+        with_image=False,
+        with_model=False,
+        engines=BENCH_ENGINES,
+    )
     try:
         text, bench = run_bench(
             lab, short=True, out=tmp_path, command="python -m lab bench --short"

@@ -354,8 +354,8 @@ def test_the_seeds_topology_with_three_hosts(
         engines = {"spark1": "26. overlay2", "spark2": "26. overlayfs", "spark3": "20.10 overlay2"}
         for host, engine in engines.items():
             version, store = engine.split()
-            seen = host_sh(lab, host, "docker info -f '{{.ServerVersion}} {{.Driver}}'").split()
-            assert seen[0].startswith(version) and seen[1] == store, (host, seen)
+            found = host_sh(lab, host, "docker info -f '{{.ServerVersion}} {{.Driver}}'").split()
+            assert found[0].startswith(version) and found[1] == store, (host, found)
             assert image_identity(lab, host, pinned) == head_identity, host
         image3 = copy_report(steps["image-spark3-sync"], "image")
         weights3 = copy_report(steps["weights-spark3-copy"], "weights")
