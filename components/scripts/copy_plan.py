@@ -1,7 +1,7 @@
 """The copies' decisions, apart from the bytes that move (weights-sync.sh and image-sync.sh run
-them): what each worker keeps, resumes and is sent of the weights, which blobs a relay chain
-carries, and which workers an image chain takes. Facts in, plan out, so they are table-tested
-(tests/program/test_copy_plan.py).
+them): what each worker keeps, resumes and is sent of the weights and of the image, which blobs
+a relay chain carries, and which workers an image chain takes. Facts in, plan out (with the
+reason the step prints), so they are table-tested (tests/program/test_copy_plan.py).
 
     copy_plan.py blobs HEAD_SIZES WORKER_SIZES
         > `kept NAME`, `resume NAME HAVE`, `send NAME` lines, then `total BYTES_TO_SEND`
@@ -10,7 +10,13 @@ carries, and which workers an image chain takes. Facts in, plan out, so they are
     copy_plan.py image-chain MEMBER_FACT...   (each a file: image-sync.sh image_fact's line)
         > `member POSITION` or `skip POSITION REASON` a worker (1-based, in the chain's order),
           then `least HELD` (the leading layers every member holds) and `zstd yes|no`
+    copy_plan.py image-copy LAYERS HELD INDEX_FILE|- STAGED_FILE
+        > `keep HELD` (the leading layers the stream leaves out), `whole NAME` (a member staged
+          whole by a cut copy: sent as an empty file), `part NAME HAVE WANT` (staged in part: its
+          tail is sent first), then `why TEXT`
 
+INDEX_FILE is image_layers.py's index of the head's saved stream (`-`: none, because the worker
+holds nothing of the image or indexing failed); STAGED_FILE the worker's staged `NAME SIZE` lines.
 A sizes file holds `NAME SIZE` lines (the head's: every blob of the revision; a worker's: what
 it holds of each, 0 or absent when none). Standard library only: it runs with the head's own
 python3.
@@ -18,6 +24,7 @@ python3.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -97,6 +104,53 @@ def image_chain(facts: list[str]) -> ImageChain:
     return chain
 
 
+@dataclass
+class ImageCopy:
+    """One worker's image copy: what the stream leaves out, and why."""
+
+    kept_layers: int = 0
+    staged_whole: list[str] = field(default_factory=list)
+    staged_parts: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: (have, want)
+    why: str = ""
+
+
+def image_copy(
+    layers: int, held: int, index: dict[str, object] | None, staged: dict[str, int]
+) -> ImageCopy:
+    """`held`: the image's leading layers the worker holds as the same chain (image_layers.py
+    held); `index`: the head's saved stream's members and sizes, None when there is none;
+    `staged`: what a cut copy left on the worker. Held layers and members staged whole go as
+    empty files (`docker load` skips the first, image_stage.py receive fills in the second); a
+    member staged in part is completed first. Anything else staged (a larger size, a name the
+    stream lacks) is sent again."""
+    if index is None:
+        why = (
+            "reading the saved image's members failed: the whole image"
+            if held or staged
+            else f"it holds none of the image's {layers} layers and nothing staged: the whole image"
+        )
+        return ImageCopy(why=why)
+    sizes = index["sizes"]
+    assert isinstance(sizes, dict)
+    plan = ImageCopy(kept_layers=held)
+    for name, have in sorted(staged.items()):
+        want = sizes.get(name)
+        if want is None or want == 0 or have > want:
+            continue
+        if have == want:
+            plan.staged_whole.append(name)
+        else:
+            plan.staged_parts[name] = (have, want)
+    said = [f"it holds {held} of the image's {layers} layers" + (": left out" if held else "")]
+    if plan.staged_whole or plan.staged_parts:
+        said.append(
+            f"a copy cut earlier staged {len(plan.staged_whole)} member(s) whole (not sent again)"
+            f" and {len(plan.staged_parts)} in part (completed first)"
+        )
+    plan.why = "; ".join(said)
+    return plan
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "blobs":
         head = read_sizes(Path(argv[1]))
@@ -111,6 +165,13 @@ def main(argv: list[str]) -> int:
         names = chain_blobs(head, [read_sizes(Path(path)) for path in argv[2:]])
         total = sum(head[name] for name in names)
         print("\n".join([*(f"send {name}" for name in names), f"total {total}"]))
+        return 0
+    if len(argv) == 5 and argv[0] == "image-copy":
+        index = None if argv[3] == "-" else json.loads(Path(argv[3]).read_text())
+        copy = image_copy(int(argv[1]), int(argv[2]), index, read_sizes(Path(argv[4])))
+        lines = [f"keep {copy.kept_layers}", *(f"whole {name}" for name in copy.staged_whole)]
+        lines += [f"part {name} {have} {want}" for name, (have, want) in copy.staged_parts.items()]
+        print("\n".join([*lines, f"why {copy.why}"]))
         return 0
     if argv and argv[0] == "image-chain":
         chain = image_chain([Path(path).read_text().strip() for path in argv[1:]])

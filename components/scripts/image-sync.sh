@@ -59,7 +59,7 @@ has_zstd() { fabric_ssh "$1" "command -v zstd" >/dev/null 2>&1; }
 
 meters="$(mktemp -d)"
 reporter=""
-trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.staged" "$meters.pid" "$meters.stalled"; fabric_multiplex_end' EXIT
+trap '[ -z "$reporter" ] || kill "$reporter" 2>/dev/null || true; rm -rf "$meters" "$meters.staged" "$meters.list" "$meters.pid" "$meters.stalled"; fabric_multiplex_end' EXIT
 fabric_multiplex
 check_fabric_ssh "$ARG_TARGET"
 # The image's content identity, what a worker's copy is compared with (image_layers.py).
@@ -232,28 +232,18 @@ if [ "${ARG_COMPRESS:-none}" = zstd ] && command -v zstd >/dev/null && has_zstd 
 else
   compress="cat" decompress="cat"
 fi
-# resume_staged STAGED: what a copy cut earlier left staged on the worker (`NAME SIZE` lines):
-# members staged whole go as empty files (the worker fills them in from its stage), and one
-# staged in part is completed first with the tail it lacks.
-resume_staged() {
-  local kind name have want count=0 line
-  local -a plan
-  mapfile -t plan < <(python3 "$SPARK_BIN/image_stage.py" resume "$index" <<<"$1")
-  for line in "${plan[@]}"; do
-    read -r kind name have want <<<"$line"
-    if [ "$kind" = part ]; then
-      count=$(( count + 1 ))
-      # docker save ends on a broken pipe once the member is out: the size below is the check.
-      timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
-        'docker save "$1" | python3 "$2" tail "$3" "$4" | dd bs=1M status=progress 2>"$5" | fabric_ssh "$6" "$7"' \
-        resume "$source_ref" "$SPARK_BIN/image_stage.py" "$name" "$have" "$meters/part$count" \
-        "$ARG_TARGET" "cat >> $(words "$stage/$name")" >&2 || true
-      have="$(fabric_ssh "$ARG_TARGET" "$(words stat -c %s "$stage/$name")" 2>/dev/null || echo 0)"
-      [ "$have" = "$want" ] || { note "$ARG_WORKER: completing its staged $name failed: sending it again"; continue; }
-    fi
-    echo "$name" >>"$staged_names"
-  done
-  note "$ARG_WORKER has $(grep -c . "$staged_names") member(s) of the image staged from a copy cut earlier ($count completed): not sent again"
+# complete_staged NAME HAVE WANT: append to the worker's staged member NAME the tail it lacks
+# (a copy cut while NAME arrived left HAVE of its WANT bytes); fails when it is not whole after.
+parts=0
+complete_staged() {
+  parts=$(( parts + 1 ))
+  # docker save ends on a broken pipe once the member is out: the size below is the check.
+  timeout "${ARG_TIMEOUT_MINUTES}m" bash -c \
+    'docker save "$1" | python3 "$2" tail "$3" "$4" | dd bs=1M status=progress 2>"$5" | fabric_ssh "$6" "$7"' \
+    resume "$source_ref" "$SPARK_BIN/image_stage.py" "$1" "$2" "$meters/part$parts" \
+    "$ARG_TARGET" "cat >> $(words "$stage/$1")" >&2 || true
+  [ "$(fabric_ssh "$ARG_TARGET" "$(words stat -c %s "$stage/$1")" 2>/dev/null)" = "$3" ] \
+    || { note "$ARG_WORKER: completing its staged $1 failed: sending it again"; return 1; }
 }
 
 started=$SECONDS
@@ -264,11 +254,22 @@ held="$(layers_held "$ARG_TARGET")"
 stage="$(dirname "$ARG_WORKER_BIN")/image-stage/${ARG_IMAGE_ID#sha256:}"
 staged="$(fabric_ssh "$ARG_TARGET" "$(words find "$stage" -type f -size +0 -printf '%P %s\n') 2>/dev/null" || true)"
 use_index $(( held + ${#staged} ))
-[ -n "$index" ] || held=0 staged=""
-[ -z "$staged" ] || resume_staged "$staged"
+# What the stream leaves out, and why: copy_plan.py (table-tested).
+printf '%s\n' "$staged" >"$meters.list"
+planned="$(python3 "$SPARK_BIN/copy_plan.py" image-copy "$layer_count" "$held" "${index:--}" "$meters.list")" \
+  || planned="keep 0"$'\n'"why planning the copy failed (copy_plan.py): the whole image"
+held=0
+while IFS= read -r line; do
+  read -r kind name have want <<<"$line"
+  case "$kind" in
+    keep) held=$name ;;
+    whole) echo "$name" >>"$staged_names" ;;
+    part) ! complete_staged "$name" "$have" "$want" || echo "$name" >>"$staged_names" ;;
+    why) note "$ARG_WORKER: ${line#why }" ;;
+  esac
+done <<<"$planned"
 size="$(stream_size "$held")"
-[ "$held" -eq 0 ] \
-  || note "$ARG_WORKER holds $held of the image's $layer_count layers: sending the other $(( layer_count - held )) ($(( size / 1000000 )) MB)"
+note "$ARG_WORKER: sending $(( size / 1000000 )) MB of the image"
 report_progress "$ARG_WORKER" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" "${ARG_STALL_SECONDS:-0}" &
 reporter=$!
 load="$(load_command "$(words "$ARG_WORKER_BIN")")"

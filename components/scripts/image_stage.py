@@ -1,24 +1,22 @@
 """An image copy that a cut does not start again from nothing: the worker keeps what arrived.
 
     image_stage.py receive STAGE_DIR     < the saved stream   > the same stream, for docker load
-    image_stage.py resume INDEX_FILE     < the worker's staged `NAME SIZE` lines
-                                         > `whole|part NAME STAGED_SIZE SIZE` lines
     image_stage.py tail NAME OFFSET      < docker save stream > member NAME from byte OFFSET on
 
 `docker load` keeps nothing of a stream that ends early: it unpacks the whole stream before it
 reads its manifest.json, and the layers it registered are released when the load fails. So on
 the worker, `receive` writes every member of the stream into a staging directory as it passes
 it on to `docker load`; a copy cut midway leaves there the members that arrived whole and the
-one that was arriving, in part. The next copy asks what is staged (`resume`, against the
-index of the head's saved stream): a member staged whole is sent as an empty file, which
-`receive` fills from the stage; a member staged in part is first completed with its missing
-tail (`tail`, appended there). Once `docker load` succeeds, the stage is removed (image-sync.sh).
+one that was arriving, in part. The next copy asks what is staged and plans against the index
+of the head's saved stream (copy_plan.py image-copy): a member staged whole is sent as an empty
+file, which `receive` fills from the stage; a member staged in part is first completed with its
+missing tail (`tail`, appended there). Once `docker load` succeeds, the stage is removed
+(image-load.sh).
 Standard library only: it runs with the hosts' own python3.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tarfile
@@ -75,21 +73,6 @@ def receive(stream: BinaryIO, out: BinaryIO, stage: Path) -> None:
                 loaded.addfile(member, Tee(source, copy))  # type: ignore[arg-type]
 
 
-def resume(index: dict[str, object], staged: dict[str, int]) -> list[tuple[str, str, int, int]]:
-    """What the stage holds of the head's saved stream: each member staged whole, and each
-    staged in part, with the size staged and the member's own (to be completed from there).
-    Anything else staged (a larger size, a name the stream lacks) is sent again."""
-    sizes = index["sizes"]
-    assert isinstance(sizes, dict)
-    plan: list[tuple[str, str, int, int]] = []
-    for name, have in sorted(staged.items()):
-        want = sizes.get(name)
-        if want is None or want == 0 or have > want:
-            continue
-        plan.append(("whole" if have == want else "part", name, have, want))
-    return plan
-
-
 def tail(stream: BinaryIO, out: BinaryIO, name: str, offset: int) -> bool:
     """Member `name` of the stream from byte `offset` on; stops reading once it is out."""
     with tarfile.open(fileobj=stream, mode="r|") as saved:
@@ -112,17 +95,6 @@ def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     if command == "receive" and len(argv) == 2:
         receive(sys.stdin.buffer, sys.stdout.buffer, Path(argv[1]))
-        return 0
-    if command == "resume" and len(argv) == 2:
-        with open(argv[1]) as handle:
-            index = json.load(handle)
-        staged = {}
-        for line in sys.stdin:
-            name, _, size = line.strip().rpartition(" ")
-            if name and size.isdigit():
-                staged[name] = int(size)
-        for kind, name, have, want in resume(index, staged):
-            print(kind, name, have, want)
         return 0
     if command == "tail" and len(argv) == 3:
         return 0 if tail(sys.stdin.buffer, sys.stdout.buffer, argv[1], int(argv[2])) else 1

@@ -3,6 +3,7 @@ operations), for every case the lab covers (kept, resumed after a cut, sent whol
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,75 @@ def test_the_image_chain_plan_is_printed_for_image_sync(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == [
         "member 1", "member 3", "skip 2 unreachable", "least 1", "zstd no",
     ]  # fmt: skip
+
+
+# The head's saved stream: three layers (rootfs order), the config and the manifest.
+IMAGE_INDEX = {
+    "layers": ["l1/layer.tar", "l2/layer.tar", "l3/layer.tar"],
+    "sizes": {
+        "l1/layer.tar": 5000,
+        "l2/layer.tar": 3000,
+        "l3/layer.tar": 1000,
+        "config.json": 200,
+        "manifest.json": 100,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("held", "index", "staged", "kept", "whole", "parts", "why"),
+    [
+        # Nothing on the worker: no index is made, the whole image, and it says so.
+        (0, None, {}, 0, [], {}, "holds none of the image's 3 layers and nothing staged"),
+        # Indexing failed though the worker holds layers: the whole image, and why.
+        (2, None, {}, 0, [], {}, "reading the saved image's members failed"),
+        # An update: the two layers it holds go as empty files.
+        (2, IMAGE_INDEX, {}, 2, [], {}, "holds 2 of the image's 3 layers: left out"),
+        # A cut copy: one member staged whole, one in part (completed first); a member the
+        # stream lacks, one larger than the head's and an empty one are sent again.
+        (
+            0,
+            IMAGE_INDEX,
+            {"l1/layer.tar": 5000, "l2/layer.tar": 1200, "zzz": 10, "l3/layer.tar": 1001},
+            0,
+            ["l1/layer.tar"],
+            {"l2/layer.tar": (1200, 3000)},
+            "staged 1 member(s) whole (not sent again) and 1 in part (completed first)",
+        ),
+        # Held layers and a stage together.
+        (1, IMAGE_INDEX, {"l2/layer.tar": 3000}, 1, ["l2/layer.tar"], {}, "holds 1 of"),
+    ],
+)
+def test_an_image_copy_leaves_out_what_the_worker_holds_or_staged_and_says_why(
+    held: int,
+    index: dict[str, object] | None,
+    staged: dict[str, int],
+    kept: int,
+    whole: list[str],
+    parts: dict[str, tuple[int, int]],
+    why: str,
+) -> None:
+    copy = plan.image_copy(3, held, index, staged)
+    assert (copy.kept_layers, copy.staged_whole, copy.staged_parts) == (kept, whole, parts)
+    assert why in copy.why
+
+
+def test_image_copy_prints_the_plan_for_the_step(tmp_path: Path) -> None:
+    (tmp_path / "index.json").write_text(json.dumps(IMAGE_INDEX))
+    (tmp_path / "staged").write_text("l3/layer.tar 400\n")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "copy_plan.py"), "image-copy", "3", "2",
+         str(tmp_path / "index.json"), str(tmp_path / "staged")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["keep 2", "part l3/layer.tar 400 1000"]
+    assert lines[2].startswith("why it holds 2 of the image's 3 layers: left out; ")
+    # No index: `-`.
+    (tmp_path / "empty").write_text("")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "copy_plan.py"), "image-copy", "3", "0", "-",
+         str(tmp_path / "empty")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines()[0] == "keep 0"
