@@ -42,11 +42,16 @@ class PulumiCli:
         self.stacks[name] = StackFile.from_config(self.project, name, config)
         return self.stacks[name]
 
-    def config_set(self, stack: str, key: str, value: str, secret: bool = False) -> None:
-        """`pulumi config set [--secret] KEY VALUE` on a stack made before."""
+    def config_set(
+        self, stack: str, key: str, value: str, secret: bool = False, path: bool = False
+    ) -> None:
+        """`pulumi config set [--secret] [--path] KEY VALUE` on a stack made before."""
         if stack not in self.stacks:
             raise CliError(f"no stack named '{stack}' found")
-        self.stacks[stack].set(self.project, key, value, secret=secret)
+        if path:
+            self.stacks[stack].set_path(self.project, key, value, secret=secret)
+        else:
+            self.stacks[stack].set(self.project, key, value, secret=secret)
 
     def program_config(self, stack: str) -> ProgramConfig:
         """What preview, up, refresh and destroy do before the program starts."""

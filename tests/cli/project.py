@@ -22,6 +22,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tests.cli import gotext
+
 SCHEMA_FILE = Path(__file__).with_name("project.schema.json")
 TYPE_NAMES = ("string", "integer", "boolean", "array", "object")
 
@@ -71,8 +73,9 @@ class Project:
 def load_project(path: Path) -> Project:
     """`LoadProject(path)`: the project, or the CLI's refusal."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
-    except yaml.YAMLError as error:
+        # Read as Go's yaml.v3 reads it (tests/cli/gotext.py).
+        raw = gotext.load(path.read_text(encoding="utf-8-sig"))
+    except (yaml.YAMLError, gotext.GoTextError) as error:
         raise CliError(f"could not unmarshal '{path}': {error}") from None
     validate_project(raw, path)
     project = _project_from(raw, path)

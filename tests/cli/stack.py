@@ -3,15 +3,17 @@ to a Python program. Sources (pulumi/pulumi v3.259, commit 1b5949891b):
 
 - `sdk/go/common/workspace/loaders.go` `LoadProjectStackBytes`: a stack key without a namespace
   is the project's; a null value is treated as `""` (with a warning).
-- `sdk/go/common/resource/config/value.go`: YAML scalars are stored as text, maps and lists as
-  object values (JSON), `secure:` values as ciphertext.
+- `sdk/go/common/resource/config/value.go`, `object.go`: YAML (read by Go's yaml.v3) scalars
+  are stored as text (numbers and bools as Go's JSON text), maps and lists as object values
+  (Go's JSON), `secure:` values as ciphertext, also inside objects (`tests/cli/gotext.py`).
 - `pkg/workspace/config.go` `ValidateStackConfigAndApplyProjectConfig` / `mergeConfig` (run by
   preview, up, refresh and destroy, errors wrapped as "validating stack config: ..."):
   project defaults fill keys the stack lacks; a project key with neither `default` nor `value`
   must be set; then, for explicitly typed keys in sorted order, a `secret: true` key must be
   secure and the value must pass `ValidateConfigValue`.
 - `sdk/go/common/resource/config/map.go` `Map.Decrypt` + `Plaintext.marshalText`: the program
-  receives every value as text (objects as compact JSON), secrets decrypted.
+  receives every value as text (objects as compact JSON), secrets decrypted, those inside objects
+  too; `Map.SecureKeys` lists a key whose value holds a secret anywhere.
 - `sdk/python/cmd/pulumi-language-python/main.go`: `PULUMI_CONFIG` (JSON map) and
   `PULUMI_CONFIG_SECRET_KEYS` (JSON list) in the program's environment;
   `sdk/python/cmd/pulumi-language-python-exec` then calls `set_all_config(get_config_env(),
@@ -27,6 +29,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ from typing import Any
 import pulumi
 import yaml
 
+from tests.cli import gotext
 from tests.cli.project import CliError, Project, config_value_fits
 
 CIPHER_PREFIX = "v1:test:"
@@ -58,19 +62,28 @@ class Secure:
 
 @dataclass(frozen=True)
 class StoredValue:
-    """`config.Value`: text, an object (JSON text), or a secure value."""
+    """`config.Value`: text, an object (its decoded tree, secure leaves as Secure), or a secure
+    value."""
 
     text: str = ""
     is_object: bool = False
     secure: Secure | None = None
+    tree: Any = None
 
     @classmethod
     def from_yaml(cls, raw: Any) -> StoredValue:
-        if isinstance(raw, dict) and set(raw) == {"secure"}:
-            return cls(secure=Secure(str(raw["secure"])))
-        if isinstance(raw, dict | list):
-            return cls(text=_compact_json(raw), is_object=True)
-        return cls(text=_go_text(raw))
+        """A value as decoded from the stack file (or given as one): `unmarshalObject`."""
+        decoded = _object(raw)
+        if isinstance(decoded, Secure):
+            return cls(secure=decoded)
+        if isinstance(decoded, dict | list):
+            return cls(text=gotext.json_text(_stored(decoded)), is_object=True, tree=decoded)
+        return cls(text=gotext.scalar_text(decoded))
+
+    @property
+    def is_secret(self) -> bool:
+        """`object.Secure`: secure itself, or holding a secure value anywhere inside."""
+        return self.secure is not None or _holds_secure(self.tree)
 
     def to_yaml(self) -> Any:
         if self.secure is not None:
@@ -79,7 +92,9 @@ class StoredValue:
 
     def plaintext(self) -> str:
         """`Plaintext.marshalText`: what the program receives for this key."""
-        return self.secure.decrypt() if self.secure is not None else self.text
+        if self.secure is not None:
+            return self.secure.decrypt()
+        return gotext.json_text(_decrypted(self.tree)) if self.is_object else self.text
 
     def content(self) -> Any:
         """What `ValidateConfigValue` sees: objects decoded from JSON, everything else text."""
@@ -87,18 +102,51 @@ class StoredValue:
         return json.loads(text) if self.is_object else text
 
 
-def _go_text(raw: Any) -> str:
-    """A YAML scalar as the stack file stores it: `8000`, `true`, `1.5`; null is `""`."""
-    if raw is None:
-        return ""
-    if isinstance(raw, bool):
-        return "true" if raw else "false"
-    return str(raw)
+def _object(raw: Any) -> Any:
+    """`unmarshalObject`: `{secure: TEXT}` anywhere is a secret; map keys as Go prints them."""
+    if isinstance(raw, dict):
+        if len(raw) == 1 and isinstance(raw.get("secure"), str):
+            return Secure(raw["secure"])
+        return {gotext.key_text(key): _object(value) for key, value in raw.items()}
+    if isinstance(raw, list):
+        return [_object(item) for item in raw]
+    return raw
+
+
+def _stored(tree: Any) -> Any:
+    """`marshalObjectValue`: a secret inside an object stays `{"secure": CIPHERTEXT}`."""
+    if isinstance(tree, Secure):
+        return {"secure": tree.ciphertext}
+    if isinstance(tree, dict):
+        return {key: _stored(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_stored(item) for item in tree]
+    return tree
+
+
+def _decrypted(tree: Any) -> Any:
+    if isinstance(tree, Secure):
+        return tree.decrypt()
+    if isinstance(tree, dict):
+        return {key: _decrypted(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_decrypted(item) for item in tree]
+    return tree
+
+
+def _holds_secure(tree: Any) -> bool:
+    if isinstance(tree, Secure):
+        return True
+    if isinstance(tree, dict):
+        return any(_holds_secure(value) for value in tree.values())
+    if isinstance(tree, list):
+        return any(_holds_secure(item) for item in tree)
+    return False
 
 
 def _compact_json(value: Any) -> str:
-    """Go's json.Marshal of a decoded value: compact, map keys sorted."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    """Go's json.Marshal of a decoded value (tests/cli/gotext.py)."""
+    return gotext.json_text(value)
 
 
 @dataclass
@@ -111,7 +159,7 @@ class StackFile:
     @classmethod
     def load(cls, project: Project, name: str, path: Path | None = None) -> StackFile:
         path = path or project.path.with_name(f"Pulumi.{name}.yaml")
-        document = yaml.safe_load(path.read_text()) if path.exists() else None
+        document = gotext.load(path.read_text()) if path.exists() else None
         return cls.from_config(project, name, (document or {}).get("config") or {})
 
     @classmethod
@@ -126,6 +174,30 @@ class StackFile:
         stored = StoredValue(secure=Secure.encrypt(value)) if secret else StoredValue(text=value)
         self.config[full_key(project, key)] = stored
 
+    def set_path(self, project: Project, key: str, value: str, secret: bool = False) -> None:
+        """`pulumi config set --path [--secret] KEY VALUE` (config.go `Map.Set` with a path): one
+        nested key merged into the object at the path's first segment; a plain value typed as
+        `coerce` types it (`true`/`false`, a decimal integer without a leading zero)."""
+        # io.go parseConfigKey: the namespace is the top segment's (before the first `[` or `.`).
+        split = min((i for i in (key.find("["), key.find(".")) if i > 0), default=len(key))
+        namespace, _, top = key[:split].rpartition(":")
+        path = parse_property_path(top + key[split:])
+        if not isinstance(path[0], str):
+            raise CliError("first path segement of config key must be a string")
+        if path[0] == "":
+            raise CliError("config key is empty")
+        root_key = full_key(project, f"{namespace}:{path[0]}" if namespace else str(path[0]))
+        new: Any = Secure.encrypt(value) if secret else _coerce(value)
+        if len(path) == 1:  # Map.Set: the value as given, untyped
+            self.set(project, root_key, value, secret=secret)
+            return
+        existing = self.config.get(root_key)
+        root: Any = None
+        if existing is not None:
+            root = existing.tree if existing.is_object else existing.secure or existing.text
+        root = _set_at(root, path[:1], path[1:], new)
+        self.config[root_key] = StoredValue.from_yaml(_stored(root))
+
     def set_object(self, project: Project, key: str, value: Any) -> None:
         """`pulumi config set --path` / editing the file: a structured value."""
         self.config[full_key(project, key)] = StoredValue.from_yaml(value)
@@ -137,6 +209,113 @@ class StackFile:
         path = project.path.with_name(f"Pulumi.{self.name}.yaml")
         path.write_text(yaml.safe_dump(self.document(), sort_keys=False))
         return path
+
+
+def parse_property_path(path: str) -> list[str | int]:
+    """`resource.ParsePropertyPathStrict` (sdk/go/common/resource/properties_path.go): names up
+    to the next `.` or `[`, `["quoted"]` keys, `[N]` indexes."""
+    elements: list[str | int] = []
+    if path.startswith("."):
+        raise _bad_path("expected property path to start with a name or index")
+    while path:
+        if path[0] == ".":
+            path = path[1:]
+            if not path:
+                raise _bad_path("expected property path to end with a name or index")
+            if path[0] == "[":
+                raise _bad_path("expected property name after '.'")
+        elif path[0] == "[":
+            if len(path) > 1 and path[1] == '"':
+                key, i = "", 2
+                while True:
+                    if i >= len(path):
+                        raise _bad_path("missing closing quote in property name")
+                    if path[i] == '"':
+                        i += 1
+                        break
+                    if path[i] == "\\" and i + 1 < len(path) and path[i + 1] == '"':
+                        key, i = key + '"', i + 2
+                    else:
+                        key, i = key + path[i], i + 1
+                if i >= len(path) or path[i] != "]":
+                    raise _bad_path("missing closing bracket in property access")
+                elements.append(key)
+                path = path[i + 1 :]
+            else:
+                end = path.find("]")
+                if end == -1:
+                    raise _bad_path("missing closing bracket in array index")
+                segment = path[1:end]
+                if segment == "*":
+                    elements.append("*")
+                elif re.fullmatch(r"[+-]?[0-9]+", segment):
+                    elements.append(int(segment))
+                else:
+                    raise _bad_path(f"invalid array index: {segment!r}")
+                path = path[end + 1 :]
+        else:
+            end = min((i for i in (path.find("."), path.find("[")) if i != -1), default=len(path))
+            elements.append(path[:end])
+            path = path[end:]
+    if not elements:
+        raise CliError("empty config key path")
+    return elements
+
+
+def _bad_path(why: str) -> CliError:
+    return CliError(f"invalid config key path: {why}")
+
+
+def _coerce(value: str) -> Any:
+    """object.go `coerce`: `true`/`false`, or a decimal integer (not one with a leading zero,
+    which stays text, nor one beyond uint64)."""
+    if value in ("true", "false"):
+        return value == "true"
+    if len(value) > 1 and value[0] == "0":
+        return value
+    # strconv.ParseInt(v, 10, 64), else ParseUint(v, 10, 64): a sign is allowed by the first.
+    if re.fullmatch(r"[+-]?[0-9]+", value) and -(1 << 63) <= int(value) < (1 << 63):
+        return int(value)
+    if re.fullmatch(r"[0-9]+", value) and int(value) < (1 << 64):
+        return int(value)
+    return value
+
+
+def _go_path(path: list[str | int]) -> str:
+    """A PropertyPath as Go's %v prints a slice."""
+    return "[" + " ".join(str(part) for part in path) + "]"
+
+
+def _set_at(node: Any, prefix: list[str | int], path: list[str | int], new: Any) -> Any:
+    """object.go `object.Set`: `new` at `path` under `node` (reached by `prefix`), containers
+    made as the path's accessors ask; returns the new node."""
+    if not path:
+        return new
+    accessor = path[0]
+    if not isinstance(node, dict | list):
+        if node is not None and len(prefix) != 1:
+            kind = "an array" if isinstance(accessor, int) else "a map"
+            raise CliError(f"could not set config: {_go_path(prefix)}: expected {kind}")
+        # A nil value, or (COMPAT) any value at the first level: a new container.
+        node = [None] * (accessor + 1) if isinstance(accessor, int) else {}
+    here = [*prefix, accessor]
+    if isinstance(node, list):
+        if not isinstance(accessor, int):
+            raise CliError(
+                f"could not set config: {_go_path(here)}: key for an array must be an int"
+            )
+        if accessor < 0 or accessor > len(node):
+            raise CliError(f"could not set config: {_go_path(here)}: array index out of range")
+        if accessor == len(node):
+            node.append(None)
+        node[accessor] = _set_at(node[accessor], here, path[1:], new)
+        return node
+    if not isinstance(accessor, str):
+        raise CliError(f"could not set config: {_go_path(here)}: key for a map must be a string")
+    if len(path) == 1 and not node and accessor == "secure" and isinstance(new, str):
+        raise CliError('could not set config: maps with the single key "secure" are reserved')
+    node[accessor] = _set_at(node.get(accessor), here, path[1:], new)
+    return node
 
 
 def full_key(project: Project, key: str) -> str:
@@ -179,7 +358,7 @@ def merge_config(project: Project, stack: StackFile) -> ProgramConfig:
         stored = merged.get(full_key(project, key))
         if stored is None or not declared.explicitly_typed:
             continue
-        if declared.secret and stored.secure is None:
+        if declared.secret and not stored.is_secret:
             raise CliError(
                 f"validating stack config: Stack '{stack.name}' with configuration key '{key}' "
                 "must be encrypted as it's secret"
@@ -191,7 +370,7 @@ def merge_config(project: Project, stack: StackFile) -> ProgramConfig:
             )
     return ProgramConfig(
         values={key: value.plaintext() for key, value in merged.items()},
-        secret_keys=sorted(key for key, value in merged.items() if value.secure is not None),
+        secret_keys=sorted(key for key, value in merged.items() if value.is_secret),
     )
 
 
