@@ -164,7 +164,7 @@ image_fact() {
 # relay_to_chain: one stream through every worker of --relay that lacks the image, when two or
 # more do; the others (and any a hop failed to reach) are left to their own steps.
 relay_to_chain() {
-  local line name chain="" least="" members=0 zstd="" output status=0 position kind value
+  local line name chain="" least="" members=0 zstd="" position kind value
   local -a lines fact_files=()
   local facts
   facts="$(mktemp -d)"
@@ -196,21 +196,15 @@ relay_to_chain() {
   size="$(stream_size "$least")" names="$(chain_names "$chain")"
   sink="$(load_command '"$SPARK_BIN"')"
   note "relaying $ARG_REF to $names in one chain (they all hold $least of $layer_count layers; $(( size / 1000000 )) MB)"
-  report_progress "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" "${ARG_STALL_SECONDS:-0}" &
-  reporter=$!
-  output="$(send "$least" "$meters/relay" "$(chain_destination "$chain")" \
-    "$(chain_call "$sink" "$chain")" "$chain")" \
-    || status=$?
-  kill "$reporter" 2>/dev/null || true
-  reporter=""
-  forget_stall "$meters"
+  run_chain "$names" image "$size" "$meters" "${ARG_PROGRESS_SECONDS:-10}" \
+    send "$least" "$meters/relay" "$(chain_destination "$chain")" "$(chain_call "$sink" "$chain")" "$chain"
   mapfile -t lines <<<"$chain"
   for line in "${lines[@]}"; do
     IFS="|" read -r name dest _ <<<"$line"
     if remote_has "$dest"; then
       relayed=$(( relayed + 1 ))
     else
-      note "$name did not get the image from the chain (relay status $(relayed_status "$output" "$name"), stream exit $status): its own step copies it"
+      note "$name did not get the image from the chain (relay status $(relayed_status "$chain_output" "$name"), stream exit $chain_exit): its own step copies it"
     fi
   done
   note "relayed $ARG_REF to $relayed of $members workers in $(( SECONDS - started ))s"

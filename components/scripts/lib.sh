@@ -251,6 +251,23 @@ in_flight() {
   [ -n "$newest" ] && ! grep -q 'records out' "$1/$newest"
 }
 
+# run_chain NAMES WHAT TOTAL_BYTES DIR SECONDS COMMAND...: COMMAND sends a relay chain's stream
+# (metered into DIR), watched by report_progress (its watchdog included); sets `chain_output`
+# (what the members reported: relayed_status) and `chain_exit`, and forgets a stall afterwards,
+# since each member's own step copies what the chain did not bring. The reporter's pid is in
+# `reporter` meanwhile, for the caller's EXIT trap.
+run_chain() {
+  local names=$1 what=$2 total=$3 dir=$4 seconds=$5
+  shift 5
+  report_progress "$names" "$what" "$total" "$dir" "$seconds" "${ARG_STALL_SECONDS:-0}" &
+  reporter=$!
+  # shellcheck disable=SC2034  # chain_output and chain_exit are the caller's to read
+  chain_exit=0 chain_output="$("$@")" || chain_exit=$?
+  kill "$reporter" 2>/dev/null || true
+  reporter=""
+  forget_stall "$dir"
+}
+
 # forget_stall DIR: after a relay chain, whose members' own steps copy what it did not bring
 # (each on its own watchdog): say that it stalled, and let the copy after it start afresh.
 forget_stall() {

@@ -63,6 +63,12 @@ metered_send() {
     weights-sync "$1" "$2" "$3" "$forward" "$meters.pid"
 }
 
+# send_blobs DEST REMOTE CHAIN: the chain's blobs (relay_to_chain's `blobs`, under `hub`) as one
+# tar stream, metered, to DEST's REMOTE through CHAIN.
+send_blobs() {
+  tar -C "$hub" -cf - "${blobs[@]}" | metered_send "$meters/relay" "$1" "$2" "$3"
+}
+
 relayed=0
 # weights_fact DEST BIN: what the chain needs to know of a worker: `unreachable`, `has` (this
 # revision, whole), or the size it holds of each of the revision's blobs (`NAME SIZE` lines).
@@ -77,7 +83,7 @@ weights_fact() {
 # in one tar stream passed from worker to worker (relay.sh), when two or more lack it. Each
 # worker's own step then sends what is left for it (a blob held in part, the snapshot's links).
 relay_to_chain() {
-  local line name dest bin fact chain="" members=0 output status=0 size="" position=0 kind blob
+  local line name dest bin fact chain="" members=0 size="" position=0 kind blob
   local -a lines blobs=() holdings=()
   local facts
   facts="$(mktemp -d)"
@@ -110,21 +116,15 @@ relay_to_chain() {
   names="$(chain_names "$chain")"
   sink="$(words mkdir -p "$hub") && $(words tar -C "$hub" -xf -)"
   note "relaying ${#blobs[@]} blob(s) of $ARG_MODEL@$commit ($size bytes) to $names in one chain"
-  report_progress "$names" weights "$size" "$meters" "$PROGRESS_SECONDS" "${ARG_STALL_SECONDS:-0}" &
-  reporter=$!
-  output="$(tar -C "$hub" -cf - "${blobs[@]}" | metered_send "$meters/relay" "$(chain_destination "$chain")" \
-    "$(chain_call "$sink" "$chain")" "$chain")" \
-    || status=$?
-  kill "$reporter" 2>/dev/null || true
-  reporter=""
-  forget_stall "$meters"
+  run_chain "$names" weights "$size" "$meters" "$PROGRESS_SECONDS" \
+    send_blobs "$(chain_destination "$chain")" "$(chain_call "$sink" "$chain")" "$chain"
   mapfile -t lines <<<"$chain"
   for line in "${lines[@]}"; do
     IFS='|' read -r name dest bin <<<"$line"
-    if [ "$(relayed_status "$output" "$name")" = 0 ]; then
+    if [ "$(relayed_status "$chain_output" "$name")" = 0 ]; then
       relayed=$(( relayed + 1 ))
     else
-      note "$name did not take the chain's blobs (relay status $(relayed_status "$output" "$name"), stream exit $status): its own step sends what it lacks"
+      note "$name did not take the chain's blobs (relay status $(relayed_status "$chain_output" "$name"), stream exit $chain_exit): its own step sends what it lacks"
     fi
   done
   note "relayed ${#blobs[@]} blob(s) to $relayed of $members workers in $(( SECONDS - started ))s"

@@ -168,13 +168,9 @@ def json_text(value: Any) -> str:
         return "[" + ",".join(json_text(item) for item in value) + "]"
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return float_text(value)
-    return _string(str(value))
+    if isinstance(value, str):
+        return _string(value)
+    return scalar_text(value)
 
 
 def _string(text: str) -> str:
