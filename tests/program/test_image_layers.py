@@ -116,6 +116,15 @@ def test_the_same_image_has_one_identity_on_every_store_though_its_ids_differ() 
     assert identities.pop().startswith("content:")
 
 
+def test_an_image_without_a_creation_time_has_one_identity_too() -> None:
+    """A config without `created` (the benchmark's images): 20.10 shows Go's zero time, the
+    containerd store leaves it out."""
+    stores = ("no-created-docker-20.10", "no-created-docker-26-containerd")
+    created = [inspected(store).get("Created") for store in stores]
+    assert created == ["0001-01-01T00:00:00Z", None]
+    assert len({image_layers.identity(inspected(store)) for store in stores}) == 1
+
+
 def test_anything_in_the_config_changes_the_identity() -> None:
     base = inspected("docker-26-containerd")
     config = base["Config"]
