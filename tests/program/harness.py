@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import settings as pulumi_settings
@@ -29,7 +28,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from components.facts import FACTS_HEADER
-from tests.cli import PulumiCli, handed_to_program
+from tests.cli import PulumiCli, gotext, handed_to_program
 from tests.engine.preview import PreviewMonitor, PriorResource
 from tests.mockvalues import is_secret, unwrap_secrets
 
@@ -230,7 +229,7 @@ class CapturingLogger:
 
 def load_stack_config(stack: str) -> dict[str, Any]:
     """The `spark-vllm:` keys of Pulumi.<stack>.yaml, without the namespace."""
-    raw = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]
+    raw = gotext.load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]  # as the CLI reads it
     return {key.split(":", 1)[1]: value for key, value in raw.items()}
 
 
