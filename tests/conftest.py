@@ -35,18 +35,18 @@ from tests.lab import timings
 # phase and module"): the order work starts in. A module not listed counts as fast and goes
 # after these.
 MODULE_COST: dict[str, float] = {
-    "tests/lab/test_faults.py": 803,
-    "tests/lab/test_day_two.py": 693,
-    "tests/lab/test_executor_mp.py": 338,
-    "tests/lab/test_e2e.py": 337,
-    "tests/lab/test_bench.py": 255,
-    "tests/lab/test_day_two_grow.py": 234,
-    "tests/lab/test_hardware_faults.py": 216,
-    "tests/standin/test_ray_backend.py": 105,
-    # Its 168 s in the last run were mostly its lab's setup waiting out the exclusive module.
+    "tests/lab/test_faults.py": 723,
+    "tests/lab/test_day_two.py": 659,
+    "tests/lab/test_executor_mp.py": 306,
+    "tests/lab/test_e2e.py": 282,
+    "tests/lab/test_bench.py": 259,
+    "tests/lab/test_day_two_grow.py": 200,
+    "tests/lab/test_hardware_faults.py": 164,
+    "tests/standin/test_ray_backend.py": 87,
+    # Its time in a full run is mostly its lab's setup waiting out the exclusive module.
     "tests/lab/test_lab_infra.py": 45,
-    "tests/standin/test_mp_backend.py": 31,
-    "tests/lab/test_realmocks.py": 23,
+    "tests/standin/test_mp_backend.py": 26,
+    "tests/lab/test_realmocks.py": 20,
 }
 _WORKER_KEY = "spark_vllm_lab_figures"
 
