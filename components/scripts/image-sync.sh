@@ -5,12 +5,12 @@
 #                 [--progress-seconds S]
 #                 [--stall-seconds S] (a stream that moves nothing for S seconds is stopped)
 #                 [--fabric-key K --fabric-known-hosts F]
+#                 [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
+#                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # The worker loads it with its own image-load.sh (in DIR, its scripts), which stages what arrives
 # beside DIR and names the image NAME, the name every container uses there. "Has it" means NAME
 # is there with the head's image's content (image_layers.py identity): an image ID differs
 # between Docker's classic store and the containerd image store for the same image.
-#                 [--relay CHAIN]  (the first worker's step: every worker, `name|destination|bin`)
-#                 [--remove yes]   (the destroy step: remove the image from the worker instead)
 # `docker load` tags only after the whole stream arrived, so a cut link leaves nothing tagged.
 # Layers the worker already holds (an update of an image it has) are not sent: the saved stream
 # carries them as empty files, which `docker load` never reads (image_layers.py says why). The
