@@ -445,3 +445,33 @@ def test_no_relay_without_two_workers_and_a_managed_key(
         assert relay_flag(ev, f"weights-{worker}-copy") is None
     if hosts == 3:
         assert not ev.depends_on("image-spark3-sync", "image-spark2-sync")
+
+
+def test_every_node_names_the_serving_image_by_its_pin_never_by_the_heads_id(
+    evaluation: Evaluation,
+) -> None:
+    """An ID names an image on the store that made it only (the containerd store gives the same
+    image another): every container and step that runs the serving image, on every node, names
+    it `spark-vllm.invalid/image:sha256-<head's ID>` (stacks/plan/image.py pinned_image); the
+    record and the copies carry the ID to make that name."""
+    ev = evaluation
+    image_id = ev.outputs["imageId"]
+    pinned = "spark-vllm.invalid/image:" + image_id.replace(":", "-")
+    for container in ev.by_type("docker:index/container:Container"):
+        if container.name == "front-container":  # the front runs its own image (HAProxy)
+            assert container.inputs["image"].startswith("sha256:")
+        else:
+            assert container.inputs["image"] == pinned, container.name
+    runs_it = [
+        r
+        for r in ev.by_type("command:remote:Command")
+        if r.name.endswith("-facts") or r.name.startswith(("compile-cache-", "memory-check"))
+    ]
+    assert len(runs_it) == 2 * host_count(ev) + 1
+    for step in runs_it:
+        words = shlex.split(step.inputs["create"]) + shlex.split(step.inputs.get("delete") or "")
+        assert image_id not in words, step.name
+        assert pinned in words, step.name
+    for step in ev.by_type("command:remote:Command"):
+        if step.name.endswith("-sync") or step.name == "image-head-record":
+            assert f"--pinned {pinned}" in step.inputs["create"], step.name
