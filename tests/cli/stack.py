@@ -30,7 +30,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,25 +113,24 @@ def _object(raw: Any) -> Any:
     return raw
 
 
+def _map_secure(tree: Any, leaf: Callable[[Secure], Any]) -> Any:
+    """The tree with each secure value replaced by `leaf(value)`."""
+    if isinstance(tree, Secure):
+        return leaf(tree)
+    if isinstance(tree, dict):
+        return {key: _map_secure(value, leaf) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_map_secure(item, leaf) for item in tree]
+    return tree
+
+
 def _stored(tree: Any) -> Any:
     """`marshalObjectValue`: a secret inside an object stays `{"secure": CIPHERTEXT}`."""
-    if isinstance(tree, Secure):
-        return {"secure": tree.ciphertext}
-    if isinstance(tree, dict):
-        return {key: _stored(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_stored(item) for item in tree]
-    return tree
+    return _map_secure(tree, lambda secure: {"secure": secure.ciphertext})
 
 
 def _decrypted(tree: Any) -> Any:
-    if isinstance(tree, Secure):
-        return tree.decrypt()
-    if isinstance(tree, dict):
-        return {key: _decrypted(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_decrypted(item) for item in tree]
-    return tree
+    return _map_secure(tree, Secure.decrypt)
 
 
 def _holds_secure(tree: Any) -> bool:
