@@ -86,10 +86,11 @@ def test_a_memory_hog_leaves_too_little_and_auto_sizes_the_server_to_what_is_lef
     # A fraction that fitted before the hog took its 4 GiB, and does not now.
     asked = round((mem_available(lab) + memory_hog - 1.5 * GIB) / total, 2)
     error = failing_up(lab, stack, with_utilization(lab, asked))
+    # The setting is echoed as given (0.9), the arithmetic with two decimals (0.90).
     found = re.search(
         rf"spark1: memory-check: vllm.gpuMemoryUtilization {asked} does not fit: .*spark2: "
-        rf"{asked} x [\d.]+ GiB = [\d.]+ GiB asked, ([\d.]+) GiB free \(meminfo\).*; the highest "
-        r"value that fits every node is ([\d.]+) \(auto would choose ([\d.]+), with its",
+        rf"{asked:.2f} x [\d.]+ GiB = [\d.]+ GiB asked, ([\d.]+) GiB free \(meminfo\).*; the "
+        r"highest value that fits every node is ([\d.]+) \(auto would choose ([\d.]+), with its",
         error,
     )
     assert found, error
