@@ -1,34 +1,14 @@
-"""The copies' decisions, apart from the bytes that move (weights-sync.sh and image-sync.sh run
-them): what each worker keeps, resumes and is sent of the weights and of the image, which blobs
-a relay chain carries, and which workers an image chain takes. Facts in, plan out (with the
-reason the step prints), so they are table-tested (tests/program/test_copy_plan.py).
-
-    copy_plan.py blobs HEAD_SIZES WORKER_SIZES
-        > `kept NAME`, `resume NAME HAVE`, `send NAME` lines, then `total BYTES_TO_SEND`
-    copy_plan.py chain-blobs HEAD_SIZES MEMBER_SIZES...
-        > `send NAME` lines: the blobs no chain member holds any of, then `total BYTES`
-    copy_plan.py image-chain MEMBER_FACT...   (each a file: image-sync.sh image_fact's line)
-        > `member POSITION` or `skip POSITION REASON` a worker (1-based, in the chain's order),
-          then `least HELD` (the leading layers every member holds) and `zstd yes|no`
-    copy_plan.py image-copy LAYERS HELD INDEX_FILE|- STAGED_FILE
-        > `keep HELD` (the leading layers the stream leaves out), `whole NAME` (a member staged
-          whole by a cut copy: sent as an empty file), `part NAME HAVE WANT` (staged in part: its
-          tail is sent first), then `why TEXT`
-
-INDEX_FILE is image_layers.py's index of the head's saved stream (`-`: none, because the worker
-holds nothing of the image or indexing failed); STAGED_FILE the worker's staged `NAME SIZE` lines.
-A sizes file holds `NAME SIZE` lines (the head's: every blob of the revision; a worker's: what
-it holds of each, 0 or absent when none). Standard library only: it runs with the head's own
-python3.
+"""The copies' decisions, apart from the bytes that move (copy_engine.py reads the facts, runs
+these, then moves the bytes): what each worker keeps, resumes and is sent of the weights and of
+the image, which blobs a relay chain carries, and which workers an image chain takes. Facts in,
+plan out (with the reason the step prints), so they are table-tested
+(tests/program/test_copy_plan.py). Standard library only: it runs with the head's own python3.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 # An LFS blob is named by its sha256: a part of it can be completed and checked. A git blob
 # (sha1-named) is small: sent again rather than resumed.
@@ -41,15 +21,6 @@ class BlobPlan:
     resumed: dict[str, int] = field(default_factory=dict)  # name -> bytes the worker has
     whole: list[str] = field(default_factory=list)
     to_send: int = 0
-
-
-def read_sizes(path: Path) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            sizes[parts[0]] = int(parts[1])
-    return sizes
 
 
 def plan_blobs(head: dict[str, int], worker: dict[str, int]) -> BlobPlan:
@@ -149,40 +120,3 @@ def image_copy(
         )
     plan.why = "; ".join(said)
     return plan
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) >= 3 and argv[0] == "blobs":
-        head = read_sizes(Path(argv[1]))
-        plan = plan_blobs(head, read_sizes(Path(argv[2])))
-        lines = [f"kept {name}" for name in plan.kept]
-        lines += [f"resume {name} {have}" for name, have in plan.resumed.items()]
-        lines += [f"send {name}" for name in plan.whole]
-        print("\n".join([*lines, f"total {plan.to_send}"]))
-        return 0
-    if len(argv) >= 2 and argv[0] == "chain-blobs":
-        head = read_sizes(Path(argv[1]))
-        names = chain_blobs(head, [read_sizes(Path(path)) for path in argv[2:]])
-        total = sum(head[name] for name in names)
-        print("\n".join([*(f"send {name}" for name in names), f"total {total}"]))
-        return 0
-    if len(argv) == 5 and argv[0] == "image-copy":
-        index = None if argv[3] == "-" else json.loads(Path(argv[3]).read_text())
-        copy = image_copy(int(argv[1]), int(argv[2]), index, read_sizes(Path(argv[4])))
-        lines = [f"keep {copy.kept_layers}", *(f"whole {name}" for name in copy.staged_whole)]
-        lines += [f"part {name} {have} {want}" for name, (have, want) in copy.staged_parts.items()]
-        print("\n".join([*lines, f"why {copy.why}"]))
-        return 0
-    if argv and argv[0] == "image-chain":
-        chain = image_chain([Path(path).read_text().strip() for path in argv[1:]])
-        lines = [f"member {position}" for position in chain.members]
-        lines += [f"skip {position} {why}" for position, why in chain.skipped.items()]
-        lines += [f"least {chain.least}", f"zstd {'yes' if chain.zstd else 'no'}"]
-        print("\n".join(lines))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

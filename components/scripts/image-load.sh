@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
-# On a worker: load the image stream the head sends on stdin (image-sync.sh), then give the
+# On a worker: load the image stream the head sends on stdin (copy_engine.py), then give the
 # image the pinned name every container uses (stacks/plan/image.py PINNED_REPOSITORY).
 #   image-load.sh STAGE_NAME PINNED zstd|plain
+#   image-load.sh stop STAGE_NAME   (what an earlier or stalled load of STAGE_NAME left running)
 # What arrives is staged beside this script's directory, in image-stage/STAGE_NAME
 # (image_stage.py receive), so a copy cut midway resumes; the stage goes once the load
 # succeeded. The process group is recorded in image-stage/STAGE_NAME.pid first, so the head can
-# stop a stalled load (image-sync.sh stop_remote_load).
+# stop a stalled load (`stop`, which copy_engine.py runs).
 set -euo pipefail
 bin="$(cd "$(dirname "$0")" && pwd)"
+if [ "$1" = stop ]; then
+  # Only a load of ours: the group's leader must still be this script (a reused PID is left be).
+  pidfile="$(dirname "$bin")/image-stage/$2.pid"
+  group="$(cat "$pidfile" 2>/dev/null || true)"
+  case "$group" in
+    "" | *[!0-9]*) ;;
+    *) if grep -qs image-load "/proc/$group/cmdline"; then kill -KILL -- "-$group" || true; fi ;;
+  esac
+  rm -f "$pidfile"
+  exit 0
+fi
 stage="$(dirname "$bin")/image-stage/$1"
 pinned=$2
 mkdir -p "$stage"

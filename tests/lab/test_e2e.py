@@ -394,25 +394,33 @@ def test_the_seeds_topology_with_three_hosts(
 
 def assert_the_forwarded_key_signs_for_the_chains_hops_only(lab: Lab, state_dir: str) -> None:
     """The agent a relay forwards holds the head's fabric key limited to the chain's hops
-    (lib.sh with_relay_agent, ssh-add -h, bound to the pinned host keys): with the chain
+    (copy_engine.py relay_agent, ssh-add -h, bound to the pinned host keys): with the chain
     spark2 -> spark3 the hop signs in; with a chain of spark2 alone, spark2 cannot use the key
     to reach spark3, though the very same key is authorized there."""
     bin_dir = f"{state_dir}/bin"
     members = [f"spark{i}|ssh://root@{lab.spec.host_fabric_ip(i - 1)}:22|{bin_dir}" for i in (2, 3)]
+    # The engine's own pieces, run by the head's python3 from the installed scripts.
     script = (
-        f". {q(bin_dir)}/lib.sh\n"
-        f"ARG_FABRIC_KEY={q(state_dir)}/fabric_ed25519\n"
-        f"ARG_FABRIC_KNOWN_HOSTS={q(state_dir)}/fabric_known_hosts\n"
-        "export_fabric_ssh\n"
-        'hop="$(relay_call "cat >/dev/null" "$2" "$(cat "$ARG_FABRIC_KNOWN_HOSTS")" '
-        '"$(cat "$ARG_FABRIC_KEY.pub")")"\n'
-        'echo relayed | with_relay_agent "$1" bash -c \'fabric_ssh -A "$1" "$2"\' _ '
-        '"$(chain_destination "$2")" "$hop"\n'
+        "import subprocess, sys\n"
+        f"sys.path.insert(0, {bin_dir!r})\n"
+        "import copy_engine as engine\n"
+        f"fabric = engine.Fabric({state_dir + '/fabric_ed25519'!r}, "
+        f"{state_dir + '/fabric_known_hosts'!r})\n"
+        "limits, chain = engine.parse_chain(sys.argv[1]), engine.parse_chain(sys.argv[2])\n"
+        "pins = open(fabric.known_hosts).read().rstrip()\n"
+        "public = open(fabric.key + '.pub').read().rstrip()\n"
+        "call = engine.relay_call('cat >/dev/null', chain, pins, public)\n"
+        "with engine.relay_agent(fabric, limits) as env:\n"
+        "    done = subprocess.run(fabric.command(chain[0].destination, call, forward=True),\n"
+        "                          input='relayed', text=True, capture_output=True, env=env)\n"
+        "sys.stderr.write(done.stderr)\n"
+        "print(done.stdout)\n"
+        "fabric.close()\n"
     )
     for limits, spark3 in ((members, "0"), (members[:1], "none")):
         done = lab.exec(
             "spark1",
-            ["bash", "-c", script, "_", "\n".join(limits), "\n".join(members)],
+            ["python3", "-c", script, "\n".join(limits), "\n".join(members)],
             check=False,
         )
         statuses = dict(

@@ -3,17 +3,9 @@ operations), for every case the lab covers (kept, resumed after a cut, sent whol
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.program.test_scripts import SCRIPTS, load
-
-SCRIPT = SCRIPTS / "copy_plan.py"
-
+from tests.program.test_scripts import load
 
 plan = load("copy_plan")
 
@@ -70,32 +62,6 @@ def test_a_relay_chain_carries_the_blobs_no_member_holds(
     assert plan.chain_blobs(HEAD, members) == sorted(carried)
 
 
-def sizes_file(path: Path, sizes: dict[str, int]) -> Path:
-    path.write_text("".join(f"{name} {size}\n" for name, size in sizes.items()))
-    return path
-
-
-def test_the_script_prints_the_plan_weights_sync_reads(tmp_path: Path) -> None:
-    head = sizes_file(tmp_path / "head", HEAD)
-    worker = sizes_file(tmp_path / "worker", {LFS: 3_000_000, GIT: 2_000})
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "blobs", str(head), str(worker)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert done.stdout.splitlines() == [
-        f"kept {GIT}",
-        f"resume {LFS} 3000000",
-        f"send {LFS2}",
-        "total 9000000",
-    ]
-    member = sizes_file(tmp_path / "member1", {LFS: 3_000_000})
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "chain-blobs", str(head), str(member), str(worker)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert done.stdout.splitlines() == [f"send {LFS2}", "total 4000000"]
-
-
 @pytest.mark.parametrize(
     ("facts", "members", "skipped", "least", "zstd"),
     [
@@ -127,20 +93,6 @@ def test_an_image_chain_takes_the_workers_that_lack_the_image_and_can_load_it(
         least,
         zstd,
     )
-
-
-def test_the_image_chain_plan_is_printed_for_image_sync(tmp_path: Path) -> None:
-    files = []
-    for position, fact in enumerate(["3 zstd", "unreachable", "1 plain"], start=1):
-        files.append(tmp_path / str(position))
-        files[-1].write_text(fact + "\n")
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "image-chain", *map(str, files)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert done.stdout.splitlines() == [
-        "member 1", "member 3", "skip 2 unreachable", "least 1", "zstd no",
-    ]  # fmt: skip
 
 
 # The head's saved stream: three layers (rootfs order), the config and the manifest.
@@ -192,24 +144,3 @@ def test_an_image_copy_leaves_out_what_the_worker_holds_or_staged_and_says_why(
     copy = plan.image_copy(3, held, index, staged)
     assert (copy.kept_layers, copy.staged_whole, copy.staged_parts) == (kept, whole, parts)
     assert why in copy.why
-
-
-def test_image_copy_prints_the_plan_for_the_step(tmp_path: Path) -> None:
-    (tmp_path / "index.json").write_text(json.dumps(IMAGE_INDEX))
-    (tmp_path / "staged").write_text("l3/layer.tar 400\n")
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "copy_plan.py"), "image-copy", "3", "2",
-         str(tmp_path / "index.json"), str(tmp_path / "staged")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    lines = done.stdout.splitlines()
-    assert lines[:2] == ["keep 2", "part l3/layer.tar 400 1000"]
-    assert lines[2].startswith("why it holds 2 of the image's 3 layers: left out; ")
-    # No index: `-`.
-    (tmp_path / "empty").write_text("")
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "copy_plan.py"), "image-copy", "3", "0", "-",
-         str(tmp_path / "empty")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert done.stdout.splitlines()[0] == "keep 0"

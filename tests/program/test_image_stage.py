@@ -9,6 +9,9 @@ import sys
 import tarfile
 from pathlib import Path
 
+from tests.program.test_scripts import load
+
+copy_plan = load("copy_plan")
 SCRIPT = Path(__file__).resolve().parents[2] / "components" / "scripts" / "image_stage.py"
 
 
@@ -78,20 +81,12 @@ def test_a_cut_stream_leaves_what_arrived_staged_and_the_retry_fills_in_the_rest
             input=stream, capture_output=True, check=True,
         ).stdout
     )  # fmt: skip
-    (tmp_path / "index.json").write_text(json.dumps(index))
-    staged = "".join(f"{p.relative_to(stage)} {p.stat().st_size}\n" for p in stage.rglob("*")
-                     if p.is_file())  # fmt: skip
-    (tmp_path / "staged").write_text(staged)
-    plan = subprocess.run(
-        [sys.executable, str(SCRIPT.with_name("copy_plan.py")), "image-copy", "3", "0",
-         str(tmp_path / "index.json"), str(tmp_path / "staged")],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert plan.splitlines()[:3] == [
-        "keep 0",
-        "whole aaa/layer.tar",
-        f"part bbb/layer.tar {len(part)} 60000",
-    ]
+    staged = {str(p.relative_to(stage)): p.stat().st_size for p in stage.rglob("*") if p.is_file()}
+    copy = copy_plan.image_copy(3, 0, index, staged)
+    assert (copy.staged_whole, copy.staged_parts) == (
+        ["aaa/layer.tar"],
+        {"bbb/layer.tar": (len(part), 60000)},
+    )
     # The part completed from the head's stream, from where it stopped.
     rest = run("tail", "bbb/layer.tar", str(len(part)), stdin=stream).stdout
     assert part + rest == whole["bbb/layer.tar"]

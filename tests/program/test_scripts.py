@@ -489,7 +489,7 @@ def test_the_speed_measure_reports_medians_of_streamed_completions() -> None:
     assert 20 < float(rate) <= 110  # 7 tokens over ~7 gaps of 10 ms (and scheduling)
 
 
-# --- the relay chain (lib.sh relay_call, relay.sh) ------------------------------------------------
+# --- the relay chain's ssh stand-in (tests/program/test_copy_engine.py runs relay.sh) -----------
 
 # Stands in for ssh: runs the remote command with bash here, as the login shell on the far end
 # would; a destination named in $DOWN fails at once, as an unreachable host does.
@@ -503,51 +503,3 @@ case " ${DOWN:-} " in
 esac
 exec bash -c "$*"
 """
-
-
-@pytest.mark.parametrize("down", ["", "ssh://u@10.0.0.4:22"], ids=["whole", "last-hop-down"])
-def test_a_relay_chain_stores_the_same_bytes_on_every_worker(tmp_path: Path, down: str) -> None:
-    """One stream from the head passes worker to worker: each stores it with the sink and
-    reports its status, passed back up the chain. The members' scripts live in a directory with
-    a space and a quote (one quoting level per hop, whatever the chain's length); a hop that
-    fails leaves the workers before it their copy, and the one after it reports nothing."""
-    bin_dir = tmp_path / "it's bin"
-    shutil.copytree(SCRIPTS, bin_dir)
-    fake = tmp_path / "fake-bin"
-    fake.mkdir()
-    (fake / "ssh").write_text(FAKE_SSH)
-    (fake / "ssh").chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
-    members = [("spark2", "ssh://u@10.0.0.2:22"), ("spark3", "ssh://u@10.0.0.3:22"),
-               ("spark4", "ssh://u@10.0.0.4:22")]  # fmt: skip
-    chain = "\n".join(f"{name}|{dest}|{bin_dir}" for name, dest in members)
-    payload = os.urandom(3 * 1024 * 1024)
-    (tmp_path / "payload").write_bytes(payload)
-    head = (
-        f'. "{SCRIPTS}/lib.sh"\n'
-        "sink='cat > \"$RELAY_OUT/stored.$$\"'\n"
-        'output="$(fabric_ssh -A "$(chain_destination "$1")" '
-        '"$(relay_call "$sink" "$1" "known hosts" "ssh-ed25519 AAAA head")" < "$2")"\n'
-        'printf "%s\\n" "$output"\n'
-        "for name in spark2 spark3 spark4; do\n"
-        '  echo "$name $(relayed_status "$output" "$name")"\n'
-        "done\n"
-    )
-    done = subprocess.run(
-        ["bash", "-c", head, "head", chain, str(tmp_path / "payload")],
-        capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "RELAY_OUT": str(out),
-             "DOWN": down},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    statuses = dict(line.split() for line in done.stdout.splitlines()[-3:])
-    reached = 2 if down else 3
-    assert statuses == {"spark2": "0", "spark3": "0", "spark4": "0" if not down else "none"}
-    stored = sorted(out.iterdir())
-    assert len(stored) == reached
-    assert all(path.read_bytes() == payload for path in stored)
-    if down:
-        assert "spark3: passing the stream on to ssh://u@10.0.0.4:22 failed" in done.stderr
-    # Nothing of the hops is left behind (known hosts, the public key, the fifo).
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("tmp.*/fabric.pub"))
