@@ -128,11 +128,11 @@ class Fabric:
     def command(self, destination: str, remote: str, forward: bool = False) -> list[str]:
         return ["ssh", *self.options(forward), destination, remote]
 
-    def ask(
+    def run(
         self, destination: str, remote: str, stdin: str = "", seconds: int = PROBE_SECONDS
-    ) -> tuple[int, str]:
-        """`remote` run on `destination`: its exit status and output (stdout and stderr), 124
-        when it did not answer within `seconds`."""
+    ) -> tuple[int, str, str]:
+        """`remote` run on `destination`: its exit status, stdout and stderr; 124 when it did
+        not answer within `seconds`."""
         try:
             done = subprocess.run(
                 self.command(destination, remote),
@@ -143,23 +143,20 @@ class Fabric:
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            return 124, ""
-        return done.returncode, done.stdout + done.stderr
+            return 124, "", ""
+        return done.returncode, done.stdout, done.stderr
+
+    def ask(
+        self, destination: str, remote: str, stdin: str = "", seconds: int = PROBE_SECONDS
+    ) -> tuple[int, str]:
+        """`remote`'s exit status and all it said (stdout, then stderr)."""
+        status, out, err = self.run(destination, remote, stdin, seconds)
+        return status, out + err
 
     def output(self, destination: str, remote: str, stdin: str = "") -> str | None:
         """`remote`'s stdout on `destination`, None when it failed or did not answer."""
-        try:
-            done = subprocess.run(
-                self.command(destination, remote),
-                input=stdin,
-                capture_output=True,
-                text=True,
-                timeout=PROBE_SECONDS,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return None
-        return done.stdout if done.returncode == 0 else None
+        status, out, _ = self.run(destination, remote, stdin)
+        return out if status == 0 else None
 
     def check(self, destination: str) -> None:
         """Fail clearly when the head cannot open a session to a worker."""
@@ -443,6 +440,40 @@ def ssh_sink(fabric: Fabric, destination: str, remote: str, forward: bool = Fals
     return shlex.join(fabric.command(destination, remote, forward))
 
 
+class Copy:
+    """What both copies share: the flags every copy step has, the fabric, one deadline for the
+    whole copy (relay included), the bytes sent and the workers a relay served."""
+
+    step = ""
+    what = ""
+    needs: tuple[str, ...] = ()
+
+    def __init__(self, flags: dict[str, str]) -> None:
+        require(flags, "host", "worker", "target", "worker-bin", "timeout-minutes", *self.needs)
+        self.flags = flags
+        self.worker, self.target = flags["worker"], flags["target"]
+        self.minutes = int(flags["timeout_minutes"])
+        self.deadline = time.monotonic() + 60 * self.minutes
+        self.fabric = Fabric(flags.get("fabric_key", ""), flags.get("fabric_known_hosts", ""))
+        self.sent = 0
+        self.relayed = 0
+
+    def watch(self, label: str) -> Watch:
+        return Watch(
+            label=label,
+            what=self.what,
+            progress_seconds=float(self.flags.get("progress_seconds", "10")),
+            stall_seconds=float(self.flags.get("stall_seconds", "0")),
+            deadline=self.deadline,
+        )
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.fabric.close()
+
+
 # -- the image ----------------------------------------------------------------------------------
 
 
@@ -501,39 +532,22 @@ def image_chain_fact(facts: ImageFacts, identity: str, layers: list[str]) -> str
     return f"{held} {'zstd' if facts.zstd else 'plain'}"
 
 
-class ImageCopy:
+class ImageCopy(Copy):
     """The image to one worker (image-sync.sh's flags)."""
 
-    step = "image-sync"
+    step, what, needs = "image-sync", "image", ("image-id", "ref", "pinned")
 
     def __init__(self, flags: dict[str, str]) -> None:
-        require(flags, "host", "worker", "target", "image-id", "ref", "pinned", "worker-bin",
-                "timeout-minutes")  # fmt: skip
-        self.flags = flags
+        super().__init__(flags)
         self.image_id, self.ref, self.pinned = flags["image_id"], flags["ref"], flags["pinned"]
-        self.worker, self.target = flags["worker"], flags["target"]
         self.stage_name = self.image_id.removeprefix("sha256:")
-        self.minutes = int(flags["timeout_minutes"])
-        self.deadline = time.monotonic() + 60 * self.minutes
-        self.fabric = Fabric(flags.get("fabric_key", ""), flags.get("fabric_known_hosts", ""))
         self.zstd_wanted = flags.get("compress", "none") == "zstd" and have_command("zstd")
-        self.sent = 0
-        self.relayed = 0
         self.identity = ""
         self.layers: list[str] = []
         self.source_ref = self.image_id
         self.index: dict[str, object] | None = None
         self.index_path = HERE.parent / "image-index" / f"{self.stage_name}.json"
         self.work = tempfile.mkdtemp(prefix="spark-vllm-copy.")
-
-    def watch(self, label: str) -> Watch:
-        return Watch(
-            label=label,
-            what="image",
-            progress_seconds=float(self.flags.get("progress_seconds", "10")),
-            stall_seconds=float(self.flags.get("stall_seconds", "0")),
-            deadline=self.deadline,
-        )
 
     # facts
     def probe(self, destination: str, bin_dir: str) -> ImageFacts:
@@ -800,7 +814,7 @@ class ImageCopy:
         self.report(held, len(self.layers), len(staged))
 
     def close(self) -> None:
-        self.fabric.close()
+        super().close()
         shutil.rmtree(self.work, ignore_errors=True)
 
     def report(self, kept: int, layers: int, staged: int) -> None:
@@ -855,39 +869,22 @@ def have_command(name: str) -> bool:
 # -- the weights --------------------------------------------------------------------------------
 
 
-class WeightsCopy:
+class WeightsCopy(Copy):
     """One worker's copy of the head's snapshot (weights-sync.sh's flags). HF cache blobs are
     content-addressed: a blob the worker holds whole is kept, one held in part is resumed and its
     sha256 checked, only this revision's blobs are considered; tar keeps the snapshot's links."""
 
-    step = "weights-sync"
+    step, what, needs = "weights-sync", "weights", ("cache-dir", "model", "manifest")
 
     def __init__(self, flags: dict[str, str]) -> None:
-        require(flags, "host", "worker", "target", "worker-bin", "cache-dir", "model", "manifest",
-                "timeout-minutes")  # fmt: skip
-        self.flags = flags
-        self.worker, self.target, self.model = flags["worker"], flags["target"], flags["model"]
-        self.manifest = flags["manifest"]
+        super().__init__(flags)
+        self.model, self.manifest = flags["model"], flags["manifest"]
         parts = self.manifest.split()
         self.commit, self.files, self.bytes = ([*parts, "", "0", "0"])[:3]
-        self.minutes = int(flags["timeout_minutes"])
-        self.deadline = time.monotonic() + 60 * self.minutes
         self.repo = "models--" + self.model.replace("/", "--")
         self.hub = f"{flags['cache_dir']}/hub"
         self.snapshot = Path(self.hub, self.repo, "snapshots", self.commit)
-        self.fabric = Fabric(flags.get("fabric_key", ""), flags.get("fabric_known_hosts", ""))
-        self.sent = 0
-        self.relayed = 0
         self.head: dict[str, int] = {}
-
-    def watch(self, label: str) -> Watch:
-        return Watch(
-            label=label,
-            what="weights",
-            progress_seconds=float(self.flags.get("progress_seconds", "10")),
-            stall_seconds=float(self.flags.get("stall_seconds", "0")),
-            deadline=self.deadline,
-        )
 
     def read_head(self) -> None:
         """The revision's blobs (what its snapshot links to), with the head's sizes."""
@@ -1069,9 +1066,6 @@ class WeightsCopy:
         )
         self.report(len(plan.kept), len(plan.resumed), len(plan.whole))
 
-    def close(self) -> None:
-        self.fabric.close()
-
     def report(self, kept: int, resumed: int, whole: int) -> None:
         sent = {"bytes": self.sent, "total": int(self.bytes or 0), "kept": kept, "resumed": resumed,
                 "sent": whole, "relayed": self.relayed}  # fmt: skip
@@ -1088,7 +1082,7 @@ def say_failed(flags: dict[str, str], step: str, failure: StepFailed) -> None:
         print(f"  likely cause: {failure.cause}", file=sys.stderr)
 
 
-COPIES: dict[str, type[ImageCopy] | type[WeightsCopy]] = {
+COPIES: dict[str, type[Copy]] = {
     "image": ImageCopy,
     "weights": WeightsCopy,
 }
@@ -1100,7 +1094,7 @@ def main(argv: list[str]) -> int:
         return 2
     kind = COPIES[argv[0]]
     flags: dict[str, str] = {}
-    copy: ImageCopy | WeightsCopy | None = None
+    copy: Copy | None = None
     try:
         flags = parse_flags(argv[1:])
         copy = kind(flags)
