@@ -14,7 +14,7 @@ Secrets (private keys, passwords, stdin) never go on a command line, into a log 
 exception message: keys are written to 0600 files, stdin is streamed, env values go through a file.
 A failing command's message shows only the output streams its `logging` input allows.
 
-    mocks = RealMocks()                       # command_timeout_s, must_run_settle_s
+    mocks = RealMocks()                       # command_timeout_s
     cli = PulumiCli(Path("."))                # Pulumi.yaml checked as the CLI checks it
     cli.stack_init("lab"); cli.config_set("lab", "apiKey", "k", secret=True)
     outputs = run_program(cli, "lab", mocks)
@@ -71,9 +71,6 @@ TYPE_LOCAL_COMMAND = "command:local:Command"
 DEFAULT_COMMAND_TIMEOUT_S = float(os.environ.get("REALMOCKS_COMMAND_TIMEOUT", 20 * 60))
 # pulumi-docker's default `wait_timeout` (seconds) when `wait` is true.
 DEFAULT_CONTAINER_WAIT_TIMEOUT_S = 60.0
-# How long a fresh container must stay up before mustRun counts it as running: catches the
-# entrypoints that die right away, which the real provider would only notice on refresh.
-DEFAULT_MUST_RUN_SETTLE_S = 2.0
 # Docker CLI calls (inspect, run, rm) are short; anything longer is a hung connection.
 DOCKER_CALL_TIMEOUT_S = 120.0
 # ssh exits 255 on its own errors; these texts tell them apart from a remote command's exit 255.
@@ -726,10 +723,8 @@ class RealMocks(pulumi.runtime.Mocks):
     def __init__(
         self,
         command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
-        must_run_settle_s: float = DEFAULT_MUST_RUN_SETTLE_S,
     ) -> None:
         self.command_timeout_s = command_timeout_s
-        self.must_run_settle_s = must_run_settle_s
         self.journal: list[JournalEntry] = []
         self.warnings: list[str] = []
         self.stack_references: dict[str, dict[str, Any]] = {}
@@ -953,17 +948,28 @@ class RealMocks(pulumi.runtime.Mocks):
             )
         container_id = remote.stdout.strip().splitlines()[-1]
         outputs = {**args.inputs, "name": name, "image": args.inputs["image"]}
+        stored = dict(args.inputs)
+        if (
+            verb == "run"
+            and inputs.get("mustRun", True)
+            and not self._running(docker_host, container_id)
+        ):
+            # The create ends with a read (terraform-provider-docker v4.5.0
+            # resource_docker_container_funcs.go: `return resourceDockerContainerRead`), which
+            # stores must_run false for a container it sees stopped (read, 813-823): the next
+            # plain `up` plans an update that starts it. The create itself never waits for the
+            # container nor fails when it dies (since v4.0.0, PR #841): a container that dies at
+            # start is seen by the steps that wait for it (Ray's join, vLLM's readiness).
+            stored["mustRun"] = outputs["mustRun"] = False
         self._record(
             entry_for(
                 args,
-                dict(args.inputs),
+                stored,
                 outputs,
                 docker_host,
                 resource_id=container_id,
             )
         )
-        if verb == "run" and inputs.get("mustRun", True):
-            self._check_running(docker_host, container_id, what)
         if inputs.get("wait"):
             wait_timeout = float(inputs.get("waitTimeout") or DEFAULT_CONTAINER_WAIT_TIMEOUT_S)
             wait_until_healthy(docker_host, container_id, wait_timeout, what)
@@ -992,24 +998,11 @@ class RealMocks(pulumi.runtime.Mocks):
                 )
             )
 
-    def _check_running(self, docker_host: DockerHost, container_id: str, what: str) -> None:
-        deadline = time.monotonic() + self.must_run_settle_s
-        while True:
-            state = container_state(docker_host, container_id)
-            if state["Status"] in ("exited", "dead", "restarting") or state.get("Restarting"):
-                raise RuntimeError(
-                    f"{what}: container exited unexpectedly (failed to be in running state: "
-                    f"status {state['Status']}, exit code {state.get('ExitCode')}); "
-                    "last log lines:\n"
-                    f"{container_logs(docker_host, container_id)}"
-                )
-            if time.monotonic() >= deadline and state["Status"] == "running":
-                return
-            if time.monotonic() >= deadline + 15:
-                raise RuntimeError(
-                    f"{what}: container still {state['Status']!r}, never reached running"
-                )
-            time.sleep(0.5)
+    @staticmethod
+    def _running(docker_host: DockerHost, container_id: str) -> bool:
+        """What the create's read sees: Docker's State.Running, which is true while a container
+        waits for its restart too (moby container/state.go SetRestarting)."""
+        return bool(container_state(docker_host, container_id).get("Running"))
 
     # -- bookkeeping ---------------------------------------------------------------------------
 

@@ -562,9 +562,9 @@ def test_drift_the_head_state_dir_removed_is_repaired_by_up(stack: Stack) -> Non
 def test_an_up_that_fails_midway(stack: Stack) -> None:
     """A flag value the server refuses (the flag exists, so the image check passes): its old
     container is deleted first (fixed names), the new one
-    exits (Docker restarts it, with backoff), and the run stops at the first of the Docker
-    provider's mustRun check and the readiness wait to see it. What it did and did not reach
-    stays in the state."""
+    exits (Docker restarts it, with backoff), and the run stops at the readiness wait, which
+    sees it (the Docker provider's create neither waits nor fails). What it did and did not
+    reach stays in the state."""
     config = {**stack.config}
     config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "extraArgs": ["--dtype", "nonsense"]}
     with pytest.raises(Exception, match=EXITED_AT_START) as caught:

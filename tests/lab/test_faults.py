@@ -411,8 +411,8 @@ def test_a_server_that_exits_at_once_is_reported_with_its_log(
     # A known flag with a value vLLM refuses: the image check passes, the server exits.
     config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "extraArgs": ["--dtype", "nonsense"]}
     error = failing_up(lab, refusals, config)
-    # The Docker provider's mustRun check or, when vLLM fails after it, the readiness wait,
-    # which sees Docker restart it (unless-stopped): either way with vLLM's own error.
+    # The readiness wait sees Docker restart it (unless-stopped), and says so with vLLM's own
+    # error (the Docker provider's create neither waits nor fails).
     assert re.search(EXITED_AT_START, error), error
     assert "argument --dtype: invalid choice: 'nonsense'" in error
     successful_up(lab, refusals)

@@ -361,7 +361,7 @@ def deployment(lab: Lab, busybox_image: str, tmp_path: Path) -> Iterator[Deploym
     lab.docker("tag", busybox_image, image_tag)
     for marker in ("marker", "deleted", "via-proxy"):
         (lab.workdir / marker).unlink(missing_ok=True)
-    mocks = RealMocks(command_timeout_s=60, must_run_settle_s=1.0)
+    mocks = RealMocks(command_timeout_s=60)
     deployment = Deployment(lab, program_dir, image_tag, f"{CONTAINER_PREFIX}{suffix}", mocks)
     try:
         yield deployment
@@ -450,7 +450,7 @@ def test_second_run_in_one_process_works_and_a_name_conflict_fails_like_the_prov
 
     # A third run against the live deployment: the container name is taken, as for a real `up`
     # from an empty state against hosts that still run the old containers.
-    conflicting = RealMocks(command_timeout_s=60, must_run_settle_s=1.0)
+    conflicting = RealMocks(command_timeout_s=60)
     with pytest.raises(Exception, match=r"Conflict\. The container name .* is already in use"):
         run_program(deployment.cli("deploy"), "test", conflicting)
     assert not any(entry.type == realmocks.TYPE_CONTAINER for entry in conflicting.journal)
@@ -484,12 +484,20 @@ def test_failing_command_reports_exit_status_and_output(deployment: Deployment) 
 
 
 @pytest.mark.lab
-def test_container_that_exits_fails_must_run_with_its_logs(deployment: Deployment) -> None:
-    with pytest.raises(RuntimeError, match="container exited unexpectedly") as failure:
-        deployment.run("dying-container")
-    assert "exit code 7" in str(failure.value)
-    assert "env-secret" not in str(failure.value)
-    deployment.mocks.teardown()  # the exited container is journaled, like a tainted resource
+def test_a_container_that_dies_at_start_is_created_and_stored_as_not_running(
+    deployment: Deployment,
+) -> None:
+    """As pulumi-docker creates a container (terraform-provider-docker v4.0.0 on, PR #841):
+    started, read once, never waited for, never failed when it dies; the read stores mustRun
+    false for a container it saw stopped, so the next plain `up` plans an update that starts
+    it. A death at start is for the steps that wait for the container to say."""
+    deployment.run("dying-container")
+    created = [e for e in deployment.mocks.journal if e.type == realmocks.TYPE_CONTAINER]
+    assert len(created) == 1 and created[0].inputs["mustRun"] is False, created
+    found = deployment.lab.inspect(deployment.container_name)
+    assert found is not None
+    assert (found["State"]["Status"], found["State"]["ExitCode"]) == ("exited", 7)
+    deployment.mocks.teardown()
     assert deployment.lab.inspect(deployment.container_name) is None
 
 
