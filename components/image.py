@@ -31,6 +31,7 @@ class ImageDistribution(pulumi.ComponentResource):
     """
 
     image_id: pulumi.Output[str]
+    repo_digest: pulumi.Output[str]  # what the head pulled, `repo@sha256:...` ("" if never pulled)
     pinned: pulumi.Output[str]  # its name on every node (stacks/plan/image.py pinned_image)
     present_on: dict[str, pulumi.Resource]  # node name -> the step after which it has the image
     facts: pulumi.Output[dict[str, str]]  # what the image carries (vllm, ray, python, machine)
@@ -57,6 +58,8 @@ class ImageDistribution(pulumi.ComponentResource):
             ),
         )
         self.image_id = pulled.image_id
+        self.repo_digest = pulled.repo_digest
+        pulumi.Output.all(pulled.name, pulled.repo_digest).apply(_warn_if_unpinned)
         self.pinned = self.image_id.apply(image.pinned_image)
         recorded = host_step(
             Pending(self.image_id, functools.partial(image.record_image, plan, name)),
@@ -91,8 +94,20 @@ class ImageDistribution(pulumi.ComponentResource):
         if plan.uses_ray:
             self.facts.apply(_warn_about_ray)
         self.register_outputs(
-            {"imageId": self.image_id, "pinned": self.pinned, "facts": self.facts}
+            {
+                "imageId": self.image_id,
+                "imageDigest": self.repo_digest,
+                "pinned": self.pinned,
+                "facts": self.facts,
+            }
         )
+
+
+def _warn_if_unpinned(name_and_digest: list[str]) -> None:
+    """A bare tag as image.ref: the exact digest to pin it to (stacks/plan/image.py)."""
+    warning = image.unpinned_warning(*name_and_digest)
+    if warning is not None:
+        pulumi.log.warn(warning)
 
 
 def _warn_about_ray(facts: dict[str, str]) -> None:

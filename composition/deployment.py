@@ -49,6 +49,8 @@ class Deployment:
                 for n in plan.nodes
             ],
             "imageId": self.image.image_id,
+            # The serving image as the head pulled it: pin `image.ref` to it (`...@sha256:...`).
+            "imageDigest": self.image.repo_digest,
             # The front's image as pulled: pin `front.image` to it (`haproxy@sha256:...`).
             "frontImageDigest": self.front.image_digest,
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),

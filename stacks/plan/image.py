@@ -37,6 +37,47 @@ def image_pull(plan: DeploymentPlan) -> ImagePull:
     )
 
 
+# A ref that names a digest (`repo:tag@sha256:...` or `repo@sha256:...`) is pinned: the head's
+# Docker resolves it by the repository and the digest alone, the tag ignored (moby
+# docker-v29.7.2 daemon/internal/refstore/store.go `Get`: "only lookup by digest as it takes
+# precedence over tag"; the containerd store's daemon/containerd/image.go `resolveImage` matches
+# `target.digest` and the repository name), so neither a later pull of the tag nor
+# `pulumi up --refresh` can move it. Pin the digest the head pulled (an index digest for a
+# multi-platform image resolves there after a pull by tag or by that digest). A bare tag is
+# not: pulumi-docker pulls it only when the head lacks it, and a refresh reads it again by name
+# (terraform-provider-docker v4.5.0 resource_docker_image_funcs.go resourceDockerImageRead:
+# ImageInspect(name), then image_id and repo_digest set to what the name resolves to now), so a
+# `docker pull` of the same tag on the head, then `pulumi up --refresh`, rolls the new image out
+# to every node without a change in the stack.
+DIGEST_MARK = "@sha256:"
+
+
+def is_pinned(ref: str) -> bool:
+    """Whether `ref` names its image by digest."""
+    return DIGEST_MARK in ref
+
+
+def unpinned_warning(ref: str, repo_digest: str) -> str | None:
+    """What to tell a user whose `image.ref` is a bare tag, with the exact ref to pin (the tag
+    kept for the reader, the digest the head pulled: `repo_digest`, `repo@sha256:...`); None
+    when it is pinned. An image with no repo digest (built or loaded on the head, never pulled)
+    cannot be pinned by digest."""
+    if is_pinned(ref):
+        return None
+    if not repo_digest or DIGEST_MARK not in repo_digest:
+        return (
+            f"image.ref {ref} is a tag with no registry digest on the head (built or loaded "
+            "there, not pulled): a new image under the same tag is rolled out to every node "
+            "by the next `pulumi up --refresh`"
+        )
+    digest = repo_digest.split("@", 1)[1]
+    return (
+        f"image.ref {ref} is a tag, not pinned: a `docker pull` of it on the head, then "
+        "`pulumi up --refresh`, rolls a new image out to every node without a change in the "
+        f"stack. Pin what the head pulled: image.ref: {ref}@{digest} (the imageDigest output)"
+    )
+
+
 def front_image_pull(plan: DeploymentPlan) -> ImagePull:
     """The front's image, pulled on the head and kept (small, and what a rollback needs)."""
     image = plan.config.front.image

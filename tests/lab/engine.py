@@ -27,7 +27,8 @@ read as pulumi-docker 5 reads it (`resourceDockerContainerRead`: a container tha
 the state, one that is not running gets `mustRun` false, so the diff plans an update that starts
 it; `network_mode`, and `pid_mode` when set, are stored as Docker reports them, which for
 `container:<name>` is `container:<ID>`; `resourceDockerImageRead`: an image that is gone leaves
-the state). Commands have no Read.
+the state, one that is there is read again by name, its image ID and repo digest rewritten to
+what the name resolves to now). Commands have no Read.
 
 Each run keeps its plan (`plan`, `preview_lines()`) and counts (`counts()`), as `pulumi preview`
 and the summary of `pulumi up` show them.
@@ -109,10 +110,24 @@ class NextUp(RealMocks):
                 if not found["State"]["Running"]:
                     read["mustRun"] = False
                 self.prior[key] = replace(entry, inputs={**entry.inputs, **read})
-            elif entry.type == TYPE_REMOTE_IMAGE and (
-                inspect_image(entry.docker_host, str(entry.outputs["name"])) is None
-            ):
-                del self.prior[key]
+            elif entry.type == TYPE_REMOTE_IMAGE:
+                name = str(entry.outputs["name"])
+                image = inspect_image(entry.docker_host, name)
+                if image is None:
+                    del self.prior[key]
+                    continue
+                # resourceDockerImageRead looks the image up by its name and writes back what
+                # the name resolves to now (v4.5.0 resource_docker_image_funcs.go 103-131): a
+                # tag pulled again on the head moves every dependent at this refresh.
+                read = {
+                    "imageId": image["Id"],
+                    "repoDigest": repo_digest(name, list(image.get("RepoDigests") or [])),
+                }
+                self.prior[key] = replace(
+                    entry,
+                    outputs={**entry.outputs, **read},
+                    resource_id=f"{image['Id']}{name}",  # the provider's ID: image ID + name
+                )
 
     # -- planning each registration --------------------------------------------------------
 
@@ -327,3 +342,16 @@ def log_plan(title: str, run: NextUp) -> None:
     )
     log.info(text)
     print(text)
+
+
+def repo_digest(name: str, repo_digests: list[str]) -> str:
+    """The repo digest the Docker provider stores for an image found by `name`
+    (terraform-provider-docker v4.5.0 data_source_docker_image.go determineRepoDigest): none,
+    the only one, the one whose repository `name` (without its tag) begins, else the first."""
+    if not repo_digests:
+        return ""
+    if len(repo_digests) == 1:
+        return repo_digests[0]
+    colon = name.find(":")
+    without_tag = name[:colon] if colon != -1 else name
+    return next((d for d in repo_digests if d.startswith(without_tag)), repo_digests[0])

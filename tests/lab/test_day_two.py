@@ -297,6 +297,33 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
     assert_hosts_hold_the_deployment(stack)
 
 
+def test_a_tag_moved_on_the_head_is_rolled_out_by_the_next_up_refresh(stack: Stack) -> None:
+    """image.ref is a tag (the lab's image has no registry digest to pin): another image under
+    the same tag on the head (a `docker pull` of a moved tag looks so), then `pulumi up
+    --refresh` with nothing changed in the stack: the refresh reads the image again by name
+    (tests/lab/engine.py, from the Docker provider's read), and the new image goes to every
+    node, each container replaced. What a digest in image.ref prevents (README, Day two)."""
+    v3 = (
+        f"docker run --name day2-v3 --entrypoint sh {IMAGE_V2} "
+        "-c 'head -c 1000000 /dev/urandom > /opt/spark-vllm-lab-v3.bin' && "
+        f"docker commit --change 'LABEL spark-vllm.lab=v3' day2-v3 {IMAGE_V2} >/dev/null && "
+        "docker rm day2-v3 >/dev/null"
+    )
+    stack.lab.sh("spark1", v3, timeout=120)
+    old_image = stack.outputs["imageId"]
+    run = next_up(stack, "a tag moved on the head, then up --refresh (unpinned)", stack.config,
+                  refresh=True)  # fmt: skip
+    changed = run.changed()
+    assert "image-pull" not in changed, changed  # same inputs: only its read moved
+    assert changed["image-head-record"] == "update" and changed["image-spark2-sync"] == "update"
+    assert changed["vllm-container"] == "replace" and changed["ray-head"] == "replace", changed
+    assert stack.outputs["imageId"] != old_image
+    new_id = host_sh(stack.lab, "spark1", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE_V2}")
+    assert stack.outputs["imageId"] == new_id
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
 def test_a_model_change_replaces_the_server_and_copies_the_new_snapshot(stack: Stack) -> None:
     """Another model in the head's cache (the lab has no hub): fetched there, copied to the
     worker, served by a new server; Ray keeps running."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import runpy
 import shlex
 from dataclasses import dataclass, field
@@ -119,7 +120,9 @@ class FakeHosts(pulumi.runtime.Mocks):
             self._keep_receipts(args.inputs.get("create"))
         elif args.typ == "docker:index/remoteImage:RemoteImage":
             outputs["imageId"] = "sha256:" + fake_id("image", args.inputs["name"])
-            outputs["repoDigest"] = args.inputs["name"] + "@sha256:" + fake_id("digest")
+            # Docker's RepoDigests name the repository without the tag: `repo@sha256:...`.
+            repository = re.sub(r":[^:/]*$", "", args.inputs["name"].split("@")[0])
+            outputs["repoDigest"] = repository + "@sha256:" + fake_id("digest")
         return fake_id(args.typ, args.name, json.dumps(args.inputs, sort_keys=True)), outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:

@@ -15,6 +15,7 @@ CREATED_OUTPUTS = {
     "endpointUrl",
     "readiness",
     "imageId",
+    "imageDigest",
     "frontImageDigest",
     "vllmVersion",
     "rayVersion",
