@@ -24,6 +24,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.proto import resource_pb2
 
 from tests.engine.diff import TYPE_COMMAND, diff
+from tests.engine.urns import EngineUrns
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,16 @@ class PriorResource:
         )
 
 
-class PreviewMonitor(pulumi_mocks.MockMonitor):
-    """Plans a step per resource against `prior` (by URN) and answers as a preview does."""
+class PreviewMonitor(EngineUrns, pulumi_mocks.MockMonitor):
+    """Plans a step per resource against `prior` (by URN, then by its aliases, as the engine's
+    getOldResource looks it up) and answers as a preview does."""
 
     def __init__(self, mocks: pulumi.runtime.Mocks, prior: dict[str, PriorResource]) -> None:
         super().__init__(mocks)
         self.prior = prior
         self.steps: dict[str, str] = {}  # resource name -> create/same/update/replace
         self.registered: set[str] = set()
+        self.matched: dict[str, str] = {}  # URN -> the old URN an alias found it under
 
     def RegisterResource(self, request: Any) -> Any:
         urn = self.make_urn(request.parent, request.type, request.name)
@@ -72,7 +75,11 @@ class PreviewMonitor(pulumi_mocks.MockMonitor):
         if request.type == "pulumi:pulumi:Stack":
             return resource_pb2.RegisterResourceResponse(urn=urn)
         inputs = json_format.MessageToDict(request.object)
-        old = self.prior.get(urn)
+        found = next((u for u in self.old_urns(request, urn, self.matched) if u in self.prior), "")
+        old = self.prior.get(found) if found else None
+        if found and found != urn:
+            self.matched[urn] = found
+            self.registered.add(found)  # found under its alias: not deleted at the end
         if old is None:
             step, resource_id, outputs = "create", "", inputs
         else:

@@ -43,6 +43,7 @@ from typing import Any
 import pulumi
 
 from tests.engine.diff import diff
+from tests.engine.urns import alias_urns
 from tests.lab.realmocks import (
     TYPE_COMMAND,
     TYPE_CONTAINER,
@@ -51,6 +52,7 @@ from tests.lab.realmocks import (
     DockerHost,
     JournalEntry,
     RealMocks,
+    RegistrationOptions,
     connection_from_inputs,
     delete_order,
     docker_host_from_provider_inputs,
@@ -81,13 +83,13 @@ class NextUp(RealMocks):
     def __init__(self, previous: RealMocks, refresh: bool = False, **options: Any) -> None:
         super().__init__(**options)
         self._state_order = previous.state_entries()
-        self.prior: dict[tuple[str, str], JournalEntry] = {
-            (e.type, e.name): e for e in self._state_order
-        }
+        # Keyed by URN, as the engine keys its state (tests/engine/urns.py).
+        self.prior: dict[str, JournalEntry] = {identity(e): e for e in self._state_order}
+        self._found: dict[str, str] = {}  # URN -> the old URN an alias found it under
         self._docker_hosts.update(previous._docker_hosts)
         self.plan: list[PlannedStep] = []
         self.commands_run = 0
-        self._deleted_early: set[tuple[str, str]] = set()
+        self._deleted_early: set[str] = set()
         self._delete_at_end: list[JournalEntry] = []
         self._finished = False
         if refresh:
@@ -132,15 +134,14 @@ class NextUp(RealMocks):
     # -- planning each registration --------------------------------------------------------
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
-        key = (args.typ, args.name)
-        prior = self.prior.get(key)
+        options = self.registrations.get((args.typ, args.name))
+        key, prior = self._old_state(args, options)
         if not args.custom or prior is None:
             if args.custom:
                 self._planned("create", args)
                 if args.typ == TYPE_COMMAND:
                     self._count_command()
             return super().new_resource(args)
-        options = self.registrations.get(key)
         planned = diff(
             args.typ,
             prior.inputs,
@@ -164,6 +165,25 @@ class NextUp(RealMocks):
         if args.typ == TYPE_COMMAND:
             self._count_command()
         return super().new_resource(args)
+
+    def _old_state(
+        self, args: pulumi.runtime.MockResourceArgs, options: RegistrationOptions | None
+    ) -> tuple[str, JournalEntry | None]:
+        """The resource's old state, looked up as the engine's getOldResource does: by its URN,
+        then by each of its aliases (pulumi/pulumi step_generator.go; tests/engine/urns.py)."""
+        if options is None:
+            return f"{args.typ}::{args.name}", None
+        candidates = [options.urn, *alias_urns(
+            args.name, args.typ, options.parent, options.aliases, options.stack,
+            options.project, self._found,
+        )]  # fmt: skip
+        for urn in candidates:
+            if urn in self.prior:
+                if urn != options.urn:
+                    with self._lock:
+                        self._found[options.urn] = urn
+                return urn, self.prior[urn]
+        return options.urn, None
 
     def _planned(self, op: str, args: pulumi.runtime.MockResourceArgs, changed: Any = ()) -> None:
         with self._lock:
@@ -241,7 +261,7 @@ class NextUp(RealMocks):
         doomed = [
             entry
             for entry in self._state_order
-            if (entry.type, entry.name) in self.prior
+            if identity(entry) in self.prior
             and entry is not base
             and base.resource_id
             and base.resource_id in str(entry.inputs)
@@ -254,7 +274,7 @@ class NextUp(RealMocks):
             self._delete(entry)
 
     def _delete(self, entry: JournalEntry) -> None:
-        key = (entry.type, entry.name)
+        key = identity(entry)
         if key in self._deleted_early:
             return
         teardown_entry(entry, self.command_timeout_s)
@@ -273,11 +293,11 @@ class NextUp(RealMocks):
     def finish(self) -> None:
         """After the program's last step: the old halves of create-before-delete replacements
         and the resources gone from the program, in reverse of their creation order."""
-        registered = {(e.type, e.name) for e in self.journal}
+        registered = {identity(e) for e in self.journal} | set(self._found.values())
         gone = [
             e
             for e in self._state_order
-            if (e.type, e.name) not in registered and (e.type, e.name) not in self._deleted_early
+            if identity(e) not in registered and identity(e) not in self._deleted_early
         ]
         for entry in gone:
             self.plan.append(PlannedStep("delete", entry.type, entry.name))
@@ -296,8 +316,9 @@ class NextUp(RealMocks):
             journal = list(self.journal)
             if self._finished:
                 return journal
-            reached = {(e.type, e.name) for e in journal} | self._deleted_early
-            untouched = [e for e in self._state_order if (e.type, e.name) not in reached]
+            reached = {identity(e) for e in journal} | set(self._found.values())
+            reached |= self._deleted_early
+            untouched = [e for e in self._state_order if identity(e) not in reached]
             return [*untouched, *self._delete_at_end, *journal]
 
     def forget(self, entries: list[JournalEntry]) -> None:
@@ -355,3 +376,9 @@ def repo_digest(name: str, repo_digests: list[str]) -> str:
     colon = name.find(":")
     without_tag = name[:colon] if colon != -1 else name
     return next((d for d in repo_digests if d.startswith(without_tag)), repo_digests[0])
+
+
+def identity(entry: JournalEntry) -> str:
+    """A state entry's identity: its URN as the engine made it (type and name for an entry
+    recorded without a registration)."""
+    return entry.options.urn if entry.options else f"{entry.type}::{entry.name}"

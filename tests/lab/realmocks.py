@@ -55,6 +55,7 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import massage, run_in_stack
 
 from tests.cli import PulumiCli, handed_to_program
+from tests.engine.urns import AliasSpec, EngineUrns
 from tests.mockvalues import ProviderInvokeError, is_secret, unwrap_secrets
 
 log = logging.getLogger(__name__)
@@ -684,12 +685,17 @@ class JournalEntry:
 
 @dataclass(frozen=True)
 class RegistrationOptions:
-    """What the engine keeps of a registration besides its inputs (not in MockResourceArgs)."""
+    """What the engine keeps of a registration besides its inputs (not in MockResourceArgs):
+    its URN as the engine makes it, and what its aliases are made from."""
 
     urn: str
     dependencies: tuple[str, ...]
     replace_on_changes: tuple[str, ...]
     delete_before_replace: bool
+    parent: str = ""
+    aliases: tuple[AliasSpec, ...] = ()
+    stack: str = ""
+    project: str = ""
 
 
 def entry_for(
@@ -1212,9 +1218,10 @@ class StackOutputs(dict[str, Any]):
         self.secret_names = frozenset(secret_names)
 
 
-class OptionsMonitor(pulumi_mocks.MockMonitor):
-    """Hands the mocks what a registration says beyond its inputs (URN, dependencies,
-    replaceOnChanges, deleteBeforeReplace), before they perform it."""
+class OptionsMonitor(EngineUrns, pulumi_mocks.MockMonitor):
+    """Hands the mocks what a registration says beyond its inputs (its URN as the engine
+    makes it, aliases, dependencies, replaceOnChanges, deleteBeforeReplace), before they
+    perform it."""
 
     def RegisterResource(self, request: Any) -> Any:
         if isinstance(self.mocks, RealMocks) and request.type != "pulumi:pulumi:Stack":
@@ -1223,6 +1230,10 @@ class OptionsMonitor(pulumi_mocks.MockMonitor):
                 dependencies=tuple(request.dependencies),
                 replace_on_changes=tuple(request.replaceOnChanges),
                 delete_before_replace=request.deleteBeforeReplace,
+                parent=request.parent,
+                aliases=tuple(AliasSpec.from_request(a) for a in request.aliases),
+                stack=pulumi.get_stack(),
+                project=pulumi.get_project(),
             )
         return super().RegisterResource(request)
 

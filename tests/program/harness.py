@@ -31,6 +31,7 @@ from pulumi.runtime.sync_await import _sync_await
 from components.facts import FACTS_HEADER
 from tests.cli import PulumiCli, gotext, handed_to_program
 from tests.engine.preview import PreviewMonitor, PriorResource
+from tests.engine.urns import EngineUrns
 from tests.mockvalues import is_secret, unwrap_secrets
 
 unwrap = unwrap_secrets
@@ -64,6 +65,7 @@ class Evaluation:
     state: dict[str, PriorResource] = field(default_factory=dict)  # by URN, for the next run
     unknown_outputs: set[str] = field(default_factory=set)
     steps: dict[str, str] = field(default_factory=dict)  # preview: resource name -> step
+    deletes: list[str] = field(default_factory=list)  # preview: names in the state, not declared
 
     def by_type(self, typ: str) -> list[Registration]:
         return [r for r in self.registrations if r.typ == typ]
@@ -185,7 +187,7 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
     return ""
 
 
-class RecordingMonitor(pulumi_mocks.MockMonitor):
+class RecordingMonitor(EngineUrns, pulumi_mocks.MockMonitor):
     """An `up`: every resource is created by the mocks; the state is kept for a next run."""
 
     def __init__(self, mocks: pulumi.runtime.Mocks):
@@ -295,6 +297,7 @@ def run_stack(
         state=monitor.state if isinstance(monitor, RecordingMonitor) else {},
         unknown_outputs=unknown,
         steps=monitor.steps if isinstance(monitor, RecordingPreviewMonitor) else {},
+        deletes=monitor.deletes() if isinstance(monitor, RecordingPreviewMonitor) else [],
     )
 
 
