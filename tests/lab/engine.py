@@ -82,7 +82,10 @@ class NextUp(RealMocks):
 
     def __init__(self, previous: RealMocks, refresh: bool = False, **options: Any) -> None:
         super().__init__(**options)
-        self._state_order = previous.state_entries()
+        state = previous.state_entries()
+        # What a failed run left marked for deletion shares its URN with what replaced it: not
+        # the resource's state, deleted at this run's end (step_generator.go GenerateDeletes).
+        self._state_order = [e for e in state if not e.pending_delete]
         # Keyed by URN, as the engine keys its state (tests/engine/urns.py).
         self.prior: dict[str, JournalEntry] = {identity(e): e for e in self._state_order}
         self._found: dict[str, str] = {}  # URN -> the old URN an alias found it under
@@ -90,7 +93,7 @@ class NextUp(RealMocks):
         self.plan: list[PlannedStep] = []
         self.commands_run = 0
         self._deleted_early: set[str] = set()
-        self._delete_at_end: list[JournalEntry] = []
+        self._delete_at_end: list[JournalEntry] = [e for e in state if e.pending_delete]
         self._finished = False
         if refresh:
             self._refresh()
@@ -155,16 +158,18 @@ class NextUp(RealMocks):
             return prior.resource_id, prior.outputs
         if planned.step == "update":
             return self._update(prior, args)
-        if planned.delete_before_replace:
-            if key not in self._deleted_early:
-                self._delete_dependents_first(prior)
-                self._delete(prior)
-        else:
-            with self._lock:
-                self._delete_at_end.append(prior)
+        if planned.delete_before_replace and key not in self._deleted_early:
+            self._delete_dependents_first(prior)
+            self._delete(prior)
         if args.typ == TYPE_COMMAND:
             self._count_command()
-        return super().new_resource(args)
+        created = super().new_resource(args)
+        if not planned.delete_before_replace:
+            # Create-before-delete: the old half is marked for deletion once the new one
+            # exists; while its create fails, the old one stays the resource's state.
+            with self._lock:
+                self._delete_at_end.append(prior)
+        return created
 
     def _old_state(
         self, args: pulumi.runtime.MockResourceArgs, options: RegistrationOptions | None
@@ -319,6 +324,8 @@ class NextUp(RealMocks):
             reached = {identity(e) for e in journal} | set(self._found.values())
             reached |= self._deleted_early
             untouched = [e for e in self._state_order if identity(e) not in reached]
+            for entry in self._delete_at_end:
+                entry.pending_delete = True
             return [*untouched, *self._delete_at_end, *journal]
 
     def forget(self, entries: list[JournalEntry]) -> None:

@@ -681,6 +681,9 @@ class JournalEntry:
     docker_host: DockerHost | None = None
     resource_id: str = ""  # the id new_resource returned ("" for a container that never started)
     options: RegistrationOptions | None = None  # as the program registered it (set by _record)
+    # The old half of a replacement a failed run left in the state, marked for deletion: the
+    # next run deletes it at its end (tests/lab/engine.py).
+    pending_delete: bool = False
 
 
 @dataclass(frozen=True)
