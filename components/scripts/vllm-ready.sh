@@ -44,6 +44,26 @@ probe() {
     python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" \
     "${ARG_PROBE_HOST:-127.0.0.1}" "$@" 2>&1 | tail -n 1
 }
+# probe_watched: the probe, stopped as soon as the container restarts or stops under it: a
+# `docker exec` into a container that dies meanwhile can hang until its timeout (150 s), which
+# held the report of a server that exits at once for minutes (seen in the lab once the Docker
+# provider's create, faithfully modelled, no longer failed first).
+probe_watched() {
+  local out pid
+  out="$(mktemp)"
+  probe >"$out" 2>/dev/null &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if [ "$(docker inspect --format '{{.RestartCount}} {{.State.Status}}' "$ARG_CONTAINER" 2>/dev/null)" != "0 running" ]; then
+      pkill -TERM -P "$pid" 2>/dev/null || true
+      break
+    fi
+  done
+  wait "$pid" 2>/dev/null || true
+  cat "$out"
+  rm -f "$out"
+}
 # speed: "; speed: ..." from a few streamed completions once ready (vllm.measureCompletions).
 speed() {
   [ "$ARG_MEASURE_COMPLETIONS" -gt 0 ] || return 0
@@ -84,7 +104,7 @@ while :; do
   [ "$restarts" = 0 ] || give_up \
     "vLLM exited during start-up and Docker restarted it $restarts time(s) (last probe: $last)" \
     "vLLM refused its arguments or failed to load the model; its log above shows the first error"
-  line="$(probe)" || true
+  line="$(probe_watched)" || true
   case "$line" in
     ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }$(speed)$(fabric_transport)"; exit 0 ;;
     unauthorized*) give_up "vLLM rejects the configured API key (${line#unauthorized })" \
