@@ -541,7 +541,8 @@ class ImageCopy(Copy):
         super().__init__(flags)
         self.image_id, self.ref, self.pinned = flags["image_id"], flags["ref"], flags["pinned"]
         self.stage_name = self.image_id.removeprefix("sha256:")
-        self.zstd_wanted = flags.get("compress", "none") == "zstd" and have_command("zstd")
+        compress = flags.get("compress", "none")
+        self.zstd_wanted = compress == "zstd" and shutil.which("zstd") is not None
         self.identity = ""
         self.layers: list[str] = []
         self.source_ref = self.image_id
@@ -860,10 +861,6 @@ def docker_json(argv: list[str]) -> list[dict[str, Any]]:
     except (subprocess.TimeoutExpired, ValueError):
         return []
     return value if isinstance(value, list) else []
-
-
-def have_command(name: str) -> bool:
-    return any(Path(d, name).is_file() for d in os.environ.get("PATH", "").split(os.pathsep) if d)
 
 
 # -- the weights --------------------------------------------------------------------------------
