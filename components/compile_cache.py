@@ -3,14 +3,14 @@ compile_cache_env, stacks/plan/image.py compile_cache)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import pulumi
 
 from components.host import Host
-from components.steps import Pending, host_step
+from components.steps import host_step
 from stacks.plan import image
+from stacks.plan.later import PINNED_IMAGE
 from stacks.plan.nodes import DeploymentPlan
 
 
@@ -34,13 +34,11 @@ class CompileCache(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:CompileCache", name, None, opts)
         self.ready = {
             host.node.name: host_step(
-                Pending(
-                    args.image,
-                    functools.partial(image.compile_cache, args.plan, name, host.node),
-                ),
+                image.compile_cache(args.plan, name, host.node),
                 [host],
                 parent=self,
                 after=[args.image_ready[host.node.name]],
+                values={PINNED_IMAGE: args.image},
             )
             for host in args.hosts
         }

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pulumi
 import pulumi_docker as docker
 
 from stacks.plan.containers import ContainerSpec
+from stacks.plan.later import Later, consumed, resolve_argv
 
 
 def service_container(
@@ -20,10 +21,10 @@ def service_container(
     parent: pulumi.Resource,
     after: Sequence[pulumi.Resource],
     id_labels: Sequence[tuple[str, pulumi.Input[str]]] = (),
-    command: pulumi.Input[Sequence[str]] | None = None,
+    values: Mapping[Later, pulumi.Input[str]] | None = None,
 ) -> docker.Container:
     """`id_labels` name other resources' IDs: when one is replaced, so is this container.
-    `command`, when given, stands for the spec's: one known only once another resource exists.
+    `values`: the later values its command consumes (stacks/plan/later.py).
 
     Fixed container names: the old container must go before its replacement starts
     (delete_before_replace; pulumi-docker would otherwise create first and collide).
@@ -33,7 +34,7 @@ def service_container(
         resource_name,
         name=spec.name,
         entrypoints=list(spec.entrypoint),
-        command=command if command is not None else list(spec.command),
+        command=_command(spec, values or {}),
         **_container_args(spec, image_id),
         labels=[docker.ContainerLabelArgs(label=key, value=value) for key, value in labels],
         opts=pulumi.ResourceOptions(
@@ -43,6 +44,23 @@ def service_container(
             delete_before_replace=True,
             custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="5m"),
         ),
+    )
+
+
+def _command(
+    spec: ContainerSpec, values: Mapping[Later, pulumi.Input[str]]
+) -> pulumi.Input[Sequence[str]]:
+    """The spec's command; one that consumes later values once they are known."""
+    given = {later.name: value for later, value in values.items()}
+    needs = consumed(*spec.command)
+    if not needs:
+        return list(spec.command)
+    missing = [name for name in needs if name not in given]
+    if missing:
+        raise AssertionError(f"{spec.name}: its command consumes {missing}, which are not given")
+    command = spec.command
+    return pulumi.Output.all(**{name: given[name] for name in needs}).apply(
+        lambda known: resolve_argv(command, known)
     )
 
 

@@ -9,8 +9,9 @@ import pulumi
 import pulumi_docker as docker
 
 from components.host import Host
-from components.steps import Pending, head_to_workers, host_step
+from components.steps import head_to_workers, host_step
 from stacks.plan import fabric, image
+from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
 from stacks.plan.nodes import DeploymentPlan
 from stacks.plan.ray_versions import ray_layout_warning
 
@@ -61,31 +62,30 @@ class ImageDistribution(pulumi.ComponentResource):
         self.repo_digest = pulled.repo_digest
         pulumi.Output.all(pulled.name, pulled.repo_digest).apply(_warn_if_unpinned)
         self.pinned = self.image_id.apply(image.pinned_image)
+        values = {IMAGE_ID: self.image_id, PINNED_IMAGE: self.pinned}
         recorded = host_step(
-            Pending(self.image_id, functools.partial(image.record_image, plan, name)),
-            [head],
-            parent=self,
-            after=[pulled],
+            image.record_image(plan, name), [head], parent=self, after=[pulled], values=values
         )
         synced: dict[str, pulumi.Resource] = {
             head.node.name: recorded,
             **head_to_workers(
-                self.image_id,
                 functools.partial(image.sync_image, plan, name),
                 head,
                 args.workers,
                 parent=self,
                 after=lambda worker: [recorded, worker.preflight, *args.fabric_ready],
+                values=values,
                 relay_leader=fabric.relay_leader(plan),
             ),
         }
         # Each node runs the image once before anything starts from it (image-facts.sh).
         checked = {
             host.node.name: host_step(
-                Pending(self.pinned, functools.partial(image.image_facts, plan, name, host.node)),
+                image.image_facts(plan, name, host.node),
                 [host],
                 parent=self,
                 after=[synced[host.node.name]],
+                values={PINNED_IMAGE: self.pinned},
             )
             for host in [head, *args.workers]
         }

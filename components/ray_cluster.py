@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import pulumi
@@ -12,9 +11,10 @@ from pulumi_command import remote
 from components.bundle import entry_scripts
 from components.containers import service_container
 from components.host import Host
-from components.steps import Pending, host_step
+from components.steps import host_step
 from stacks.plan import server
 from stacks.plan.containers import RAY_HEAD_ID_LABEL, ray_container
+from stacks.plan.later import PINNED_IMAGE
 from stacks.plan.nodes import DeploymentPlan
 
 
@@ -51,10 +51,11 @@ class RayCluster(pulumi.ComponentResource):
         ]
         containers = [self.head_container, *self.worker_containers]
         self.joined = host_step(
-            Pending(args.image, functools.partial(server.ray_wait, plan, name)),
+            server.ray_wait(plan, name),
             [args.head],
             parent=self,
             after=containers,
+            values={PINNED_IMAGE: args.image},
             # A replaced container means a new cluster: wait for it again.
             triggers=[c.id for c in containers],
         )

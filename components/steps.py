@@ -3,22 +3,22 @@ component registers its host steps through."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 import pulumi
 from pulumi_command import remote
 
 from components.facts import HostFacts
+from stacks.plan.later import (
+    Later,
+    create_consumes,
+    delete_consumes,
+    resolve,
+    resolve_create,
+)
 from stacks.plan.nodes import NodePlan
 from stacks.plan.steps import Receipt, Stdin, StepSpec, Timeouts, create_command
-
-# Stands in for a value another resource gives only once it exists (an image ID, a manifest)
-# when a spec's shape (name, node, stdin, timeouts) is read: none of those depend on it, and a
-# delete that does not either stays a plain string (known in preview).
-PENDING = "<pending>"
 
 _LOGGING = {"stderr": remote.Logging.STDERR, "none": remote.Logging.NONE}
 
@@ -31,42 +31,29 @@ class StepHost(Protocol):
     facts: HostFacts
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A step whose command lines need `value`, known once another resource exists (the image
-    ID, the model's manifest): `spec_for(value)` is the step."""
-
-    value: pulumi.Output[str]
-    spec_for: Callable[[str], StepSpec]
-
-
 WorkerHost = TypeVar("WorkerHost", bound=StepHost)
 
 
 def host_step(
-    spec: StepSpec | Pending,
+    spec: StepSpec,
     hosts: Iterable[StepHost],
     *,
     parent: pulumi.Resource,
     after: Sequence[pulumi.Input[pulumi.Resource]] = (),
     stdin: Mapping[Stdin, pulumi.Input[str]] | None = None,
+    values: Mapping[Later, pulumi.Input[str]] | None = None,
     triggers: Sequence[pulumi.Input[str]] | None = None,
     aliases: Sequence[pulumi.Alias] = (),
 ) -> remote.Command:
     """`spec` run over its node's connection; each receipt gets its token from its node's facts.
-    `aliases`: where the step was before a release moved it (the engine then updates it in place
-    instead of creating it anew and running the old one's delete afterwards)."""
+    `values`: the later values its command lines consume (stacks/plan/later.py), resolved once
+    known. `aliases`: where the step was before a release moved it (the engine then updates it
+    in place instead of creating it anew and running the old one's delete afterwards)."""
     hosts = list(hosts)
-    token_of = _tokens(hosts)
-    if isinstance(spec, StepSpec):
-        shape: StepSpec = spec
-        create: pulumi.Input[str] = create_command(spec, token_of)
-        delete: pulumi.Input[str] | None = spec.delete
-    else:
-        shape, create, delete = _pending_commands(spec, token_of)
+    create, delete = _commands(spec, _tokens(hosts), values or {})
     return _command(
-        shape,
-        _by_name(hosts)[shape.node.name],
+        spec,
+        _by_name(hosts)[spec.node.name],
         create=create,
         delete=delete,
         parent=parent,
@@ -78,17 +65,17 @@ def host_step(
 
 
 def head_to_workers(
-    value: pulumi.Output[str],
-    spec_for: Callable[[NodePlan, str], StepSpec],
+    spec_for: Callable[[NodePlan], StepSpec],
     head: StepHost,
     workers: Iterable[WorkerHost],
     *,
     parent: pulumi.Resource,
     after: Callable[[WorkerHost], Sequence[pulumi.Resource]],
+    values: Mapping[Later, pulumi.Input[str]],
     relay_leader: NodePlan | None = None,
 ) -> dict[str, remote.Command]:
-    """`spec_for(worker, value)` for each worker: run on the head, its receipt kept on that
-    worker. What a worker gets from the head over the fabric (the image, the weights).
+    """`spec_for(worker)` for each worker: run on the head, its receipt kept on that worker.
+    What a worker gets from the head over the fabric (the image, the weights).
 
     With `relay_leader`, that worker's step relays to every worker (stacks/plan/fabric.py
     relay_leader): it runs once every worker is ready for it (each one's `after`), and the other
@@ -97,10 +84,11 @@ def head_to_workers(
 
     def step(worker: WorkerHost, extra: Sequence[pulumi.Resource]) -> remote.Command:
         return host_step(
-            Pending(value, functools.partial(spec_for, worker.node)),
+            spec_for(worker.node),
             [head, worker],
             parent=parent,
             after=[*after(worker), *extra],
+            values=values,
         )
 
     leader = next((w for w in workers if relay_leader and w.node.name == relay_leader.name), None)
@@ -114,23 +102,28 @@ def head_to_workers(
     }
 
 
-def _pending_commands(
-    pending: Pending, token_of: Callable[[Receipt], str]
-) -> tuple[StepSpec, pulumi.Output[str], pulumi.Input[str] | None]:
-    """The spec's shape now; its create (and a delete that needs the value) once it is known."""
-    shape = pending.spec_for(PENDING)
-
-    def resolved(value: str) -> StepSpec:
-        spec = pending.spec_for(value)
-        same = replace(spec, create=shape.create, delete=shape.delete, receipts=shape.receipts)
-        assert same == shape, f"{shape.name}: only its command lines may depend on the value"
-        return spec
-
-    create = pending.value.apply(lambda v: create_command(resolved(v), token_of))
-    delete: pulumi.Input[str] | None = shape.delete
-    if shape.delete is not None and pending.spec_for(PENDING + "'").delete != shape.delete:
-        delete = pending.value.apply(lambda v: resolved(v).delete or "")
-    return shape, create, delete
+def _commands(
+    spec: StepSpec, token_of: Callable[[Receipt], str], values: Mapping[Later, pulumi.Input[str]]
+) -> tuple[pulumi.Input[str], pulumi.Input[str] | None]:
+    """The step's create and delete; each one that consumes later values resolves once they are
+    known, and one that does not stays a plain string (known in preview)."""
+    given = {later.name: value for later, value in values.items()}
+    create_needs, delete_needs = create_consumes(spec), delete_consumes(spec)
+    missing = [name for name in (*create_needs, *delete_needs) if name not in given]
+    if missing:
+        raise AssertionError(f"{spec.name}: consumes {missing}, which are not given")
+    create: pulumi.Input[str] = create_command(spec, token_of)
+    if create_needs:
+        create = pulumi.Output.all(**{name: given[name] for name in create_needs}).apply(
+            lambda known: create_command(resolve_create(spec, known), token_of)
+        )
+    delete: pulumi.Input[str] | None = spec.delete
+    if spec.delete is not None and delete_needs:
+        text = spec.delete
+        delete = pulumi.Output.all(**{name: given[name] for name in delete_needs}).apply(
+            lambda known: resolve(text, known)
+        )
+    return create, delete
 
 
 def _command(

@@ -16,7 +16,7 @@ from components.bundle import entry_scripts
 from components.containers import service_container
 from components.host import Host
 from components.ray_cluster import RayCluster
-from components.steps import PENDING, Pending, host_step
+from components.steps import host_step
 from stacks.plan import server
 from stacks.plan.containers import (
     API_KEY_HASH_LABEL,
@@ -26,6 +26,7 @@ from stacks.plan.containers import (
     headless_container,
     vllm_container,
 )
+from stacks.plan.later import PINNED_IMAGE, Later
 from stacks.plan.nodes import DeploymentPlan, ServerSizing
 
 
@@ -40,7 +41,8 @@ class VllmServerArgs:
     ray: RayCluster | None  # executor ray: the cluster the server joins; mp: none
     weights_ready: list[pulumi.Resource]
     api_key: pulumi.Output[str]  # a secret, never empty
-    sizing: ServerSizing | pulumi.Output[ServerSizing]  # configured, or the memory check's
+    sizing: ServerSizing  # configured, or with `auto` the memory check's later values:
+    chosen: dict[Later, pulumi.Output[str]]  # what it chose (components/memory.py)
     key_file: pulumi.Resource  # the key's file on the head (components/front.py)
     front: docker.Container  # the front's container: the readiness probe goes through it
     firewalled: dict[str, pulumi.Resource]  # by node name: its rules hold (none: firewall off)
@@ -106,11 +108,12 @@ class VllmServer(pulumi.ComponentResource):
         )
         containers = [self.container, *self.headless_containers, args.front]
         self.readiness = host_step(
-            Pending(args.image, functools.partial(server.vllm_ready, plan, name)),
+            server.vllm_ready(plan, name),
             [head],
             parent=self,
             after=containers,
             stdin={"api-key": args.api_key},
+            values={PINNED_IMAGE: args.image},
             triggers=[c.id for c in containers],
         )
         self.fabric_transport = self.readiness.stdout.apply(
@@ -128,14 +131,11 @@ class VllmServer(pulumi.ComponentResource):
         id_labels: list[tuple[str, pulumi.Input[str]]] | None = None,
     ) -> docker.Container:
         """`spec` takes the server's memory sizing: with `auto` known once the memory check ran."""
-        sizing = args.sizing
         return service_container(
             resource_name,
-            spec(sizing if isinstance(sizing, ServerSizing) else ServerSizing(PENDING)),
+            spec(args.sizing),
             args.image,
-            command=None
-            if isinstance(sizing, ServerSizing)
-            else sizing.apply(lambda known: list(spec(known).command)),
+            values=args.chosen,
             provider=host.provider,
             parent=self,
             # With Ray, these come before the cluster the server joins.

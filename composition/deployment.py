@@ -119,7 +119,7 @@ def build_deployment(settings: Settings) -> Deployment:
     memory = ServerMemory(
         "memory",
         ServerMemoryArgs(
-            plan, head, image.pinned, weights.manifest, list(weights.present_on.values())
+            plan, head, image.pinned, weights.commit, list(weights.present_on.values())
         ),
     )
     firewall = Firewall(
@@ -161,6 +161,7 @@ def build_deployment(settings: Settings) -> Deployment:
             list(weights.present_on.values()),
             settings.api_key,
             memory.server_sizing,
+            memory.chosen,
             front.key_file,
             front.container,
             firewall.ready,

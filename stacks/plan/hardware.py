@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stacks.plan.fabric import fabric_flags
+from stacks.plan.later import PINNED_IMAGE, WEIGHTS_COMMIT
 from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, serving_container_names
 from stacks.plan.steps import StepSpec, Timeouts, script_call
 
@@ -64,11 +65,11 @@ def fabric_link(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
     )
 
 
-def memory_check(plan: DeploymentPlan, name: str, image: str, commit: str = "") -> StepSpec:
+def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
     """On the head, once the image and the weights are on every node and before Ray or the
     server starts: what each node will have free for the server, against the configured
     fraction, or the fraction `auto` derives (memory-check.sh, memory-probe.sh on each node);
-    with vllm.kvCache, the KV cache's bytes too, from the snapshot at `commit` (kv_sizing.py)."""
+    with vllm.kvCache, the KV cache's bytes too, from the head's snapshot (kv_sizing.py)."""
     cfg = plan.config
     # One node a line: a state dir may hold a space.
     nodes = "\n".join(
@@ -79,7 +80,7 @@ def memory_check(plan: DeploymentPlan, name: str, image: str, commit: str = "") 
     )
     flags: dict[str, str | float] = {
         "nodes": nodes,
-        "image": image,
+        "image": PINNED_IMAGE.text,
         "gpus": "yes" if cfg.docker.request_gpus else "no",
         "drop_page_cache": "yes" if cfg.preflight.drop_page_cache else "no",
         "utilization": str(cfg.vllm.gpu_memory_utilization),
@@ -87,7 +88,7 @@ def memory_check(plan: DeploymentPlan, name: str, image: str, commit: str = "") 
         "min_margin_bytes": AUTO_MIN_MARGIN_BYTES,
         "server_container": plan.container_name("vllm"),
         **fabric_flags(plan),
-        **kv_cache_flags(plan, commit),
+        **kv_cache_flags(plan),
     }
     return StepSpec(
         name=f"{name}-check",
@@ -98,31 +99,14 @@ def memory_check(plan: DeploymentPlan, name: str, image: str, commit: str = "") 
     )
 
 
-def sizes_kv_cache(plan: DeploymentPlan) -> bool:
-    """vllm.kvCache is set: the memory check sizes (or checks) the KV cache from the snapshot."""
-    return plan.config.vllm.kv_cache is not None
-
-
-def memory_check_value(image: str, manifest: str) -> str:
-    """`IMAGE|COMMIT`: the image's pinned name and the head's snapshot (its manifest is
-    "commit files bytes")."""
-    return f"{image}|{(manifest.split() or [''])[0]}"
-
-
-def memory_check_for(plan: DeploymentPlan, name: str, value: str) -> StepSpec:
-    """The check from the image's pinned name, or from memory_check_value's `IMAGE|COMMIT`."""
-    image, _, commit = value.partition("|")
-    return memory_check(plan, name, image, commit)
-
-
-def kv_cache_flags(plan: DeploymentPlan, commit: str) -> dict[str, str | int]:
+def kv_cache_flags(plan: DeploymentPlan) -> dict[str, str | int]:
     """What kv_sizing.py needs for vllm.kvCache (none when unset: vLLM's profiler sizes it)."""
     cfg = plan.config
     if cfg.vllm.kv_cache is None:
         return {}
     return {
         "kv_cache": str(cfg.vllm.kv_cache),
-        "snapshot": snapshot_dir(cfg.model.cache_dir, cfg.model.id, commit),
+        "snapshot": snapshot_dir(cfg.model.cache_dir, cfg.model.id, WEIGHTS_COMMIT.text),
         "tensor_parallel": cfg.vllm.tensor_parallel_size,
         "pipeline_parallel": cfg.vllm.pipeline_parallel_size,
         "max_model_len": cfg.vllm.max_model_len or 0,

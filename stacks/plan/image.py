@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass
 
 from stacks.plan.fabric import head_to_worker, relay_flags
+from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
 from stacks.plan.nodes import DeploymentPlan, NodePlan
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
 
@@ -106,13 +107,13 @@ def image_id_file(plan: DeploymentPlan) -> str:
     return f"{plan.head.state_dir}/image-id"
 
 
-def record_image(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
+def record_image(plan: DeploymentPlan, name: str) -> StepSpec:
     """The pulled image's ID, written on the head (what the waits compare workers with), and
     its pinned name there; the delete takes the name off again (image-record.sh)."""
     head = plan.head
     step = f"{name}-head-record"
     record_file = image_id_file(plan)
-    pinned = pinned_image(image_id)
+    pinned = PINNED_IMAGE.text
     unpin = script_call(
         head,
         "image-record.sh",
@@ -128,7 +129,7 @@ def record_image(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
             "image-record.sh",
             "record",
             state_dir=head.state_dir,
-            image_id=image_id,
+            image_id=IMAGE_ID.text,
             ref=plan.config.image.ref,
             pinned=pinned,
         ),
@@ -137,14 +138,14 @@ def record_image(plan: DeploymentPlan, name: str, image_id: str) -> StepSpec:
     )
 
 
-def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str) -> StepSpec:
+def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
     """The head streams the image to `worker` over the fabric unless it has it already (by
     content, under its pinned name); the delete removes it there unless `image.keepOnDestroy`."""
     minutes = plan.config.timeouts.image_transfer_minutes
     flags: dict[str, str | float] = {
-        "image_id": image_id,
+        "image_id": IMAGE_ID.text,
         "ref": plan.config.image.ref,
-        "pinned": pinned_image(image_id),
+        "pinned": PINNED_IMAGE.text,
         "worker_bin": worker.bin_dir,  # what a cut copy left is staged beside it
         "timeout_minutes": minutes,
         "compress": "zstd",
@@ -158,7 +159,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
         worker,
         "image-sync.sh",
         flags,
-        check("image", pinned_image(image_id)),
+        check("image", PINNED_IMAGE.text),
         minutes,
         removable=not plan.config.image.keep_on_destroy,
     )
@@ -167,7 +168,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, image_id: str)
 IMAGE_FACTS_PREFIX = "spark-vllm-image-facts "
 
 
-def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, pinned: str) -> StepSpec:
+def image_facts(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
     """The image run once on `node` before any container starts from it: its architecture
     against the host's, vllm and ray present (a Ray at least what vLLM requires), and on the
     head, vllm.extraArgs against the image's own `vllm serve --help` (image-facts.sh)."""
@@ -177,7 +178,7 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, pinned: str) ->
         create=script_call(
             node,
             "image-facts.sh",
-            image=pinned,
+            image=PINNED_IMAGE.text,
             ref=plan.config.image.ref,
             # Only the head serves: a worker's check does not depend on (or re-run for) them.
             extra_args=json.dumps(list(plan.config.vllm.extra_args) if node.is_head else []),
@@ -191,7 +192,7 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, pinned: str) ->
     )
 
 
-def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, pinned: str) -> StepSpec:
+def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
     """`node`'s compile caches (stacks/plan/nodes.py compile_cache_env), in a directory the
     scripts step made: the step reports its size, and its delete empties it with the serving
     image (its files are the containers' user's) unless vllm.compileCache.keepOnDestroy. The
@@ -209,7 +210,7 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan, pinned: str) 
         "remove",
         dir=cache_dir,
         ray_dir=node.ray_dir,
-        image=pinned,
+        image=PINNED_IMAGE.text,
         keep=keep,
     )
     return StepSpec(

@@ -23,6 +23,7 @@ from stacks.config import (
 )
 from stacks.known_hosts import find_host_key
 from stacks.plan.known_bad import known_bad_flag
+from stacks.plan.later import GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES
 
 GIB = 1024**3
 
@@ -360,7 +361,7 @@ class ServerSizing:
     vllm.kvCache, --kv-cache-memory-bytes (configured, or what the memory check derived)."""
 
     gpu_memory_utilization: str
-    kv_cache_bytes: int | None = None
+    kv_cache_bytes: int | str | None = None  # str: a later value's placeholder
 
     def flags(self) -> list[str]:
         flags = ["--gpu-memory-utilization", self.gpu_memory_utilization]
@@ -376,6 +377,24 @@ def fixed_sizing(plan: DeploymentPlan) -> ServerSizing | None:
     if vllm.gpu_memory_utilization == "auto" or vllm.kv_cache == "auto":
         return None
     return ServerSizing(str(vllm.gpu_memory_utilization), vllm.kv_cache)
+
+
+def server_sizing(plan: DeploymentPlan) -> ServerSizing:
+    """The sizing vLLM's flags carry: the configured one, or with `auto` the memory check's
+    (its later values, stacks/plan/later.py)."""
+    fixed = fixed_sizing(plan)
+    if fixed is not None:
+        return fixed
+    kv_cache = KV_CACHE_BYTES.text if plan.config.vllm.kv_cache is not None else None
+    return ServerSizing(GPU_MEMORY_UTILIZATION.text, kv_cache)
+
+
+def sizing_values(sizing: ServerSizing) -> dict[str, str]:
+    """A sizing the memory check chose, as the later values `server_sizing` placed."""
+    values = {GPU_MEMORY_UTILIZATION.name: sizing.gpu_memory_utilization}
+    if sizing.kv_cache_bytes is not None:
+        values[KV_CACHE_BYTES.name] = str(sizing.kv_cache_bytes)
+    return values
 
 
 def checked_sizing(sizing: Mapping[str, Any]) -> ServerSizing:

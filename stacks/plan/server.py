@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Literal
 
 from stacks.plan.fabric import fabric_flags
+from stacks.plan.later import PINNED_IMAGE
 from stacks.plan.nodes import CONTAINER_SCRIPTS_DIR, DeploymentPlan, log_specs, node_check_specs
 from stacks.plan.steps import Stdin, StepSpec, Timeouts, check, script_call, undoable
 
 
-def ray_wait(plan: DeploymentPlan, name: str, image: str) -> StepSpec:
+def ray_wait(plan: DeploymentPlan, name: str) -> StepSpec:
     """Every node joined Ray over its fabric IP with its GPUs, within the join timeout."""
     seconds = plan.config.timeouts.ray_join_seconds
     awaited: dict[str, str | float] = {
@@ -18,7 +19,7 @@ def ray_wait(plan: DeploymentPlan, name: str, image: str) -> StepSpec:
         "gpus": plan.total_gpus,
         "timeout_seconds": seconds,
     }
-    return _wait(plan, f"{name}-joined", "ray-wait.sh", "ray-head", awaited, image, seconds)
+    return _wait(plan, f"{name}-joined", "ray-wait.sh", "ray-head", awaited, seconds)
 
 
 def _wait(
@@ -27,7 +28,6 @@ def _wait(
     script: str,
     container: Literal["ray-head", "vllm"],
     awaited: dict[str, str | float],
-    image: str,
     seconds: int,
     model: dict[str, str] | None = None,
     stdin: Stdin | None = None,
@@ -40,7 +40,7 @@ def _wait(
         **awaited,
         "nodes": log_specs(plan, include_vllm=container == "vllm"),
         "node_checks": node_check_specs(plan),
-        "image": image,
+        "image": PINNED_IMAGE.text,
         **(model or {}),
         **fabric_flags(plan),
     }
@@ -68,7 +68,7 @@ def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
     )
 
 
-def vllm_ready(plan: DeploymentPlan, name: str, image: str) -> StepSpec:
+def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     """The served model answers a real completion (the API key on stdin), within the timeout."""
     cfg = plan.config
     seconds = cfg.timeouts.vllm_ready_seconds
@@ -88,7 +88,7 @@ def vllm_ready(plan: DeploymentPlan, name: str, image: str) -> StepSpec:
     model = cfg.model
     snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}
     step, script = f"{name}-ready", "vllm-ready.sh"
-    return _wait(plan, step, script, "vllm", awaited, image, seconds, snapshot, "api-key")
+    return _wait(plan, step, script, "vllm", awaited, seconds, snapshot, "api-key")
 
 
 FABRIC_TRANSPORT_PREFIX = "fabric transport: "

@@ -4,6 +4,7 @@ serving image's HF client, copied to each worker over the fabric."""
 from __future__ import annotations
 
 from stacks.plan.fabric import head_to_worker, relay_flags
+from stacks.plan.later import WEIGHTS_BYTES, WEIGHTS_COMMIT, WEIGHTS_FILES
 from stacks.plan.nodes import DeploymentPlan, NodePlan
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, script_call
 
@@ -34,21 +35,35 @@ def fetch_weights(plan: DeploymentPlan, name: str) -> StepSpec:
     )
 
 
-def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan, manifest: str) -> StepSpec:
+MANIFEST_FIELDS = (WEIGHTS_COMMIT, WEIGHTS_FILES, WEIGHTS_BYTES)
+
+
+def manifest_values(manifest: str) -> dict[str, str]:
+    """The head's snapshot manifest (hf-manifest.sh: "commit files bytes") as the later values
+    the copies and the memory check consume."""
+    fields = manifest.split()
+    if len(fields) != len(MANIFEST_FIELDS):
+        raise ValueError(
+            f"spark-vllm: the weights fetch printed {manifest!r} where the snapshot's manifest "
+            "(commit files bytes) belongs"
+        )
+    return {later.name: field for later, field in zip(MANIFEST_FIELDS, fields, strict=True)}
+
+
+def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
     """The head's snapshot (`commit files bytes`) copied to `worker` over the fabric, verified."""
     model, minutes = plan.config.model, plan.config.timeouts.weights_transfer_minutes
-    commit = manifest.split()[0] if manifest.split() else manifest
     flags: dict[str, str | float] = {
         "worker_bin": worker.bin_dir,
         "cache_dir": model.cache_dir,
         "model": model.id,
-        "manifest": manifest,
+        "manifest": " ".join(later.text for later in MANIFEST_FIELDS),
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
         **relay_flags(plan, worker),
     }
-    done = check("snapshot", model.cache_dir, model.id, commit)
+    done = check("snapshot", model.cache_dir, model.id, WEIGHTS_COMMIT.text)
     return head_to_worker(
         plan, f"{name}-{worker.name}-copy", worker, "weights-sync.sh", flags, done, minutes
     )

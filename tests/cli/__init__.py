@@ -14,10 +14,11 @@ too, with the CLI's message, and the program receives exactly the config the CLI
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.cli import gotext
 from tests.cli.project import CliError, Project, load_project
 from tests.cli.stack import ProgramConfig, StackFile, handed_to_program, merge_config
 
@@ -31,15 +32,26 @@ class PulumiCli:
     def __init__(self, project_dir: Path) -> None:
         self.project: Project = load_project(Path(project_dir) / "Pulumi.yaml")
         self.stacks: dict[str, StackFile] = {}
+        self.unreadable: dict[str, str] = {}  # stack -> why its file cannot be loaded
 
     def stack_init(self, name: str) -> StackFile:
         """`pulumi stack init NAME`: an existing `Pulumi.NAME.yaml` is kept as it is."""
-        self.stacks[name] = StackFile.load(self.project, name)
-        return self.stacks[name]
+        return self._loaded(name, lambda: StackFile.load(self.project, name))
 
     def stack_from(self, name: str, config: Mapping[str, Any]) -> StackFile:
-        """A stack whose `Pulumi.NAME.yaml` has this `config:` block (keys as in the file)."""
-        self.stacks[name] = StackFile.from_config(self.project, name, config)
+        """A stack whose `Pulumi.NAME.yaml` has this `config:` block (keys as in the file).
+
+        A value config.Value cannot hold (an infinite float: json.Marshal refuses it) fails
+        LoadProjectStackBytes; preview and up then stop with "getting stack configuration: "
+        and that error (pkg/cmd/pulumi/operations/up.go, preview.go)."""
+        return self._loaded(name, lambda: StackFile.from_config(self.project, name, config))
+
+    def _loaded(self, name: str, load: Callable[[], StackFile]) -> StackFile:
+        try:
+            self.stacks[name] = load()
+        except gotext.GoTextError as error:
+            self.unreadable[name] = str(error)
+            self.stacks[name] = StackFile(name)
         return self.stacks[name]
 
     def config_set(
@@ -57,4 +69,6 @@ class PulumiCli:
         """What preview, up, refresh and destroy do before the program starts."""
         if stack not in self.stacks:
             raise CliError(f"no stack named '{stack}' found")
+        if stack in self.unreadable:
+            raise CliError(f"getting stack configuration: {self.unreadable[stack]}")
         return merge_config(self.project, self.stacks[stack])

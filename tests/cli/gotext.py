@@ -124,7 +124,9 @@ def load(text: str) -> Any:
 def float_text(value: float) -> str:
     """Go's encoding/json text of a float64."""
     if math.isnan(value) or math.isinf(value):
-        raise GoTextError(f"json: unsupported value: {value}")
+        # encoding/json's UnsupportedValueError, the float as strconv.FormatFloat(f, 'g', -1).
+        shown = "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+        raise GoTextError(f"json: unsupported value: {shown}")
     if value == 0:
         return "-0" if math.copysign(1, value) < 0 else "0"
     if abs(value) < 1e-6 or abs(value) >= 1e21:

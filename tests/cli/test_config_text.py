@@ -94,6 +94,20 @@ def test_a_timestamp_is_refused_rather_than_guessed(tmp_path: Path) -> None:
         program_config(tmp_path, "  demo:when: 2026-12-03\n")
 
 
+@pytest.mark.parametrize(
+    ("written", "shown"), [(".inf", "+Inf"), ("-.Inf", "-Inf"), (".nan", "NaN")]
+)
+def test_a_float_json_cannot_write_stops_preview_and_up(
+    tmp_path: Path, written: str, shown: str
+) -> None:
+    """config.Value keeps a number as its JSON text; json.Marshal refuses these, so loading the
+    stack file fails and up says so (pkg/cmd/pulumi/operations/up.go)."""
+    cli = cli_with(tmp_path, f"  demo:size: {written}\n")
+    with pytest.raises(CliError) as caught:
+        cli.program_config("dev")
+    assert str(caught.value) == f"getting stack configuration: json: unsupported value: {shown}"
+
+
 def cli_with(tmp_path: Path, stack_yaml: str) -> PulumiCli:
     (tmp_path / "Pulumi.yaml").write_text(PROJECT)
     (tmp_path / "Pulumi.dev.yaml").write_text("config:\n" + stack_yaml)

@@ -10,12 +10,13 @@ import pytest
 
 from stacks.config import ConfigError, parse_stack_config
 from stacks.plan import hardware
+from stacks.plan.image import pinned_image
 from stacks.plan.known_bad import SHIPPED, known_bad_flag
 from stacks.plan.nodes import preflight_flags
 from tests.program.conftest import ConfigFactory
 from tests.program.harness import evaluate
 from tests.program.test_graph import SECRETS
-from tests.program.test_steps import IMAGE_ID, plan_of
+from tests.program.test_steps import IMAGE_ID, known, plan_of
 
 
 def flags_of(command: str) -> dict[str, str]:
@@ -46,7 +47,7 @@ def test_the_memory_check_measures_every_node_with_our_containers(
     make_config: ConfigFactory,
 ) -> None:
     plan = plan_of(make_config(hosts=2, preflight={"dropPageCache": True}))
-    flags = flags_of(hardware.memory_check(plan, "memory", IMAGE_ID).create)
+    flags = flags_of(known(hardware.memory_check(plan, "memory")).create)
     head, worker = plan.head, plan.workers[0]
     assert flags["--nodes"].splitlines() == [
         f"{head.name}|-|{head.bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{head.fabric_ip}",
@@ -59,7 +60,7 @@ def test_the_memory_check_measures_every_node_with_our_containers(
         "0.8",
     )
     assert flags["--margin-fraction"] == "0.05" and flags["--min-margin-bytes"] == str(2 << 30)
-    assert flags["--image"] == IMAGE_ID
+    assert flags["--image"] == pinned_image(IMAGE_ID)
 
 
 def test_auto_sizes_the_server_from_the_memory_check(make_config: ConfigFactory) -> None:

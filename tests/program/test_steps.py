@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stacks.config import parse_stack_config
-from stacks.plan import fabric, hosts, image, server, steps, weights
+from stacks.plan import fabric, hosts, image, later, server, steps, weights
 from stacks.plan.containers import EntryScripts, ray_container, vllm_container
 from stacks.plan.front import front_bind
 from stacks.plan.nodes import DeploymentPlan, ServerSizing, plan_deployment
@@ -25,6 +25,17 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = EntryScripts(launcher="echo launcher", gate="echo gate", guard="echo guard")
 IMAGE_ID = "sha256:" + "ab" * 32
 MANIFEST = "c0ffee1234 7 123456"
+# What the later values are once known (stacks/plan/later.py).
+VALUES = {
+    later.IMAGE_ID.name: IMAGE_ID,
+    later.PINNED_IMAGE.name: image.pinned_image(IMAGE_ID),
+    **weights.manifest_values(MANIFEST),
+}
+
+
+def known(spec: StepSpec) -> StepSpec:
+    """`spec` as the host runs it, with every later value known."""
+    return later.resolve_spec(spec, VALUES)
 
 
 def plan_of(config: dict[str, Any]) -> DeploymentPlan:
@@ -47,12 +58,12 @@ def every_step(plan: DeploymentPlan) -> list[StepSpec]:
     for worker in plan.workers:
         specs += [fabric.authorize_head_key(plan, "fabric", worker)]
         specs += [fabric.pin_worker_key(plan, "fabric", worker)]
-        specs += [image.sync_image(plan, "image", worker, IMAGE_ID)]
-        specs += [weights.copy_weights(plan, "weights", worker, MANIFEST)]
-    specs += [image.record_image(plan, "image", IMAGE_ID), weights.fetch_weights(plan, "weights")]
-    specs += [server.ray_wait(plan, "ray", IMAGE_ID), server.api_key_file(plan, "front")]
+        specs += [known(image.sync_image(plan, "image", worker))]
+        specs += [known(weights.copy_weights(plan, "weights", worker))]
+    specs += [known(image.record_image(plan, "image")), weights.fetch_weights(plan, "weights")]
+    specs += [known(server.ray_wait(plan, "ray")), server.api_key_file(plan, "front")]
     specs += [hosts.write_front_config(plan, "front")]
-    specs += [server.vllm_ready(plan, "vllm", IMAGE_ID)]
+    specs += [known(server.vllm_ready(plan, "vllm"))]
     return specs
 
 
@@ -60,7 +71,7 @@ def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactor
     """A failing receipt gives a fresh token (components/facts.py): the create differs, so
     pulumi-command plans an update that re-runs it; its delete, stdin and timeouts do not."""
     plan = plan_of(make_config(hosts=2))
-    spec = image.sync_image(plan, "image", plan.workers[0], IMAGE_ID)
+    spec = known(image.sync_image(plan, "image", plan.workers[0]))
     held, fresh = create_command(spec, tokens("held")), create_command(spec, tokens("fresh"))
     assert held != fresh
     assert held.replace("held-", "fresh-") == fresh
@@ -70,7 +81,7 @@ def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactor
 def test_a_workers_receipt_is_written_there_over_the_fabric(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=2))
     worker = plan.workers[0]
-    spec = weights.copy_weights(plan, "weights", worker, MANIFEST)
+    spec = known(weights.copy_weights(plan, "weights", worker))
     assert spec.node == plan.head and [r.node for r in spec.receipts] == [worker]
     receipt = create_command(spec, tokens()).split(" && ")[-1]
     assert receipt.startswith(f"bash {plan.head.bin_dir}/receipt.sh --host spark1 ")
@@ -99,8 +110,8 @@ def test_a_steps_receipts_are_only_on_the_node_it_runs_on_or_its_worker(
 def test_the_image_stays_on_workers_unless_asked(make_config: ConfigFactory) -> None:
     keep = plan_of(make_config(hosts=2))
     drop = plan_of(make_config(hosts=2, image={"ref": "x/y:1", "keepOnDestroy": False}))
-    assert image.sync_image(keep, "image", keep.workers[0], IMAGE_ID).delete is None
-    delete = image.sync_image(drop, "image", drop.workers[0], IMAGE_ID).delete
+    assert known(image.sync_image(keep, "image", keep.workers[0])).delete is None
+    delete = known(image.sync_image(drop, "image", drop.workers[0])).delete
     # The worker's stage goes only while its state leaf is this deployment's (--owner).
     assert delete is not None and delete.endswith(" --remove yes --owner spark-vllm/test")
     assert image.image_pull(drop).keep_locally is False
@@ -131,7 +142,7 @@ def test_secrets_are_read_on_stdin_only(make_config: ConfigFactory) -> None:
 def test_no_fabric_flags_when_the_user_manages_fabric_trust(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=2, fabric={"trust": "existing"}))
     assert not fabric.fabric_trust_managed(plan) and fabric.fabric_flags(plan) == {}
-    assert "--fabric-key" not in server.ray_wait(plan, "ray", IMAGE_ID).create
+    assert "--fabric-key" not in known(server.ray_wait(plan, "ray")).create
 
 
 def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
@@ -140,7 +151,7 @@ def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
     plan = plan_of(make_config(hosts=2, timeouts={"imageTransferMinutes": 50}))
     for spec in every_step(plan):
         assert spec.timeouts.create >= 2, spec.name
-    assert image.sync_image(plan, "image", plan.workers[0], IMAGE_ID).timeouts.create == 55
+    assert known(image.sync_image(plan, "image", plan.workers[0])).timeouts.create == 55
     assert fabric.head_fabric_key(plan, "fabric").timeouts == steps.QUICK
 
 
@@ -261,6 +272,6 @@ def test_where_the_front_listens_is_where_it_is_probed_and_published(
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--port") + 1] == "8001"
     assert front_bind(plan) == bind
-    ready = server.vllm_ready(plan, "vllm", IMAGE_ID).create
+    ready = known(server.vllm_ready(plan, "vllm")).create
     assert (f"--probe-host {probe}" in ready) if probe else ("--probe-host" not in ready)
     assert plan.endpoint_url == endpoint
