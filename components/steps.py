@@ -4,7 +4,7 @@ component registers its host steps through."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import pulumi
 from pulumi_command import remote
@@ -29,9 +29,6 @@ class StepHost(Protocol):
     node: NodePlan
     connection: remote.ConnectionArgs
     facts: HostFacts
-
-
-WorkerHost = TypeVar("WorkerHost", bound=StepHost)
 
 
 def host_step(
@@ -62,44 +59,6 @@ def host_step(
         triggers=triggers,
         aliases=aliases,
     )
-
-
-def head_to_workers(
-    spec_for: Callable[[NodePlan], StepSpec],
-    head: StepHost,
-    workers: Iterable[WorkerHost],
-    *,
-    parent: pulumi.Resource,
-    after: Callable[[WorkerHost], Sequence[pulumi.Resource]],
-    values: Mapping[Later, pulumi.Input[str]],
-    relay_leader: NodePlan | None = None,
-) -> dict[str, remote.Command]:
-    """`spec_for(worker)` for each worker: run on the head, its receipt kept on that worker.
-    What a worker gets from the head over the fabric (the image, the weights).
-
-    With `relay_leader`, that worker's step relays to every worker (stacks/plan/fabric.py
-    relay_leader): it runs once every worker is ready for it (each one's `after`), and the other
-    workers' steps run after it, to find what it brought (or copy what its chain could not)."""
-    workers = list(workers)
-
-    def step(worker: WorkerHost, extra: Sequence[pulumi.Resource]) -> remote.Command:
-        return host_step(
-            spec_for(worker.node),
-            [head, worker],
-            parent=parent,
-            after=[*after(worker), *extra],
-            values=values,
-        )
-
-    leader = next((w for w in workers if relay_leader and w.node.name == relay_leader.name), None)
-    if leader is None:
-        return {worker.node.name: step(worker, []) for worker in workers}
-    others = [worker for worker in workers if worker is not leader]
-    relayed = step(leader, [ready for worker in others for ready in after(worker)])
-    return {
-        worker.node.name: relayed if worker is leader else step(worker, [relayed])
-        for worker in workers
-    }
 
 
 def _commands(

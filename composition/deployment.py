@@ -7,33 +7,34 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components.compile_cache import CompileCache, CompileCacheArgs
-from components.fabric_trust import FabricTrust, FabricTrustArgs
-from components.firewall import Firewall, FirewallArgs
-from components.front import Front, FrontArgs
+from components.bundle import entry_scripts, scripts_bundle
+from components.compile_cache import CompileCache
+from components.fabric_trust import FabricTrust
+from components.facts import gather_facts
+from components.firewall import Firewall
+from components.front import Front
+from components.graph import Walk
 from components.host import Host, HostArgs
-from components.image import ImageDistribution, ImageDistributionArgs
-from components.memory import ServerMemory, ServerMemoryArgs
-from components.ray_cluster import RayCluster, RayClusterArgs
-from components.vllm_server import VllmServer, VllmServerArgs
-from components.weights import ModelWeights, ModelWeightsArgs
+from components.image import ImageDistribution
+from components.memory import ServerMemory
+from components.ray_cluster import RayCluster
+from components.vllm_server import VllmServer
+from components.weights import ModelWeights
 from stacks.known_hosts import write_known_hosts
-from stacks.plan import hardware
+from stacks.plan import hardware, hosts
+from stacks.plan.graph import GraphFacts, plan_graph
 from stacks.plan.nodes import DeploymentPlan, plan_deployment, unpinned_endpoints
+from stacks.plan.steps import Stdin
 from stacks.settings import Settings
 
 
 @dataclass(frozen=True)
 class Deployment:
     plan: DeploymentPlan
-    hosts: dict[str, Host]
     trust: FabricTrust
     image: ImageDistribution
-    weights: ModelWeights
     memory: ServerMemory
-    firewall: Firewall
     front: Front
-    ray: RayCluster | None  # executor mp: no Ray
     server: VllmServer
     api_key: pulumi.Output[str]
 
@@ -100,76 +101,50 @@ def build_deployment(settings: Settings) -> Deployment:
     control_dir = settings.local_dir / "cm"
     control_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
-    hosts = {
+    # What the plan needs of the hosts and of this machine, read before any resource.
+    facts = {
+        node.name: gather_facts(node, settings.ssh_auth, derived_known_hosts, control_dir)
+        for node in plan.nodes
+    }
+    bundle = scripts_bundle()
+    mounts_tokens = {name: facts[name].token(hosts.mounts_step(name)) for name in facts}
+    graph = plan_graph(plan, GraphFacts(bundle.digest, entry_scripts(), mounts_tokens))
+    stdin: dict[Stdin, pulumi.Input[str]] = {
+        "scripts-bundle": bundle.archive_b64,
+        "hf-token": settings.hf_token if settings.hf_token is not None else "",
+        "api-key": settings.api_key,
+    }
+    walk = Walk(plan, graph, stdin)
+    # The walk, once: each component registers its entries, in the graph's order.
+    host_components = {
         node.name: Host(
             node.name,
-            HostArgs(plan, node, settings.ssh_auth, derived_known_hosts, control_dir),
+            HostArgs(
+                node,
+                settings.ssh_auth,
+                derived_known_hosts,
+                control_dir,
+                facts[node.name],
+                walk,
+            ),
         )
         for node in plan.nodes
     }
-    head = hosts[plan.head.name]
-    workers = [hosts[n.name] for n in plan.workers]
-    _warn_hardware(hosts)
-    trust = FabricTrust("fabric", FabricTrustArgs(plan, head, workers))
-    image = ImageDistribution("image", ImageDistributionArgs(plan, head, workers, trust.ready))
-    weights = ModelWeights(
-        "weights",
-        ModelWeightsArgs(plan, head, workers, image.present_on, settings.hf_token),
-    )
-    memory = ServerMemory(
-        "memory",
-        ServerMemoryArgs(
-            plan, head, image.pinned, weights.commit, list(weights.present_on.values())
-        ),
-    )
-    firewall = Firewall(
-        "firewall",
-        FirewallArgs(plan, [head, *workers], image.pinned, image.present_on, memory.check),
-    )
-    front = Front("front", FrontArgs(plan, head, settings.api_key, memory.check))
+    _warn_hardware(host_components)
+    trust = FabricTrust(walk)
+    image = ImageDistribution(walk)
+    ModelWeights(walk)
+    memory = ServerMemory(walk)
+    Firewall(walk)
+    front = Front(walk)
     # Ray's and vLLM's containers start once the image and the node's compile cache are there.
-    cache = CompileCache(
-        "compile-cache",
-        CompileCacheArgs(plan, [head, *workers], image.pinned, image.present_on),
-    )
-    ray = (
-        RayCluster(
-            "ray",
-            RayClusterArgs(
-                plan,
-                head,
-                workers,
-                image.pinned,
-                cache.ready,
-                memory.check,
-                firewall.ready,
-            ),
-        )
-        if plan.uses_ray
-        else None
-    )
-    server = VllmServer(
-        "vllm",
-        VllmServerArgs(
-            plan,
-            head,
-            workers,
-            image.pinned,
-            cache.ready,
-            memory.check,
-            ray,
-            list(weights.present_on.values()),
-            settings.api_key,
-            memory.server_sizing,
-            memory.chosen,
-            front.key_file,
-            front.container,
-            firewall.ready,
-        ),
-    )
-    return Deployment(
-        plan, hosts, trust, image, weights, memory, firewall, front, ray, server, settings.api_key
-    )
+    CompileCache(walk)
+    if plan.uses_ray:
+        RayCluster(walk)
+    server = VllmServer(walk)
+    unbuilt = [entry.name for entry in graph if entry.name not in walk.built]
+    assert not unbuilt, f"planned but never registered: {unbuilt}"
+    return Deployment(plan, trust, image, memory, front, server, settings.api_key)
 
 
 def _warn_hardware(hosts: dict[str, Host]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import components.host as host_module
+import composition.deployment as deployment_module
 from components.bundle import ScriptsBundle
 from components.facts import HostFacts
 from tests.program.harness import evaluate, load_stack_config, unwrap
@@ -40,7 +40,9 @@ def graph(stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(HostFacts, "token", steady_token)
     # The scripts' content is pinned by the upgrade scenario of the lab, not here: an edit to a
     # host script is meant to be an update of `<host>-scripts`.
-    monkeypatch.setattr(host_module, "scripts_bundle", lambda: ScriptsBundle("<archive>", "d" * 64))
+    monkeypatch.setattr(
+        deployment_module, "scripts_bundle", lambda: ScriptsBundle("<archive>", "d" * 64)
+    )
     evaluation = evaluate(config, {"apiKey": "golden-key", "hfToken": "hf_golden"}, stack=stack)
     resources = [
         {

@@ -75,13 +75,13 @@ def test_an_upgrade_that_changes_a_script_updates_only_the_scripts(
     make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The preview of the next `up` after a new spark-vllm release edited a host script."""
-    import components.host
+    import composition.deployment
     from components.bundle import ScriptsBundle, scripts_bundle
 
     config = make_config(hosts=2)
     up = evaluate(config, SECRETS)
     edited = ScriptsBundle(scripts_bundle().archive_b64 + "Cg==", "f" * 64)
-    monkeypatch.setattr(components.host, "scripts_bundle", lambda: edited)
+    monkeypatch.setattr(composition.deployment, "scripts_bundle", lambda: edited)
     preview = evaluate(config, SECRETS, preview=True, prior=up)
     assert {n: s for n, s in preview.steps.items() if s != "same"} == {
         "spark1-scripts": "update",

@@ -1,0 +1,550 @@
+"""The whole deployment as one data structure, computed from the config and the facts read
+before any resource: every resource the program registers, in the order it registers them, with
+its spec, the component it belongs to, and its edges by name (what it runs after, which IDs
+replace it, whose stdout it reads). The composition (composition/deployment.py) walks it once;
+the components only turn each entry into a resource (components/graph.py).
+
+Names here are resource names, and so part of each resource's URN: renaming one is a new
+resource to the engine (an alias keeps the old identity: `Planned.moved_from`).
+
+The edges, in one place (each one's reason is beside it below):
+
+    host scripts -> preflight -> fabric key, authorize, pin -> link test (every worker)
+    image pull -> record -> worker copies (after every link test) -> image facts (every node)
+    weights fetch (after the head's image facts) -> worker copies (after their image facts)
+    memory check (after every node's weights)
+    firewall guard (after the node's image facts and the memory check) -> its rules hold
+    front: key file, its config, its image -> its container (after the memory check)
+    compile cache (after the node's image facts)
+    Ray containers (after their firewall, compile cache, memory check) -> join wait
+    vLLM (after Ray's join wait, or with mp its headless ranks) -> readiness (through the front)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stacks.plan import fabric, hardware, hosts, image, server, weights
+from stacks.plan.containers import (
+    API_KEY_HASH_LABEL,
+    MP_NODES_LABEL,
+    RAY_CLUSTER_LABEL,
+    RAY_HEAD_ID_LABEL,
+    ContainerSpec,
+    EntryScripts,
+    firewall_container,
+    front_container,
+    headless_container,
+    ray_container,
+    vllm_container,
+)
+from stacks.plan.image import ImagePull
+from stacks.plan.later import (
+    FRONT_IMAGE_ID,
+    GPU_MEMORY_UTILIZATION,
+    IMAGE_ID,
+    KV_CACHE_BYTES,
+    PINNED_IMAGE,
+    Later,
+)
+from stacks.plan.nodes import (
+    DeploymentPlan,
+    NodePlan,
+    checked_sizing,
+    server_sizing,
+    sizing_values,
+)
+from stacks.plan.steps import Stdin, StepSpec
+
+# The components, by the name their resources are registered under (part of every child's URN).
+FABRIC, IMAGE, WEIGHTS, MEMORY = "fabric", "image", "weights", "memory"
+FIREWALL, FRONT, COMPILE_CACHE, RAY, VLLM = "firewall", "front", "compile-cache", "ray", "vllm"
+
+# Resources the components and the stack outputs read (the others are found by name in `after`).
+IMAGE_PULL, FRONT_PULL, FRONT_CONTAINER = f"{IMAGE}-pull", f"{FRONT}-pull", f"{FRONT}-container"
+FABRIC_HEAD_KEY, WEIGHTS_FETCH, MEMORY_CHECK = (
+    f"{FABRIC}-head-key",
+    f"{WEIGHTS}-fetch",
+    f"{MEMORY}-check",
+)
+RAY_HEAD, RAY_JOINED = f"{RAY}-head", f"{RAY}-joined"
+SERVER, READINESS = f"{VLLM}-container", f"{VLLM}-ready"
+
+
+def preflight_of(node: str) -> str:
+    return f"{node}-preflight"
+
+
+def scripts_of(node: str) -> str:
+    return f"{node}-scripts"
+
+
+def link_of(worker: str) -> str:
+    """The head's link test to `worker` (its stdout: the figures, hardware.parse_fabric_link)."""
+    return f"{FABRIC}-{worker}-link"
+
+
+def image_facts_of(node: str) -> str:
+    """The image's check on `node` (its stdout: what the image carries)."""
+    return f"{IMAGE}-{node}-facts"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a later value comes from: a resource's output, and what the value is made of it."""
+
+    resource: str
+    output: Literal["image_id", "stdout"]
+    derive: Callable[[str], str]
+
+
+def later_sources() -> dict[str, Source]:
+    """Every later value (stacks/plan/later.py) by name, and its source."""
+    manifest = {
+        later.name: Source(WEIGHTS_FETCH, "stdout", functools.partial(_manifest_field, later.name))
+        for later in weights.MANIFEST_FIELDS
+    }
+    sizing = {
+        later.name: Source(MEMORY_CHECK, "stdout", functools.partial(_sizing_field, later.name))
+        for later in (GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES)
+    }
+    return {
+        IMAGE_ID.name: Source(IMAGE_PULL, "image_id", str),
+        PINNED_IMAGE.name: Source(IMAGE_PULL, "image_id", image.pinned_image),
+        FRONT_IMAGE_ID.name: Source(FRONT_PULL, "image_id", str),
+        **manifest,
+        **sizing,
+    }
+
+
+def fetched_manifest(stdout: str) -> str:
+    """The weights fetch's last line: the snapshot's manifest, "commit files bytes"."""
+    return stdout.strip().splitlines()[-1]
+
+
+def _manifest_field(name: str, stdout: str) -> str:
+    return weights.manifest_values(fetched_manifest(stdout))[name]
+
+
+def _sizing_field(name: str, stdout: str) -> str:
+    values = sizing_values(checked_sizing(hardware.parse_memory_sizing(stdout)))
+    if name not in values:
+        raise ValueError(f"spark-vllm: the memory check chose no {name} (its `memory` output)")
+    return values[name]
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What the plan needs of this machine and the hosts before any resource: the scripts
+    bundle's digest, the containers' entry scripts, and each node's mounts token (the token of
+    its bound directories' marks, components/facts.py)."""
+
+    scripts_digest: str
+    entry_scripts: EntryScripts
+    mounts_tokens: Mapping[str, str]  # by node name
+
+
+@dataclass(frozen=True)
+class MovedFrom:
+    """Where a resource was registered before a release moved it: its name, and its parent's
+    type and name (a pulumi.Alias)."""
+
+    name: str
+    parent_type: str
+    parent_name: str
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One resource of the deployment."""
+
+    name: str  # its resource name
+    component: str  # the component it is registered under (its parent)
+    spec: StepSpec | ContainerSpec | ImagePull
+    node: str  # whose connection (a step) or Docker daemon (a container, a pull) it uses
+    after: tuple[str, ...] = ()  # resources it runs after (depends_on), in order
+    triggers: tuple[str, ...] = ()  # a step: resources whose new ID re-runs it (replaced)
+    stdout_stdin: str | None = None  # a step: whose stdout it reads on stdin (its spec's kind)
+    id_labels: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a container: label -> whose IDs
+    secret_labels: tuple[tuple[str, Stdin], ...] = ()  # a container: label -> a secret's hash
+    image: Later | None = None  # a container: the later value naming its image
+    moved_from: tuple[MovedFrom, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeploymentGraph:
+    entries: tuple[Planned, ...]
+    by_name: dict[str, Planned] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, Planned] = {}
+        for entry in self.entries:
+            if entry.name in by_name:
+                raise ValueError(f"spark-vllm: two resources are named {entry.name}")
+            missing = [a for a in (*entry.after, *entry.triggers) if a not in by_name]
+            if missing:
+                raise ValueError(f"spark-vllm: {entry.name} runs after {missing}, not before it")
+            by_name[entry.name] = entry
+        object.__setattr__(self, "by_name", by_name)
+
+    def of(self, component: str) -> list[Planned]:
+        return [entry for entry in self.entries if entry.component == component]
+
+    def __iter__(self) -> Iterator[Planned]:
+        return iter(self.entries)
+
+
+def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
+    """Every resource of the deployment, in registration order."""
+    entries: list[Planned] = []
+    for node in plan.nodes:
+        entries += _host(plan, node, facts)
+    links = _fabric(plan, entries)
+    image_ready = _image(plan, entries, links)
+    weights_ready = _weights(plan, entries, image_ready)
+    check = _memory(plan, entries, weights_ready)
+    firewalled = _firewall(plan, entries, facts, image_ready, check)
+    key_file, front = _front(plan, entries, facts, check)
+    cache_ready = _compile_cache(plan, entries, image_ready)
+    joined = _ray(plan, entries, facts, firewalled, cache_ready, check) if plan.uses_ray else None
+    _vllm(
+        plan, entries, facts, firewalled, cache_ready, check, weights_ready, joined, key_file, front
+    )
+    return DeploymentGraph(tuple(entries))
+
+
+def _host(plan: DeploymentPlan, node: NodePlan, facts: GraphFacts) -> list[Planned]:
+    scripts = hosts.install_scripts(plan, node.name, node, facts.scripts_digest)
+    # A new bundle re-runs the preflight: its checks live in the scripts.
+    return [
+        Planned(scripts.name, node.name, scripts, node.name),
+        Planned(
+            preflight_of(node.name),
+            node.name,
+            hosts.preflight(plan, node.name, node),
+            node.name,
+            after=(scripts.name,),
+            triggers=(scripts.name,),
+        ),
+    ]
+
+
+def _fabric(plan: DeploymentPlan, entries: list[Planned]) -> dict[str, str]:
+    """The head's access to each worker over the fabric, then each link's test: by worker."""
+    head = plan.head
+    trusted: dict[str, tuple[str, ...]] = {
+        w.name: (preflight_of(head.name), preflight_of(w.name)) for w in plan.workers
+    }
+    if fabric.fabric_trust_managed(plan):
+        key = fabric.head_fabric_key(plan, FABRIC)
+        entries.append(Planned(key.name, FABRIC, key, head.name, after=(preflight_of(head.name),)))
+        for worker in plan.workers:
+            authorize = fabric.authorize_head_key(plan, FABRIC, worker)
+            entries.append(
+                Planned(
+                    authorize.name,
+                    FABRIC,
+                    authorize,
+                    worker.name,
+                    after=(preflight_of(worker.name),),
+                    stdout_stdin=key.name,
+                )
+            )
+            # The worker's host key, as its authorize step read it, pinned on the head.
+            pin = fabric.pin_worker_key(plan, FABRIC, worker)
+            entries.append(
+                Planned(
+                    pin.name,
+                    FABRIC,
+                    pin,
+                    head.name,
+                    after=(authorize.name, key.name),
+                    stdout_stdin=authorize.name,
+                )
+            )
+            trusted[worker.name] = (pin.name,)
+    links: dict[str, str] = {}
+    for worker in plan.workers:
+        link = hardware.fabric_link(plan, FABRIC, worker)
+        after = (*trusted[worker.name], scripts_of(worker.name))
+        entries.append(Planned(link.name, FABRIC, link, head.name, after=after))
+        links[worker.name] = link.name
+    return links
+
+
+def _image(plan: DeploymentPlan, entries: list[Planned], links: dict[str, str]) -> dict[str, str]:
+    """Pulled on the head, copied to every worker once every link was tested, checked on every
+    node: by node, the step after which it has the image."""
+    head = plan.head
+    pull = IMAGE_PULL
+    entries.append(
+        Planned(pull, IMAGE, image.image_pull(plan), head.name, after=(preflight_of(head.name),))
+    )
+    record = image.record_image(plan, IMAGE)
+    entries.append(Planned(record.name, IMAGE, record, head.name, after=(pull,)))
+
+    def ready_for(worker: NodePlan) -> tuple[str, ...]:
+        return (record.name, preflight_of(worker.name), *links.values())
+
+    synced = {head.name: record.name}
+    for worker, spec, after in _head_to_workers(
+        plan, lambda w: image.sync_image(plan, IMAGE, w), ready_for
+    ):
+        entries.append(Planned(spec.name, IMAGE, spec, head.name, after=after))
+        synced[worker.name] = spec.name
+    checked: dict[str, str] = {}
+    for node in plan.nodes:
+        spec = image.image_facts(plan, IMAGE, node)
+        entries.append(Planned(spec.name, IMAGE, spec, node.name, after=(synced[node.name],)))
+        checked[node.name] = spec.name
+    return checked
+
+
+def _weights(
+    plan: DeploymentPlan, entries: list[Planned], image_ready: dict[str, str]
+) -> list[str]:
+    """Fetched on the head (which runs the serving image for it), copied to every worker: the
+    steps after which each node has the snapshot."""
+    head = plan.head
+    fetch = weights.fetch_weights(plan, WEIGHTS)
+    entries.append(Planned(fetch.name, WEIGHTS, fetch, head.name, after=(image_ready[head.name],)))
+
+    # One transfer at a time per worker: the image's and the weights' share its fabric link.
+    def ready_for(worker: NodePlan) -> tuple[str, ...]:
+        return (fetch.name, scripts_of(worker.name), image_ready[worker.name])
+
+    copied = {}
+    for worker, spec, after in _head_to_workers(
+        plan, lambda w: weights.copy_weights(plan, WEIGHTS, w), ready_for
+    ):
+        entries.append(Planned(spec.name, WEIGHTS, spec, head.name, after=after))
+        copied[worker.name] = spec.name
+    return [fetch.name, *(copied[w.name] for w in plan.workers)]
+
+
+def _head_to_workers(
+    plan: DeploymentPlan,
+    spec_for: Callable[[NodePlan], StepSpec],
+    ready_for: Callable[[NodePlan], tuple[str, ...]],
+) -> list[tuple[NodePlan, StepSpec, tuple[str, ...]]]:
+    """A step the head runs for each worker, in registration order, with what it runs after.
+
+    With a relay leader (stacks/plan/fabric.py relay_leader), the leader's step relays to every
+    worker: it runs once every worker is ready for it, and the other workers' steps run after
+    it, to find what it brought (or copy what its chain could not)."""
+    leader = fabric.relay_leader(plan)
+    if leader is None:
+        return [(w, spec_for(w), ready_for(w)) for w in plan.workers]
+    others = [w for w in plan.workers if w.name != leader.name]
+    relayed = spec_for(leader)
+    every_ready = tuple(name for w in others for name in ready_for(w))
+    return [
+        (leader, relayed, (*ready_for(leader), *every_ready)),
+        *((w, spec_for(w), (*ready_for(w), relayed.name)) for w in others),
+    ]
+
+
+def _memory(plan: DeploymentPlan, entries: list[Planned], weights_ready: list[str]) -> str:
+    """Measured on every node once the image and the weights are there, before anything of
+    ours starts."""
+    check = hardware.memory_check(plan, MEMORY)
+    entries.append(Planned(check.name, MEMORY, check, plan.head.name, after=tuple(weights_ready)))
+    return check.name
+
+
+def _firewall(
+    plan: DeploymentPlan,
+    entries: list[Planned],
+    facts: GraphFacts,
+    image_ready: dict[str, str],
+    check: str,
+) -> dict[str, str]:
+    """A guard container per node (from the serving image), then a step that waits until its
+    rules hold: by node, that step (none with the firewall off)."""
+    ready: dict[str, str] = {}
+    for node in plan.nodes:
+        step = hosts.firewall(plan, FIREWALL, node)
+        if step is None:
+            continue
+        guard = firewall_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)
+        guard_name = f"{FIREWALL}-{node.name}-guard"
+        entries.append(
+            Planned(
+                guard_name,
+                FIREWALL,
+                guard,
+                node.name,
+                after=(preflight_of(node.name), image_ready[node.name], check),
+                image=PINNED_IMAGE,
+            )
+        )
+        # Not replaced with its guard (a new image replaces the guard): the old step's delete
+        # would take the rules down after the new one waited. A new guard's rules are awaited
+        # by the gate of every container that starts after it.
+        entries.append(Planned(step.name, FIREWALL, step, node.name, after=(guard_name,)))
+        ready[node.name] = step.name
+    return ready
+
+
+def _front(
+    plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, check: str
+) -> tuple[str, str]:
+    """HAProxy on the head, publishing vllm.port to requests carrying the key: its key file and
+    its container."""
+    head = plan.head
+    key_file = server.api_key_file(plan, FRONT)
+    # Before this release the server's component held it: the same step, not a new one whose
+    # predecessor's delete would remove the key after it was written.
+    moved = MovedFrom("vllm-api-key", "spark-vllm:index:VllmServer", VLLM)
+    entries.append(
+        Planned(
+            key_file.name,
+            FRONT,
+            key_file,
+            head.name,
+            after=(scripts_of(head.name),),
+            moved_from=(moved,),
+        )
+    )
+    config = hosts.write_front_config(plan, FRONT)
+    entries.append(Planned(config.name, FRONT, config, head.name, after=(scripts_of(head.name),)))
+    pull = FRONT_PULL
+    entries.append(
+        Planned(
+            pull, FRONT, image.front_image_pull(plan), head.name, after=(preflight_of(head.name),)
+        )
+    )
+    container = FRONT_CONTAINER
+    entries.append(
+        Planned(
+            container,
+            FRONT,
+            front_container(plan, facts.mounts_tokens[head.name]),
+            head.name,
+            after=(preflight_of(head.name), config.name, key_file.name, check),
+            # A new key must restart the front (it loads the pattern file at start).
+            secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
+            image=FRONT_IMAGE_ID,
+        )
+    )
+    return key_file.name, container
+
+
+def _compile_cache(
+    plan: DeploymentPlan, entries: list[Planned], image_ready: dict[str, str]
+) -> dict[str, str]:
+    """Each node's compile caches, after its image: its Ray and vLLM containers start after
+    it, so a destroy deletes them first and the image last. By node."""
+    ready: dict[str, str] = {}
+    for node in plan.nodes:
+        spec = image.compile_cache(plan, COMPILE_CACHE, node)
+        entries.append(
+            Planned(spec.name, COMPILE_CACHE, spec, node.name, after=(image_ready[node.name],))
+        )
+        ready[node.name] = spec.name
+    return ready
+
+
+def _started_after(
+    node: NodePlan, firewalled: dict[str, str], cache_ready: dict[str, str], check: str
+) -> tuple[str, ...]:
+    """What every Ray and vLLM container of `node` starts after: its preflight, its rules, its
+    image and compile cache, and the memory check."""
+    rules = (firewalled[node.name],) if node.name in firewalled else ()
+    return (preflight_of(node.name), *rules, cache_ready[node.name], check)
+
+
+def _ray(
+    plan: DeploymentPlan,
+    entries: list[Planned],
+    facts: GraphFacts,
+    firewalled: dict[str, str],
+    cache_ready: dict[str, str],
+    check: str,
+) -> str:
+    """A container per node with Ray as its main process, then a bounded join wait."""
+    names = []
+    for node in plan.nodes:
+        spec = ray_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)
+        name = RAY_HEAD if node.is_head else f"{RAY}-{node.name}"
+        after = _started_after(node, firewalled, cache_ready, check)
+        head_name = RAY_HEAD
+        entries.append(
+            Planned(
+                name,
+                RAY,
+                spec,
+                node.name,
+                after=after if node.is_head else (*after, head_name),
+                # Workers joined this head: a replaced head must replace them too.
+                id_labels=() if node.is_head else ((RAY_HEAD_ID_LABEL, (head_name,)),),
+                image=PINNED_IMAGE,
+            )
+        )
+        names.append(name)
+    wait = server.ray_wait(plan, RAY)
+    # A replaced container means a new cluster: wait for it again.
+    entries.append(
+        Planned(wait.name, RAY, wait, plan.head.name, after=tuple(names), triggers=tuple(names))
+    )
+    return wait.name
+
+
+def _vllm(
+    plan: DeploymentPlan,
+    entries: list[Planned],
+    facts: GraphFacts,
+    firewalled: dict[str, str],
+    cache_ready: dict[str, str],
+    check: str,
+    weights_ready: list[str],
+    joined: str | None,
+    key_file: str,
+    front: str,
+) -> None:
+    """The server on the head (joined to Ray, or with mp to a headless vLLM on every worker),
+    then its readiness wait, through the front."""
+    head, sizing = plan.head, server_sizing(plan)
+    # mp: each worker's ranks first; they wait (bounded) for the head's rendezvous. The server
+    # then joins them, and carries their IDs: a replaced worker replaces the server too
+    # (deleted first, as a delete-before-replace base takes its dependents down), so a new
+    # worker always meets a new server, never one that already formed its group. A replaced
+    # server alone does not replace them: they rejoin the next one by themselves (their
+    # launcher restarts them when the rendezvous they joined is gone).
+    headless: list[str] = []
+    for worker in plan.workers if joined is None else []:
+        name = f"{VLLM}-{worker.name}"
+        spec = headless_container(
+            plan, worker, facts.mounts_tokens[worker.name], facts.entry_scripts, sizing
+        )
+        after = (*_started_after(worker, firewalled, cache_ready, check), *weights_ready)
+        entries.append(Planned(name, VLLM, spec, worker.name, after=after, image=PINNED_IMAGE))
+        headless.append(name)
+    cluster = (joined,) if joined is not None else tuple(headless)
+    # With Ray, what the head's containers start after comes before the cluster it joins.
+    started = () if joined is not None else _started_after(head, firewalled, cache_ready, check)
+    container = SERVER
+    entries.append(
+        Planned(
+            container,
+            VLLM,
+            vllm_container(plan, facts.mounts_tokens[head.name], facts.entry_scripts, sizing),
+            head.name,
+            after=(*started, *cluster, key_file, *weights_ready),
+            # The cluster it joined: any Ray container replaced (a new head, or a worker
+            # recreated after a refresh found it gone) replaces the wait, and the server; with
+            # mp, the headless containers it meets.
+            id_labels=((RAY_CLUSTER_LABEL if joined is not None else MP_NODES_LABEL, cluster),),
+            # A new key must restart vLLM; only its hash (still a secret) is in the config.
+            secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
+            image=PINNED_IMAGE,
+        )
+    )
+    containers = (container, *headless, front)
+    ready = server.vllm_ready(plan, VLLM)
+    entries.append(
+        Planned(ready.name, VLLM, ready, head.name, after=containers, triggers=containers)
+    )

@@ -1,0 +1,168 @@
+"""The deployment's graph as data (stacks/plan/graph.py): computed from the config and facts
+before any resource, its edges by name, checked here as tables without the Pulumi runtime. The
+mocks tests (test_graph.py, the goldens) check that the walk registers exactly this."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stacks.plan import graph as g
+from stacks.plan.containers import ContainerSpec, EntryScripts
+from stacks.plan.later import consumed, create_consumes, delete_consumes
+from stacks.plan.nodes import DeploymentPlan
+from stacks.plan.steps import StepSpec
+from tests.program.conftest import ConfigFactory
+from tests.program.test_steps import plan_of
+
+SCRIPTS = EntryScripts(launcher="echo launcher", gate="echo gate", guard="echo guard")
+
+SHAPES = [
+    pytest.param(hosts, executor, extra, id=f"{hosts}-{executor}-{label}")
+    for hosts in (1, 2, 3, 4)
+    for executor in ("ray", "mp")
+    for label, extra in (
+        ("defaults", {}),
+        ("trust-existing-no-firewall", {"fabric": {"trust": "existing", "firewall": False}}),
+        ("kv-auto", {"vllm": {"kvCache": "auto", "gpuMemoryUtilization": "auto"}}),
+    )
+]
+
+
+def graph_of(config: dict[str, Any]) -> tuple[DeploymentPlan, g.DeploymentGraph]:
+    plan = plan_of(config)
+    facts = g.GraphFacts("d" * 64, SCRIPTS, {n.name: f"m-{n.name}" for n in plan.nodes})
+    return plan, g.plan_graph(plan, facts)
+
+
+def configured(
+    make_config: ConfigFactory, hosts: int, executor: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    config = make_config(hosts=hosts, executor=executor)
+    for key, value in extra.items():
+        config[key] = {**config.get(key, {}), **value}
+    return config
+
+
+def consumes(entry: g.Planned) -> tuple[str, ...]:
+    spec = entry.spec
+    if isinstance(spec, StepSpec):
+        return (*create_consumes(spec), *delete_consumes(spec))
+    if isinstance(spec, ContainerSpec):
+        return (*consumed(*spec.command), *((entry.image.name,) if entry.image else ()))
+    return ()
+
+
+@pytest.mark.parametrize(("hosts", "executor", "extra"), SHAPES)
+def test_every_edge_and_value_comes_from_a_resource_registered_before(
+    make_config: ConfigFactory, hosts: int, executor: str, extra: dict[str, Any]
+) -> None:
+    """One walk in order can register it: everything an entry runs after, whose IDs it
+    carries, whose stdout it reads, and every later value's source comes earlier."""
+    _, graph = graph_of(configured(make_config, hosts, executor, extra))
+    index = {entry.name: i for i, entry in enumerate(graph)}
+    sources = g.later_sources()
+    for i, entry in enumerate(graph):
+        named = [*entry.after, *entry.triggers]
+        named += [name for _, names in entry.id_labels for name in names]
+        named += [entry.stdout_stdin] if entry.stdout_stdin else []
+        named += [sources[value].resource for value in consumes(entry)]
+        assert all(index[name] < i for name in named), entry.name
+    # Each component's entries are contiguous: the walk builds a component at once.
+    components = [entry.component for entry in graph]
+    assert len({c for c in components}) == sum(
+        1 for a, b in zip(["", *components], components, strict=False) if a != b
+    )
+
+
+@pytest.mark.parametrize(("hosts", "executor", "extra"), SHAPES)
+def test_nothing_of_ours_starts_before_its_node_was_checked_and_firewalled(
+    make_config: ConfigFactory, hosts: int, executor: str, extra: dict[str, Any]
+) -> None:
+    """Every Ray and vLLM container runs after (possibly through the cluster it joins) its
+    node's preflight, its firewall's rules holding, its image and compile cache, and the memory
+    check; the server after every node's weights."""
+    plan, graph = graph_of(configured(make_config, hosts, executor, extra))
+
+    def ancestors(name: str) -> set[str]:
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            for before in graph.by_name[stack.pop()].after:
+                if before not in seen:
+                    seen.add(before)
+                    stack.append(before)
+        return seen
+
+    firewall = plan.config.fabric.firewall
+    for entry in graph:
+        spec = entry.spec
+        if not isinstance(spec, ContainerSpec) or spec.role not in (
+            "ray-head",
+            "ray-worker",
+            "vllm",
+            "vllm-headless",
+        ):
+            continue
+        node = entry.node
+        needed = {
+            g.preflight_of(node),
+            f"{g.COMPILE_CACHE}-{node}",
+            g.image_facts_of(node),
+            g.MEMORY_CHECK,
+            *([f"{g.FIREWALL}-{node}"] if firewall else []),
+        }
+        assert needed <= ancestors(entry.name), (entry.name, needed - ancestors(entry.name))
+    server_before = ancestors(g.SERVER)
+    assert {f"{g.WEIGHTS}-{w.name}-copy" for w in plan.workers} <= server_before
+    assert {g.SERVER, g.FRONT_CONTAINER} <= set(graph.by_name[g.READINESS].after)
+
+
+def test_the_relay_leader_copies_once_every_worker_is_ready_and_the_others_after_it(
+    make_config: ConfigFactory,
+) -> None:
+    plan, graph = graph_of(make_config(hosts=4))
+    leader, *others = plan.workers
+    lead = graph.by_name[f"{g.IMAGE}-{leader.name}-sync"]
+    for worker in plan.workers:
+        assert g.preflight_of(worker.name) in lead.after
+        assert g.link_of(worker.name) in lead.after
+    for worker in others:
+        assert lead.name in graph.by_name[f"{g.IMAGE}-{worker.name}-sync"].after
+        copy = graph.by_name[f"{g.WEIGHTS}-{worker.name}-copy"]
+        assert f"{g.WEIGHTS}-{leader.name}-copy" in copy.after
+    # Without the fabric key the program manages, each worker copies on its own.
+    config = make_config(hosts=4)
+    config["fabric"] = {**config.get("fabric", {}), "trust": "existing"}
+    _, alone = graph_of(config)
+    for worker in others:
+        assert (
+            f"{g.IMAGE}-{leader.name}-sync"
+            not in alone.by_name[f"{g.IMAGE}-{worker.name}-sync"].after
+        )
+
+
+def test_a_graph_that_names_a_later_resource_is_refused(make_config: ConfigFactory) -> None:
+    _, graph = graph_of(make_config(hosts=2))
+    first, *rest = graph.entries
+    with pytest.raises(ValueError, match="not before it"):
+        g.DeploymentGraph((*rest, first))
+    with pytest.raises(ValueError, match="two resources"):
+        g.DeploymentGraph((*graph.entries, graph.entries[-1]))
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_the_server_carries_the_ids_of_the_cluster_it_joined(
+    make_config: ConfigFactory, executor: str
+) -> None:
+    plan, graph = graph_of(make_config(hosts=3, executor=executor))
+    labels = dict(graph.by_name[g.SERVER].id_labels)
+    if executor == "ray":
+        assert labels == {"spark-vllm.ray-cluster": (g.RAY_JOINED,)}
+        assert set(graph.by_name[g.RAY_JOINED].triggers) == {
+            g.RAY_HEAD,
+            *(f"{g.RAY}-{w.name}" for w in plan.workers),
+        }
+    else:
+        assert labels == {"spark-vllm.mp-nodes": tuple(f"{g.VLLM}-{w.name}" for w in plan.workers)}
