@@ -208,11 +208,9 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
     check = _memory(plan, entries, weights_ready)
     firewalled = _firewall(plan, entries, facts, image_ready, check)
     key_file, front = _front(plan, entries, facts, check)
-    cache_ready = _compile_cache(plan, entries, image_ready)
-    joined = _ray(plan, entries, facts, firewalled, cache_ready, check) if plan.uses_ray else None
-    _vllm(
-        plan, entries, facts, firewalled, cache_ready, check, weights_ready, joined, key_file, front
-    )
+    gates = _Gates(firewalled, _compile_cache(plan, entries, image_ready), check)
+    joined = _ray(plan, entries, facts, gates) if plan.uses_ray else None
+    _vllm(plan, entries, facts, gates, weights_ready, joined, key_file, front)
     return DeploymentGraph(tuple(entries))
 
 
@@ -448,29 +446,28 @@ def _compile_cache(
     return ready
 
 
-def _started_after(
-    node: NodePlan, firewalled: dict[str, str], cache_ready: dict[str, str], check: str
-) -> tuple[str, ...]:
-    """What every Ray and vLLM container of `node` starts after: its preflight, its rules, its
-    image and compile cache, and the memory check."""
-    rules = (firewalled[node.name],) if node.name in firewalled else ()
-    return (preflight_of(node.name), *rules, cache_ready[node.name], check)
+@dataclass(frozen=True)
+class _Gates:
+    """What every Ray and vLLM container of a node starts after: its preflight, its rules
+    holding (by node; none with the firewall off), its image and compile cache (by node), and
+    the memory check."""
+
+    firewalled: dict[str, str]
+    cache_ready: dict[str, str]
+    check: str
+
+    def of(self, node: NodePlan) -> tuple[str, ...]:
+        rules = (self.firewalled[node.name],) if node.name in self.firewalled else ()
+        return (preflight_of(node.name), *rules, self.cache_ready[node.name], self.check)
 
 
-def _ray(
-    plan: DeploymentPlan,
-    entries: list[Planned],
-    facts: GraphFacts,
-    firewalled: dict[str, str],
-    cache_ready: dict[str, str],
-    check: str,
-) -> str:
+def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates: _Gates) -> str:
     """A container per node with Ray as its main process, then a bounded join wait."""
     names = []
     for node in plan.nodes:
         spec = ray_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)
         name = RAY_HEAD if node.is_head else f"{RAY}-{node.name}"
-        after = _started_after(node, firewalled, cache_ready, check)
+        after = gates.of(node)
         head_name = RAY_HEAD
         entries.append(
             Planned(
@@ -497,9 +494,7 @@ def _vllm(
     plan: DeploymentPlan,
     entries: list[Planned],
     facts: GraphFacts,
-    firewalled: dict[str, str],
-    cache_ready: dict[str, str],
-    check: str,
+    gates: _Gates,
     weights_ready: list[str],
     joined: str | None,
     key_file: str,
@@ -520,12 +515,12 @@ def _vllm(
         spec = headless_container(
             plan, worker, facts.mounts_tokens[worker.name], facts.entry_scripts, sizing
         )
-        after = (*_started_after(worker, firewalled, cache_ready, check), *weights_ready)
+        after = (*gates.of(worker), *weights_ready)
         entries.append(Planned(name, VLLM, spec, worker.name, after=after, image=PINNED_IMAGE))
         headless.append(name)
     cluster = (joined,) if joined is not None else tuple(headless)
     # With Ray, what the head's containers start after comes before the cluster it joins.
-    started = () if joined is not None else _started_after(head, firewalled, cache_ready, check)
+    started = () if joined is not None else gates.of(head)
     container = SERVER
     entries.append(
         Planned(
