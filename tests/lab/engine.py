@@ -42,6 +42,7 @@ from typing import Any
 
 import pulumi
 
+from tests.engine.cascade import OldResource, dependents_to_replace
 from tests.engine.diff import diff
 from tests.engine.urns import alias_urns
 from tests.lab.realmocks import (
@@ -259,24 +260,16 @@ class NextUp(RealMocks):
     # -- deletes ---------------------------------------------------------------------------
 
     def _delete_dependents_first(self, base: JournalEntry) -> None:
-        """The dependents a delete-before-replace base takes down with it: those in the state
-        whose inputs hold the base's ID (it changes, so they are replaced too) and that are
-        themselves deleted before they are replaced (their delete must not meet the base's
-        replacement). Newest first."""
-        doomed = [
-            entry
-            for entry in self._state_order
-            if identity(entry) in self.prior
-            and entry is not base
-            and base.resource_id
-            and base.resource_id in str(entry.inputs)
-            and (
-                entry.type == TYPE_CONTAINER
-                or (entry.options and entry.options.delete_before_replace)
-            )
-        ]
-        for entry in reversed(doomed):
-            self._delete(entry)
+        """The dependents a delete-before-replace base takes down with it, as the engine finds
+        them (tests/engine/cascade.py): newest first, each once, before the base."""
+        current = [self.prior.get(identity(e), e) for e in self._state_order]
+        state = [old_resource(e) for e in current if identity(e) in self.prior]
+        by_urn = {identity(e): e for e in current}
+        with self._lock:
+            registered = {o.urn for o in self.registrations.values()} - {identity(base)}
+        doomed = dependents_to_replace(state, identity(base), registered)
+        for resource in reversed(doomed):
+            self._delete(by_urn[resource.urn])
 
     def _delete(self, entry: JournalEntry) -> None:
         key = identity(entry)
@@ -389,3 +382,17 @@ def identity(entry: JournalEntry) -> str:
     """A state entry's identity: its URN as the engine made it (type and name for an entry
     recorded without a registration)."""
     return entry.options.urn if entry.options else f"{entry.type}::{entry.name}"
+
+
+def old_resource(entry: JournalEntry) -> OldResource:
+    """A state entry as the engine's cascade walk reads it."""
+    options = entry.options
+    return OldResource(
+        urn=identity(entry),
+        type=entry.type,
+        inputs=entry.inputs,
+        dependencies=options.dependencies if options else (),
+        property_dependencies=dict(options.property_dependencies) if options else {},
+        provider_urn=options.provider_urn if options else "",
+        replace_on_changes=options.replace_on_changes if options else (),
+    )

@@ -699,6 +699,10 @@ class RegistrationOptions:
     aliases: tuple[AliasSpec, ...] = ()
     stack: str = ""
     project: str = ""
+    # Which resources each input's value came from, and the provider's URN (what a cascade of
+    # replacements follows: tests/engine/cascade.py).
+    property_dependencies: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    provider_urn: str = ""
 
 
 def entry_for(
@@ -1237,8 +1241,22 @@ class OptionsMonitor(EngineUrns, pulumi_mocks.MockMonitor):
                 aliases=tuple(AliasSpec.from_request(a) for a in request.aliases),
                 stack=pulumi.get_stack(),
                 project=pulumi.get_project(),
+                property_dependencies=property_dependencies(request),
+                provider_urn=provider_urn(request.provider),
             )
         return super().RegisterResource(request)
+
+
+def property_dependencies(request: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A RegisterResource request's propertyDependencies: input name -> resource URNs."""
+    return tuple(
+        (key, tuple(deps.urns)) for key, deps in sorted(request.propertyDependencies.items())
+    )
+
+
+def provider_urn(reference: str) -> str:
+    """The URN of a provider reference `URN::ID` (sdk/go/common/providers ParseReference)."""
+    return reference.rsplit("::", 1)[0] if reference else ""
 
 
 def configure_mock_runtime(

@@ -54,6 +54,7 @@ class Registration:
     custom_timeouts: dict[str, str]
     inputs: dict[str, Any] = field(default_factory=dict)  # as the mock saw them (secrets wrapped)
     replace_on_changes: list[str] = field(default_factory=list)
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)  # input -> URNs
 
 
 @dataclass
@@ -319,6 +320,9 @@ def _registration(urn: str, request: Any) -> Registration:
         custom_timeouts={"create": timeouts.create, "delete": timeouts.delete},
         inputs=json_format.MessageToDict(request.object),
         replace_on_changes=list(request.replaceOnChanges),
+        property_dependencies={
+            key: list(deps.urns) for key, deps in request.propertyDependencies.items()
+        },
     )
 
 
