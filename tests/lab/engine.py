@@ -137,7 +137,7 @@ class NextUp(RealMocks):
 
     # -- planning each registration --------------------------------------------------------
 
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+    def perform(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         options = self.registrations.get((args.typ, args.name))
         key, prior = self._old_state(args, options)
         if not args.custom or prior is None:
@@ -145,7 +145,7 @@ class NextUp(RealMocks):
                 self._planned("create", args)
                 if args.typ == TYPE_COMMAND:
                     self._count_command()
-            return super().new_resource(args)
+            return super().perform(args)
         planned = diff(
             args.typ,
             prior.inputs,
@@ -164,7 +164,7 @@ class NextUp(RealMocks):
             self._delete(prior)
         if args.typ == TYPE_COMMAND:
             self._count_command()
-        created = super().new_resource(args)
+        created = super().perform(args)
         if not planned.delete_before_replace:
             # Create-before-delete: the old half is marked for deletion once the new one
             # exists; while its create fails, the old one stays the resource's state.

@@ -717,6 +717,10 @@ def entry_for(
     return JournalEntry(args.typ, args.name, key, inputs, outputs, docker_host, resource_id)
 
 
+class RunCancelled(Exception):
+    """A step the engine did not start: an earlier step of the run failed."""
+
+
 class TeardownError(Exception):
     """Every teardown step that failed, in the order they ran."""
 
@@ -747,6 +751,8 @@ class RealMocks(pulumi.runtime.Mocks):
         self._lock = threading.Lock()
         # (type, name) -> the options of its registration, filled by OptionsMonitor.
         self.registrations: dict[tuple[str, str], RegistrationOptions] = {}
+        # The run's first failed step: the engine starts no step after it (`new_resource`).
+        self.first_failure: Exception | None = None
 
     # -- pulumi.runtime.Mocks ------------------------------------------------------------------
 
@@ -787,6 +793,25 @@ class RealMocks(pulumi.runtime.Mocks):
         return outputs, []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        """One step of the run. The first step that fails cancels the run: the engine's step
+        executor checks its context before each step and starts none once a step failed
+        (pulumi/pulumi v3.259 pkg/resource/deploy/step_executor.go `executeChain`,
+        `cancelDueToError`; `--continue-on-error` is not modelled). Steps already running
+        finish."""
+        if args.custom and self.first_failure is not None:
+            raise RunCancelled(f"{args.typ} {args.name!r}: not started: {self.first_failure}")
+        try:
+            return self.perform(args)
+        except RunCancelled:
+            raise
+        except Exception as exc:
+            with self._lock:
+                if self.first_failure is None:
+                    self.first_failure = exc
+            raise
+
+    def perform(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        """The step itself: a create (NextUp: whatever it plans)."""
         what = f"{args.typ} {args.name!r}"
         if args.typ == TYPE_DOCKER_PROVIDER:
             return self._create_docker_provider(args, what)
@@ -1433,8 +1458,15 @@ def run_program(
             captured_program_log(mocks.program_log),
             handed_to_program(program_config),
         ):
-            loop.run_until_complete(run_in_stack(program))
-            outputs = loop.run_until_complete(resolve_outputs(captured["stack"].outputs))
+            try:
+                loop.run_until_complete(run_in_stack(program))
+                outputs = loop.run_until_complete(resolve_outputs(captured["stack"].outputs))
+            except Exception:
+                # The run reports its first failed step, as `pulumi up` does; the steps it did
+                # not start are no error of their own.
+                if mocks.first_failure is not None:
+                    raise mocks.first_failure from None
+                raise
         mocks.finish()
         return outputs
     finally:

@@ -612,6 +612,31 @@ def test_command_environment_is_refused_because_sshd_drops_it() -> None:
         RealMocks().new_resource(args)
 
 
+def test_no_step_starts_after_the_first_failure() -> None:
+    """The engine cancels the run at its first failed step (step_executor.go): a later
+    registration is not performed, and the run reports the first failure."""
+    args = pulumi.runtime.MockResourceArgs(
+        typ=realmocks.TYPE_COMMAND,
+        name="env",
+        inputs={"connection": {"host": "h"}, "create": "true", "environment": {"A": "1"}},
+        custom=True,
+    )
+    mocks = RealMocks()
+    with pytest.raises(ValueError, match="sshd drops it"):
+        mocks.new_resource(args)
+    later = pulumi.runtime.MockResourceArgs(
+        typ=realmocks.TYPE_COMMAND,
+        name="later",
+        inputs={"connection": {"host": "unreachable.invalid"}, "create": "touch /tmp/x"},
+        custom=True,
+    )
+    with pytest.raises(realmocks.RunCancelled, match=r"'later': not started: .*sshd drops it"):
+        mocks.new_resource(later)
+    assert isinstance(mocks.first_failure, ValueError) and mocks.journal == []
+    component = pulumi.runtime.MockResourceArgs(typ="x:index:C", name="c", inputs={}, custom=False)
+    assert mocks.new_resource(component) == (None, {})  # components have no step
+
+
 def test_secrets_unwrap_at_any_depth() -> None:
     wrapped = {SECRET_SIG_KEY: SECRET_SIG_VALUE, "value": {"privateKey": "k"}}
     assert unwrap_secrets({"connection": wrapped}) == {"connection": {"privateKey": "k"}}
