@@ -6,7 +6,7 @@ import pulumi
 
 from components.graph import Walk
 from stacks.plan import image
-from stacks.plan.graph import IMAGE, IMAGE_PULL, image_facts_of
+from stacks.plan.graph import IMAGE, IMAGE_PULL, image_facts_of, retained_on
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
 from stacks.plan.ray_versions import ray_layout_warning
 
@@ -22,6 +22,7 @@ class ImageDistribution(pulumi.ComponentResource):
     repo_digest: pulumi.Output[str]  # what the head pulled, `repo@sha256:...` ("" if never pulled)
     pinned: pulumi.Output[str]  # its name on every node (stacks/plan/image.py pinned_image)
     facts: pulumi.Output[dict[str, str]]  # what the image carries (vllm, ray, python, machine)
+    held: dict[str, pulumi.Output[list[str]]]  # by node: the images it keeps, newest first
 
     def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:ImageDistribution", IMAGE, None, opts)
@@ -36,6 +37,10 @@ class ImageDistribution(pulumi.ComponentResource):
         self.facts = walk.step(image_facts_of(plan.head.name)).stdout.apply(image.parse_image_facts)
         if plan.uses_ray:
             self.facts.apply(_warn_about_ray)
+        self.held = {
+            node.name: walk.step(retained_on(node.name)).stdout.apply(image.parse_retained)
+            for node in plan.nodes
+        }
         self.register_outputs(
             {
                 "imageId": self.image_id,

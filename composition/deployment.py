@@ -50,6 +50,9 @@ class Deployment:
                 for n in plan.nodes
             ],
             "imageId": self.image.image_id,
+            # Per node, the images it keeps (newest first: the serving one, then up to
+            # image.keepPrevious previous ones): setting image.ref back to one copies nothing.
+            "images": self.image.held,
             # The serving image as the head pulled it: pin `image.ref` to it (`...@sha256:...`).
             "imageDigest": self.image.repo_digest,
             # The front's image as pulled: pin `front.image` to it (`haproxy@sha256:...`).

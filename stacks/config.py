@@ -327,6 +327,9 @@ class ImageConfig(ConfigModel):
     ref: str = Field(min_length=1)
     platform: str | None = None
     keep_on_destroy: bool = True
+    # Images a deployment replaced that every node keeps (newest first), so that setting
+    # image.ref back to one copies nothing; older ones lose their pinned name (image_retain.py).
+    keep_previous: int = Field(default=1, ge=0, le=10)
 
 
 class FrontImageConfig(ConfigModel):

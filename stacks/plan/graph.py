@@ -92,6 +92,11 @@ def image_facts_of(node: str) -> str:
     return f"{IMAGE}-{node}-facts"
 
 
+def retained_on(node: str) -> str:
+    """`node`'s image history step (its stdout: the images it keeps, image.parse_retained)."""
+    return f"{IMAGE}-{node}-retain"
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a later value comes from: a resource's output, and what the value is made of it."""
@@ -298,6 +303,10 @@ def _image(plan: DeploymentPlan, entries: list[Planned], links: dict[str, str]) 
         spec = image.image_facts(plan, IMAGE, node)
         entries.append(Planned(spec.name, IMAGE, spec, node.name, after=(synced[node.name],)))
         checked[node.name] = spec.name
+    # Then each node's history of images: older ones than image.keepPrevious lose their name.
+    for node in plan.nodes:
+        spec = image.retain_images(plan, IMAGE, node)
+        entries.append(Planned(spec.name, IMAGE, spec, node.name, after=(checked[node.name],)))
     return checked
 
 

@@ -13,6 +13,7 @@ from stacks.plan.firewall import (
     rules_digest,
 )
 from stacks.plan.front import FRONT_CONFIG_NAME, front_config
+from stacks.plan.image import image_history_file
 from stacks.plan.nodes import OWNER_FILE, DeploymentPlan, NodePlan, preflight_flags
 from stacks.plan.steps import (
     BUNDLE_MARKER,
@@ -84,6 +85,7 @@ def install_scripts(
     made = words(
         [node.bin_dir, f"{node.state_dir}/receipts", node.ray_dir, firewall_dir(node)]
         + [f"{node.state_dir}/image-stage"]  # what a cut image copy left (image-sync.sh)
+        + [image_history_file(node)]  # the images it was given (image_retain.py)
         + ([front_dir(plan)] if node.is_head else [])
     )
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
 from stacks.plan.nodes import DeploymentPlan, NodePlan
-from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
+from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call, words
 
 # Running the image once to list `vllm serve`'s flags imports vLLM (and torch): tens of seconds
 # on a real image; bounded so a wedged run cannot hold the deployment.
@@ -220,6 +220,49 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
         delete=owned(plan, node, remove),
         timeouts=Timeouts(create=3, update=3, delete=6),
     )
+
+
+IMAGES_PREFIX = "spark-vllm-images "
+
+
+def image_history_file(node: NodePlan) -> str:
+    """The pinned names of the images `node` was given, oldest first (image_retain.py)."""
+    return f"{node.state_dir}/image-history"
+
+
+def retain_images(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
+    """Once the image is on `node`: it joins the node's history, and images older than
+    image.keepPrevious previous ones lose their pinned name (image_retain.py), so the disk holds
+    a bounded number and a rollback to a kept one copies nothing. Re-runs when the image
+    changes; nothing to undo (the history goes with the scripts' delete)."""
+    return StepSpec(
+        name=f"{name}-{node.name}-retain",
+        node=node,
+        create=words(
+            [
+                "python3",
+                f"{node.bin_dir}/image_retain.py",
+                "--host",
+                node.name,
+                "--history",
+                image_history_file(node),
+                "--pinned",
+                PINNED_IMAGE.text,
+                "--keep-previous",
+                str(plan.config.image.keep_previous),
+            ]
+        ),
+        # Each removal is bounded (4 min): an image in use is refused at once.
+        timeouts=Timeouts(create=15),
+    )
+
+
+def parse_retained(stdout: str) -> list[str]:
+    """image_retain.py's report: the pinned names the node keeps, newest first."""
+    lines = [line for line in stdout.splitlines() if line.startswith(IMAGES_PREFIX)]
+    if not lines:
+        return []
+    return [str(name) for name in json.loads(lines[-1].removeprefix(IMAGES_PREFIX))["kept"]]
 
 
 def parse_image_facts(stdout: str) -> dict[str, str]:

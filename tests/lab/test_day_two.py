@@ -268,6 +268,8 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "image-spark2-sync": "update",
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
+        "image-spark1-retain": "update",  # each node's history: the old image stays, kept
+        "image-spark2-retain": "update",
         "memory-check": "update",  # what the new image finds free
         # The compile caches stay; only the image their delete would use changes.
         "compile-cache-spark1": "update",
@@ -297,6 +299,35 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
     assert_hosts_hold_the_deployment(stack)
 
 
+def test_a_rollback_to_the_previous_image_copies_nothing(stack: Stack) -> None:
+    """image.ref set back to the image the upgrade replaced: every node kept it (image.keepPrevious,
+    default 1), so nothing is copied and only what runs the image is replaced; then forward
+    again, which copies nothing either."""
+    upgraded = stack.config
+    new_image = stack.outputs["imageId"]
+    config = {**stack.config}
+    config["spark-vllm:image"] = {**config["spark-vllm:image"], "ref": IMAGE_NAME}
+    for scenario, wanted in (
+        ("a rollback to the previous image", config),
+        ("forward again", upgraded),
+    ):
+        run = next_up(stack, scenario, wanted)
+        changed = run.changed()
+        assert changed["image-pull"] == "replace" and changed["vllm-container"] == "replace"
+        assert changed["image-spark2-sync"] == "update", changed
+        sync = next(e for e in run.state_entries() if e.name == "image-spark2-sync")
+        sent = copy_report(sync.outputs, "image")
+        record_figure(f"day two, {scenario}: image bytes sent", str(sent["bytes"]))
+        assert sent["bytes"] == 0, sent
+        held = stack.outputs["images"]
+        current = pinned_image(stack.outputs["imageId"])
+        for node in ("spark1", "spark2"):
+            assert held[node][0] == current and len(held[node]) == 2, held
+        assert_serves(stack)
+    assert stack.outputs["imageId"] == new_image
+    assert_hosts_hold_the_deployment(stack)
+
+
 def test_a_tag_moved_on_the_head_is_rolled_out_by_the_next_up_refresh(stack: Stack) -> None:
     """image.ref is a tag (the lab's image has no registry digest to pin): another image under
     the same tag on the head (a `docker pull` of a moved tag looks so), then `pulumi up
@@ -320,6 +351,17 @@ def test_a_tag_moved_on_the_head_is_rolled_out_by_the_next_up_refresh(stack: Sta
     assert stack.outputs["imageId"] != old_image
     new_id = host_sh(stack.lab, "spark1", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE_V2}")
     assert stack.outputs["imageId"] == new_id
+    # Three images deployed: each node keeps this one and the one before (image.keepPrevious
+    # 1); the first lost its pinned name, and on the worker, which had no other, its data.
+    kept = [pinned_image(new_id), pinned_image(old_image)]
+    assert stack.outputs["images"] == {"spark1": kept, "spark2": kept}
+    first = pinned_image(
+        host_sh(stack.lab, "spark1", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE_NAME}")
+    )
+    assert (
+        host_sh(stack.lab, "spark2", f"docker image inspect {first} >/dev/null 2>&1 || echo gone")
+        == "gone"
+    )
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 

@@ -157,6 +157,11 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
         return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeHeadKey spark-vllm-fabric:x:spark1\n"
     if name.endswith("-fetch"):
         return "0123456789abcdef0123456789abcdef01234567 3 1048576\n"
+    if name.endswith("-retain"):  # as image_retain.py answers on a node's first image
+        create = shlex.split(str(inputs.get("create")))
+        pinned = create[create.index("--pinned") + 1]
+        report = {"kept": [pinned], "removed": [], "inUse": []}
+        return "spark-vllm-images " + json.dumps(report, sort_keys=True) + "\n"
     if name.endswith("-ready"):  # as vllm-ready.sh answers on hosts where NCCL uses RoCE
         transport = (
             "ib rocep1s0f1:1/RoCE"

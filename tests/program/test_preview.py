@@ -16,6 +16,7 @@ CREATED_OUTPUTS = {
     "readiness",
     "imageId",
     "imageDigest",
+    "images",
     "frontImageDigest",
     "vllmVersion",
     "rayVersion",

@@ -46,6 +46,9 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         "image-spark2-sync": "update",
         "image-spark1-facts": "update",  # the new image is run once on every node
         "image-spark2-facts": "update",
+        # Each node's history takes the new image in (and the previous one stays: keepPrevious).
+        "image-spark1-retain": "update",
+        "image-spark2-retain": "update",
         "memory-check": "update",  # what the new image's CUDA finds free
         # The compile caches stay (only the image their delete empties them with changes).
         "compile-cache-spark1": "update",

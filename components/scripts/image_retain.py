@@ -1,0 +1,99 @@
+"""On any node, once the serving image is there under its pinned name: record it in the node's
+image history, and take the pinned name off the images older than `--keep-previous` previous
+ones, so the disk holds a bounded number of images and a rollback to a kept one copies nothing.
+
+    python3 image_retain.py --host H --history FILE --pinned NAME --keep-previous N
+
+Only names of spark-vllm's own pinned repository that this history recorded are ever removed,
+and only with `docker image rm --no-prune`: Docker refuses while a container (running or not)
+uses the image, which is then kept and tried again on the next run; an image that still has
+another name (the head's pulled ref) keeps its data. Prints one line: `spark-vllm-images` and
+JSON: `kept` (newest first), `removed`, `inUse`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+PINNED_REPOSITORY = "spark-vllm.invalid/image:"  # stacks/plan/image.py PINNED_REPOSITORY
+PREFIX = "spark-vllm-images "
+RM_SECONDS = 240
+
+
+def retention(
+    history: Sequence[str], current: str, keep_previous: int
+) -> tuple[list[str], list[str]]:
+    """The history with `current` as its newest entry (oldest first, each name once), and the
+    names to remove: all but `current` and the `keep_previous` newest before it."""
+    # Each name once, where it was last deployed.
+    latest_first = dict.fromkeys(reversed([*history, current]))
+    ordered = list(reversed(latest_first))
+    keep = ordered[-(keep_previous + 1) :]
+    return keep, [name for name in ordered if name not in keep]
+
+
+def read_history(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as lines:
+            names = [line.strip() for line in lines]
+    except FileNotFoundError:
+        return []
+    return [name for name in names if name.startswith(PINNED_REPOSITORY)]
+
+
+def write_history(path: str, names: Sequence[str]) -> None:
+    """Written whole to a temporary file, then renamed: a cut run never leaves half a file."""
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as out:
+        out.writelines(f"{name}\n" for name in names)
+    os.replace(partial, path)
+
+
+def remove(name: str) -> str:
+    """`removed`, `gone` (no image has the name any more) or `in use`."""
+    present = subprocess.run(
+        ["docker", "image", "inspect", name], capture_output=True, timeout=60, check=False
+    )
+    if present.returncode != 0:
+        return "gone"
+    result = subprocess.run(
+        ["docker", "image", "rm", "--no-prune", name],
+        capture_output=True,
+        text=True,
+        timeout=RM_SECONDS,
+        check=False,
+    )
+    return "removed" if result.returncode == 0 else "in use"
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="image_retain.py")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--history", required=True)
+    parser.add_argument("--pinned", required=True)
+    parser.add_argument("--keep-previous", type=int, required=True)
+    args = parser.parse_args(argv)
+    if not args.pinned.startswith(PINNED_REPOSITORY) or args.keep_previous < 0:
+        print(f"spark-vllm: {args.host}: image retain: bad arguments {argv}", file=sys.stderr)
+        return 2
+    keep, doomed = retention(read_history(args.history), args.pinned, args.keep_previous)
+    outcome = {name: remove(name) for name in doomed}
+    in_use = [name for name, result in outcome.items() if result == "in use"]
+    # An image Docker would not remove stays in the history: the next run tries again.
+    write_history(args.history, [*in_use, *keep])
+    report = {
+        "kept": list(reversed(keep)),
+        "removed": [name for name, result in outcome.items() if result != "in use"],
+        "inUse": in_use,
+    }
+    print(PREFIX + json.dumps(report, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
