@@ -643,8 +643,22 @@ def test_an_up_that_fails_midway(stack: Stack) -> None:
     assert {"vllm-container", "ray-head", "spark2-scripts", "fabric-spark2-pin"} <= names
 
 
+def test_the_next_up_with_the_fix_serves_again(stack: Stack) -> None:
+    """The flag taken out again after the failed up above: the next `up` replaces the server
+    that kept exiting and creates the wait the failed run never finished (a failed create is
+    not in the state); nothing else."""
+    # The failed run left the stack's config as it was before it (next_up keeps a failed one's).
+    run = next_up(stack, "the next up, with the fix, after a failed one", stack.config)
+    changed = run.changed()
+    assert changed.get("vllm-container") == "replace", changed
+    assert changed.get("vllm-ready") in ("create", "replace"), changed
+    assert not [name for name, op in changed.items() if op == "delete"], changed
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
 def test_destroy_leaves_nothing(stack: Stack) -> None:
-    """Also after the failed up above: the state's every resource is deleted."""
+    """Also after the failed up and its fix above: the state's every resource is deleted."""
     lab = stack.lab
     stack.state.teardown()
     for host in ("spark1", "spark2"):
