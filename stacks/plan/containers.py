@@ -248,7 +248,10 @@ def firewall_container(
         devices=(),
         stop_seconds=5,
         user="0:0",
-        capabilities=("NET_ADMIN", "NET_RAW"),
+        # As Docker stores them (upper case, `CAP_` prefixed): pulumi-docker's read writes back
+        # what Docker reports and `capabilities` has no DiffSuppressFunc, so `NET_ADMIN` would
+        # replace the guard at every `pulumi up --refresh` (tests/engine/container_read.py).
+        capabilities=("CAP_NET_ADMIN", "CAP_NET_RAW"),
     )
 
 

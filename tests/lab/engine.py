@@ -26,9 +26,10 @@ deletes run in reverse of the order the resources were created (reverse dependen
 read as pulumi-docker 5 reads it (`resourceDockerContainerRead`: a container that is gone leaves
 the state, one that is not running gets `mustRun` false, so the diff plans an update that starts
 it; `network_mode`, and `pid_mode` when set, are stored as Docker reports them, which for
-`container:<name>` is `container:<ID>`; `resourceDockerImageRead`: an image that is gone leaves
-the state, one that is there is read again by name, its image ID and repo digest rewritten to
-what the name resolves to now). Commands have no Read.
+`container:<name>` is `container:<ID>`; so is every attribute whose read-back value can differ
+from the program's, tests/engine/container_read.py; `resourceDockerImageRead`: an image that is
+gone leaves the state, one that is there is read again by name, its image ID and repo digest
+rewritten to what the name resolves to now). Commands have no Read.
 
 Each run keeps its plan (`plan`, `preview_lines()`) and counts (`counts()`), as `pulumi preview`
 and the summary of `pulumi up` show them.
@@ -43,6 +44,7 @@ from typing import Any
 import pulumi
 
 from tests.engine.cascade import OldResource, dependents_to_replace
+from tests.engine.container_read import read_container
 from tests.engine.diff import diff
 from tests.engine.urns import alias_urns
 from tests.lab.realmocks import (
@@ -115,7 +117,10 @@ class NextUp(RealMocks):
                     read["pidMode"] = found["HostConfig"]["PidMode"]
                 if not found["State"]["Running"]:
                     read["mustRun"] = False
-                self.prior[key] = replace(entry, inputs={**entry.inputs, **read})
+                # And every other attribute the read writes back, as the diff after it sees
+                # them (tests/engine/container_read.py).
+                inputs = {**read_container(found, entry.inputs), **read}
+                self.prior[key] = replace(entry, inputs=inputs)
             elif entry.type == TYPE_REMOTE_IMAGE:
                 name = str(entry.outputs["name"])
                 image = inspect_image(entry.docker_host, name)

@@ -356,7 +356,7 @@ def test_the_default_firewall_guards_every_cluster_port_before_anything_listens(
                                         ("spark2", "enP2p1s0f1np1", ("ray-spark2",))):  # fmt: skip
         guard = ev.named(f"firewall-{host}-guard").inputs
         assert guard["restart"] == "always" and guard["networkMode"] == "host"
-        assert guard["capabilities"] == {"adds": ["NET_ADMIN", "NET_RAW"]}
+        assert guard["capabilities"] == {"adds": ["CAP_NET_ADMIN", "CAP_NET_RAW"]}
         mounts = {m["target"]: m for m in guard["mounts"]}
         assert mounts["/host"] == {"type": "bind", "source": "/", "target": "/host",
                                    "readOnly": True}  # fmt: skip

@@ -1,0 +1,77 @@
+"""pulumi-docker's read of a container and the diff after it (tests/engine/container_read.py):
+what a `pulumi up --refresh` plans for a container that nobody touched."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tests.engine.container_read import read_container
+from tests.engine.diff import TYPE_CONTAINER, diff
+
+PROGRAM: dict[str, Any] = {
+    "name": "spark-vllm-firewall",
+    "image": "spark-vllm.invalid/image:sha256-ab",
+    "entrypoints": ["bash", "-c", "guard"],
+    "command": ["guard", "--interval", "10"],
+    "capabilities": {"adds": ["CAP_NET_ADMIN", "CAP_NET_RAW"]},
+    "mounts": [{"type": "bind", "source": "/", "target": "/host", "readOnly": True}],
+    "stopTimeout": 5.0,
+    "ipcMode": "host",
+    "user": "0:0",
+    "init": True,
+}
+
+# What `docker inspect` shows for it, on an image that declares its own working directory,
+# environment and health check (Docker 26, as the lab's hosts run it).
+INSPECT: dict[str, Any] = {
+    "Config": {
+        "Cmd": ["guard", "--interval", "10"],
+        "Entrypoint": ["bash", "-c", "guard"],
+        "User": "0:0",
+        "WorkingDir": "/vllm-workspace",
+        "Hostname": "spark1",
+        "Domainname": "",
+        "StopTimeout": 5,
+        "Env": ["PATH=/usr/bin", "HF_HOME=/root/.cache"],
+        "Healthcheck": {"Test": ["CMD", "true"]},
+    },
+    "HostConfig": {
+        "CapAdd": ["CAP_NET_ADMIN", "CAP_NET_RAW"],
+        "Mounts": [{"Type": "bind", "Source": "/", "Target": "/host", "ReadOnly": True}],
+        "ShmSize": 67108864,
+        "IpcMode": "host",
+        "Privileged": False,
+    },
+}
+
+
+def planned(program: dict[str, Any], inspect: dict[str, Any]) -> str:
+    return diff(TYPE_CONTAINER, read_container(inspect, program), program).step
+
+
+def test_a_container_nobody_touched_plans_nothing_whatever_its_image_declares() -> None:
+    program = {**PROGRAM, "user": None}
+    del program["user"]
+    assert planned(program, INSPECT) == "same"  # the image's USER, WORKDIR, ENV, HEALTHCHECK
+
+
+def test_capabilities_as_docker_stores_them_replace_one_given_without_cap() -> None:
+    """Docker stores CapAdd upper-cased with a `CAP_` prefix, the read writes that back, and
+    `capabilities` has no DiffSuppressFunc: a container asked for `NET_ADMIN` is replaced at
+    every refresh. The program asks for `CAP_NET_ADMIN` (stacks/plan/containers.py)."""
+    legacy = {**PROGRAM, "capabilities": {"adds": ["NET_ADMIN", "NET_RAW"]}}
+    assert planned(legacy, INSPECT) == "replace"
+    assert planned(PROGRAM, INSPECT) == "same"
+
+
+def test_a_change_made_behind_the_programs_back_is_a_replacement() -> None:
+    privileged = copy.deepcopy(INSPECT)
+    privileged["HostConfig"]["Privileged"] = True
+    assert planned(PROGRAM, privileged) == "replace"
+    other_mount = copy.deepcopy(INSPECT)
+    other_mount["HostConfig"]["Mounts"][0]["Source"] = "/srv"
+    assert planned(PROGRAM, other_mount) == "replace"
+    longer_stop = copy.deepcopy(INSPECT)
+    longer_stop["Config"]["StopTimeout"] = 30
+    assert planned(PROGRAM, longer_stop) == "replace"
