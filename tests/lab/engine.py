@@ -56,6 +56,7 @@ from tests.lab.realmocks import (
     JournalEntry,
     RealMocks,
     RegistrationOptions,
+    as_the_api_made_it,
     connection_from_inputs,
     delete_order,
     docker_host_from_provider_inputs,
@@ -119,7 +120,8 @@ class NextUp(RealMocks):
                     read["mustRun"] = False
                 # And every other attribute the read writes back, as the diff after it sees
                 # them (tests/engine/container_read.py).
-                inputs = {**read_container(found, entry.inputs), **read}
+                made = as_the_api_made_it(found, entry.inputs)
+                inputs = {**read_container(made, entry.inputs), **read}
                 self.prior[key] = replace(entry, inputs=inputs)
             elif entry.type == TYPE_REMOTE_IMAGE:
                 name = str(entry.outputs["name"])

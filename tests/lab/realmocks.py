@@ -436,6 +436,21 @@ def inspect_container(host: DockerHost, name: str) -> dict[str, Any] | None:
     return inspect_object(host, "container", name)
 
 
+def as_the_api_made_it(inspect: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """`inspect` as it reads for a container the provider made through the API, with its whole
+    `entrypoints` as Entrypoint: `docker run` takes a one-word `--entrypoint`, so the lab put
+    the rest at the head of Cmd (container_run_args). A Cmd that does not start so is left as
+    it is (what changed is then seen)."""
+    entrypoints = [str(item) for item in unwrap_secrets(inputs.get("entrypoints")) or []]
+    config = dict(inspect.get("Config") or {})
+    cmd, extra = list(config.get("Cmd") or []), entrypoints[1:]
+    if not extra or cmd[: len(extra)] != extra:
+        return inspect
+    config["Entrypoint"] = [*(config.get("Entrypoint") or []), *extra]
+    config["Cmd"] = cmd[len(extra) :]
+    return {**inspect, "Config": config}
+
+
 def container_logs(host: DockerHost, name: str) -> str:
     result = run_docker(host, ["logs", "--tail", str(TAIL_LINES), name])
     return tail(result.stdout + result.stderr)

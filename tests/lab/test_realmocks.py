@@ -637,6 +637,16 @@ def test_no_step_starts_after_the_first_failure() -> None:
     assert mocks.new_resource(component) == (None, {})  # components have no step
 
 
+def test_a_lab_container_reads_as_the_api_would_have_made_it() -> None:
+    """`docker run` takes a one-word --entrypoint: the rest went into Cmd, and is put back."""
+    inputs = {"entrypoints": ["bash", "-c", "script"], "command": ["a", "b"]}
+    inspect = {"Config": {"Entrypoint": ["bash"], "Cmd": ["-c", "script", "a", "b"]}}
+    made = realmocks.as_the_api_made_it(inspect, inputs)
+    assert made["Config"] == {"Entrypoint": ["bash", "-c", "script"], "Cmd": ["a", "b"]}
+    changed = {"Config": {"Entrypoint": ["bash"], "Cmd": ["-c", "other", "a"]}}
+    assert realmocks.as_the_api_made_it(changed, inputs) == changed
+
+
 def test_secrets_unwrap_at_any_depth() -> None:
     wrapped = {SECRET_SIG_KEY: SECRET_SIG_VALUE, "value": {"privateKey": "k"}}
     assert unwrap_secrets({"connection": wrapped}) == {"connection": {"privateKey": "k"}}
