@@ -53,9 +53,10 @@ class Walk:
     def add_host(self, host: WalkHost) -> None:
         self.hosts[host.node.name] = host
 
-    def build(self, component: str, parent: pulumi.Resource) -> list[pulumi.CustomResource]:
-        """Every entry of `component`, in the graph's order."""
-        return [self._register(entry, parent) for entry in self.graph.of(component)]
+    def build(self, component: str, parent: pulumi.Resource) -> None:
+        """Every entry of `component`, in the graph's order (found after by name: `built`)."""
+        for entry in self.graph.of(component):
+            self._register(entry, parent)
 
     def step(self, name: str) -> remote.Command:
         command = self.built[name]
