@@ -19,6 +19,7 @@ packages=(
     ca-certificates  # copied into the lab image
     haproxy          # the front (HAProxy, as the official image users pull), in the lab image
     iptables         # the firewall guard runs the host's iptables and ip6tables
+    docker-registry  # a registry on a host's loopback: repo digests for the pinned-ref tests
     tar gzip findutils coreutils bash dash debianutils grep sed
 )
 

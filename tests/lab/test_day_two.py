@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import re
 import shlex
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +42,7 @@ from tests.lab.deploying import (
     reachable_from_bastion,
 )
 from tests.lab.realmocks import TYPE_COMMAND, TYPE_CONTAINER
+from tests.lab.registry import registry_on
 from tests.lab.timings import record_day_two, record_figure, record_timing
 
 pytestmark = pytest.mark.lab
@@ -362,6 +365,99 @@ def test_a_tag_moved_on_the_head_is_rolled_out_by_the_next_up_refresh(stack: Sta
         host_sh(stack.lab, "spark2", f"docker image inspect {first} >/dev/null 2>&1 || echo gone")
         == "gone"
     )
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+# The registry digests the pinned-ref rows share: the ref pinned first, then the moved tag's.
+PINNED: dict[str, str] = {}
+
+
+def push(stack: Stack, image: str, ref: str) -> str:
+    """`image` pushed as `ref` from the head; its repo digest there (`repo@sha256:...`)."""
+    host_sh(stack.lab, "spark1", f"docker tag {image} {ref} && docker push {ref} >/dev/null")
+    inspect = f"docker image inspect --format '{{{{json .RepoDigests}}}}' {ref}"
+    repo = ref.rsplit(":", 1)[0]
+    digests = json.loads(host_sh(stack.lab, "spark1", inspect))
+    return next(d for d in digests if d.startswith(repo + "@"))
+
+
+def with_image(config: dict[str, Any], **image: Any) -> dict[str, Any]:
+    return {**config, "spark-vllm:image": {**config["spark-vllm:image"], **image}}
+
+
+def test_an_image_pinned_by_digest_is_moved_by_nothing(stack: Stack, tmp_path: Path) -> None:
+    """image.ref pinned to the digest of the image it serves (a repo digest needs a registry:
+    tests/lab/registry.py): the pull is replaced, nothing that runs the image is. Then the tag
+    moves, in the registry and on the head, and `pulumi up --refresh` plans nothing: the
+    Docker provider reads the image by its name, and Docker looks a name with a digest up by
+    the digest alone (moby reference/store.go Get)."""
+    serving_id = stack.outputs["imageId"]
+    with registry_on(stack.lab, "spark1", tmp_path) as registry:
+        ref = f"{registry}/spark-vllm-lab:serving"
+        digest = push(stack, pinned_image(serving_id), ref).split("@", 1)[1]
+        config = with_image(stack.config, ref=f"{ref}@{digest}")
+        run = next_up(stack, "image.ref pinned by digest (the image it serves)", config)
+        # The pull's ID is the image's ID and its name: what reads it runs again, in place.
+        assert run.changed() == {
+            "image-pull": "replace",
+            "image-head-record": "update",
+            "image-spark1-facts": "update",
+            "image-spark2-facts": "update",
+            "image-spark2-sync": "update",
+        }
+        assert not [w for w in run.warnings if "not pinned" in w or "is a tag" in w], run.warnings
+        assert stack.outputs["imageId"] == serving_id
+        assert stack.outputs["imageDigest"] == f"{registry}/spark-vllm-lab@{digest}"
+        sync = next(e for e in run.state_entries() if e.name == "image-spark2-sync")
+        assert copy_report(sync.outputs, "image")["bytes"] == 0
+
+        # The tag moves: a new image pushed under it, and on the head the tag names it too.
+        moved = (
+            f"docker run --name day2-v4 --entrypoint sh {pinned_image(serving_id)} "
+            "-c 'head -c 1000000 /dev/urandom > /opt/spark-vllm-lab-v4.bin' && "
+            "docker commit --change 'LABEL spark-vllm.lab=v4' day2-v4 spark-vllm-lab:v4 "
+            ">/dev/null && docker rm day2-v4 >/dev/null"
+        )
+        stack.lab.sh("spark1", moved, timeout=120)
+        PINNED["moved"] = push(stack, "spark-vllm-lab:v4", ref).split("@", 1)[1]
+        PINNED["ref"] = ref
+        assert PINNED["moved"] != digest
+        run = next_up(stack, "the pinned ref's tag moved (registry and head), then up --refresh",
+                      config, refresh=True)  # fmt: skip
+        assert run.changed() == {} and run.commands_run == 0
+    assert stack.outputs["imageId"] == serving_id
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
+def test_a_new_ref_with_keep_on_destroy_false_stops_what_runs_the_old_image_first(
+    stack: Stack,
+) -> None:
+    """image.keepOnDestroy false (an update of the pull alone), then a new ref: the pull's
+    replacement deletes the old image, so the engine's cascade (tests/engine/cascade.py)
+    deletes every container started from it first, and the waits on them; the front keeps
+    serving. The old image's name is gone from the head afterwards."""
+    assert PINNED, "runs after the pinned-ref row, which pushed the moved tag's image"
+    config = with_image(stack.config, keepOnDestroy=False)
+    run = next_up(stack, "image.keepOnDestroy: false", config)
+    # The record's and the copies' deletes take the image's name off each node with it.
+    want = {"image-pull": "update", "image-head-record": "update", "image-spark2-sync": "update"}
+    assert run.changed() == want
+    old_ref = config["spark-vllm:image"]["ref"]
+    config = with_image(config, ref=f"{PINNED['ref']}@{PINNED['moved']}")
+    run = next_up(stack, "keepOnDestroy false, then a new ref", config)
+    changed = run.changed()
+    for name in ("image-pull", "firewall-spark1-guard", "firewall-spark2-guard", "ray-head",
+                 "ray-spark2", "ray-joined", "vllm-container", "vllm-ready"):  # fmt: skip
+        assert changed.get(name) == "replace", (name, changed)
+    assert "front-container" not in changed, changed
+    probe = f"docker image inspect {old_ref} >/dev/null 2>&1 || echo gone"
+    assert host_sh(stack.lab, "spark1", probe) == "gone"
+    moved_id = host_sh(
+        stack.lab, "spark1", "docker image inspect --format '{{.Id}}' spark-vllm-lab:v4"
+    )
+    assert stack.outputs["imageId"] == moved_id
     assert_serves(stack)
     assert_hosts_hold_the_deployment(stack)
 
