@@ -43,7 +43,7 @@ class Deployment:
         outputs: dict[str, object] = {
             # Resolves only once the server answered a real completion.
             "endpointUrl": self.server.readiness.stdout.apply(lambda _: plan.endpoint_url),
-            "modelId": plan.config.model.served_model_name,
+            "modelId": plan.served.served_name,
             "head": {"name": plan.head.name, "address": plan.head.ssh.address},
             "nodes": [
                 {"name": n.name, "role": n.role, "fabricIp": n.fabric_ip, "gpus": n.gpus}
@@ -59,7 +59,7 @@ class Deployment:
             "frontImageDigest": self.front.image_digest,
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
-            "executor": plan.config.vllm.executor,
+            "executor": plan.served.settings.executor,
             "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
             "fabricTransport": self.server.fabric_transport,
             # The link test's figures per worker, and the memory the server was sized for.

@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from stacks.fleet import ServedModel, budget_problem, fleet_of
+
 # Names become Pulumi resource names, container names and shell words: keep them boring.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$"
 IFNAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including the NUL
@@ -346,17 +348,18 @@ class FrontConfig(ConfigModel):
     image: FrontImageConfig = Field(default_factory=FrontImageConfig)
 
 
+HubId = Annotated[str, AfterValidator(_plain_hub_name), Field(pattern=r"^[\w.-]+/[\w.-]+$")]
+HubRevision = Annotated[str, AfterValidator(_plain_hub_name), Field(pattern=r"^[\w./-]+$")]
+
+
 class ModelConfig(ConfigModel):
-    id: Annotated[str, AfterValidator(_plain_hub_name)] = Field(pattern=r"^[\w.-]+/[\w.-]+$")
-    revision: Annotated[str, AfterValidator(_plain_hub_name)] = Field(
-        default="main", pattern=r"^[\w./-]+$"
-    )
+    """The weights cache on every host; and, unless `models` lists the models, the one model
+    (its id is then required: StackConfig checks it)."""
+
+    id: HubId | None = None
+    revision: HubRevision = "main"
     served_name: str | None = None
     cache_dir: CacheDirectory
-
-    @property
-    def served_model_name(self) -> str:
-        return self.served_name or self.id
 
 
 class CompileCacheConfig(ConfigModel):
@@ -367,15 +370,12 @@ class CompileCacheConfig(ConfigModel):
     keep_on_destroy: bool = False
 
 
-class VllmConfig(ConfigModel):
-    port: Port = 8000
-    # Where the front publishes the API on the head: every interface, the fabric IP only, or
-    # loopback only (reached through an SSH tunnel). The key is needed on every path there.
-    listen: Literal["all", "fabric", "loopback"] = "all"
-    # vLLM's own port, on the head's loopback only: the front forwards to it. (vLLM checks the
-    # key on /v1 only; /invocations, /tokenize, /metrics... answer whoever reaches its port.)
-    server_port: Port = 8001
-    tensor_parallel_size: int = Field(ge=1, le=64)
+class ServerSettings(ConfigModel):
+    """What each vLLM server is given: under `vllm` for the one model of a stack without
+    `models`, or per entry of `models`."""
+
+    # Required for each entry of `models`; for `vllm` unless `models` is set.
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=16)
     # A fraction of each node's total memory, or "auto": derived from what each node will have
@@ -410,10 +410,6 @@ class VllmConfig(ConfigModel):
     # "ray": a Ray cluster (a container per node) with the server on the head as its driver,
     # for images that carry Ray and hosts with unequal GPU counts.
     executor: Literal["ray", "mp"] = "mp"
-    compile_cache: CompileCacheConfig = Field(default_factory=CompileCacheConfig)
-    # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501).
-    # With either executor, vLLM's message queues use the next MP_PORT_SPAN ports on every node.
-    master_port: Port = 29501
     # Once ready: this many streamed completions measure time to first token and decode speed
     # (the `readiness` output); 0 skips it. Bounded to 2 minutes in all.
     measure_completions: int = Field(default=3, ge=0, le=10)
@@ -425,6 +421,35 @@ class VllmConfig(ConfigModel):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not an environment variable name")
         return value
+
+
+class VllmConfig(ServerSettings):
+    """The stack-wide serving settings; and the one model's (ServerSettings) without `models`."""
+
+    port: Port = 8000
+    # Where the front publishes the API on the head: every interface, the fabric IP only, or
+    # loopback only (reached through an SSH tunnel). The key is needed on every path there.
+    listen: Literal["all", "fabric", "loopback"] = "all"
+    # vLLM's own port, on the head's loopback only: the front forwards to it. (vLLM checks the
+    # key on /v1 only; /invocations, /tokenize, /metrics... answer whoever reaches its port.)
+    server_port: Port = 8001
+    compile_cache: CompileCacheConfig = Field(default_factory=CompileCacheConfig)
+    # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501).
+    # With either executor, vLLM's message queues use the next MP_PORT_SPAN ports on every node.
+    master_port: Port = 29501
+
+
+class ServedModelConfig(ServerSettings):
+    """One entry of `models`: the model (as `model` names it), where it runs (`hosts`: host
+    names; every host when unset), its server's settings (as `vllm` holds them for one model)
+    and optionally its own image."""
+
+    id: HubId
+    revision: HubRevision = "main"
+    served_name: str | None = None
+    hosts: list[str] | None = Field(default=None, min_length=1)
+    image: ImageConfig | None = None
+    tensor_parallel_size: int = Field(ge=1, le=64)  # type: ignore[assignment]
 
 
 class RayConfig(ConfigModel):
@@ -561,6 +586,8 @@ class StackConfig(ConfigModel):
     front: FrontConfig = Field(default_factory=FrontConfig)
     model: ModelConfig
     vllm: VllmConfig
+    # The models to serve, when more than `model` + `vllm` name (stacks/fleet.py).
+    models: list[ServedModelConfig] | None = Field(default=None, min_length=1)
     ray: RayConfig = Field(default_factory=RayConfig)
     docker: DockerConfig = Field(default_factory=DockerConfig)
     fabric: FabricConfig = Field(default_factory=FabricConfig)
@@ -574,14 +601,24 @@ class StackConfig(ConfigModel):
             _unique_fabric_ips,
             _one_head,
             _via_targets_exist,
+            _models_named_once,
+            _model_hosts_exist,
             _gpus_match_parallelism,
             _executor_places_every_rank,
             _ports_distinct,
             _no_user_overrides,
             _cache_apart_from_state,
+            _served_names_distinct,
+            _memory_budget_fits,
+            _one_server_for_now,
         ):
             check(self)
         return self
+
+    @property
+    def fleet(self) -> tuple[ServedModel, ...]:
+        """Every model served, in one shape however the stack names them (stacks/fleet.py)."""
+        return fleet_of(self)
 
     @property
     def head(self) -> HostConfig:
@@ -648,38 +685,127 @@ def _via_targets_exist(cfg: StackConfig) -> None:
             )
 
 
-def _gpus_match_parallelism(cfg: StackConfig) -> None:
-    total = sum(h.gpus for h in cfg.hosts)
-    world = cfg.vllm.tensor_parallel_size * cfg.vllm.pipeline_parallel_size
-    if world != total:
+def _models_named_once(cfg: StackConfig) -> None:
+    """One model as `model` + `vllm`, or every model in `models`: never both."""
+    per_server = set(ServerSettings.model_fields)
+    if cfg.models is None:
+        if cfg.model.id is None:
+            raise ConfigError("model.id: is required (or list the models under `models`)")
+        if cfg.vllm.tensor_parallel_size is None:
+            raise ConfigError(
+                "vllm.tensorParallelSize: is required (or list the models under `models`)"
+            )
+        return
+    for field in ("id", "revision", "served_name"):
+        if field in cfg.model.model_fields_set:
+            raise ConfigError(
+                f"model.{to_camel(field)}: `models` lists the models; set it on each entry "
+                "there (model keeps cacheDir)"
+            )
+    for field in sorted(per_server & cfg.vllm.model_fields_set):
         raise ConfigError(
-            f"vllm.tensorParallelSize x vllm.pipelineParallelSize = "
-            f"{cfg.vllm.tensor_parallel_size} x {cfg.vllm.pipeline_parallel_size} = {world}, "
-            f"but the hosts declare {total} GPU(s) in all; they must be equal"
+            f"vllm.{to_camel(field)}: `models` lists the models; set it on each entry there "
+            "(vllm keeps the stack's port, listen, serverPort, masterPort and compileCache)"
         )
+
+
+def _model_hosts_exist(cfg: StackConfig) -> None:
+    names = [h.name for h in cfg.hosts]
+    for index, entry in enumerate(cfg.models or ()):
+        seen: set[str] = set()
+        for at, name in enumerate(entry.hosts or ()):
+            if name not in names:
+                raise ConfigError(
+                    f"models[{index}].hosts[{at}]: no host is named {name!r} "
+                    f"(hosts: {', '.join(names)})"
+                )
+            if name in seen:
+                raise ConfigError(f"models[{index}].hosts[{at}]: {name} is listed twice")
+            seen.add(name)
+
+
+def _gpus_match_parallelism(cfg: StackConfig) -> None:
+    gpus = {h.name: h.gpus for h in cfg.hosts}
+    for model in cfg.fleet:
+        total = sum(gpus[name] for name in model.hosts)
+        key, tp = model.settings_key, model.tensor_parallel_size
+        pp = model.settings.pipeline_parallel_size
+        whose = (
+            "the hosts" if model.hosts == tuple(gpus) else f"its hosts ({', '.join(model.hosts)})"
+        )
+        if model.world_size != total:
+            raise ConfigError(
+                f"{key}.tensorParallelSize x {key}.pipelineParallelSize = {tp} x {pp} = "
+                f"{model.world_size}, but {whose} declare {total} GPU(s) in all; they must be "
+                "equal"
+            )
 
 
 def _executor_places_every_rank(cfg: StackConfig) -> None:
     """vLLM's mp executor starts world_size // nnodes workers on every node
     (v1/executor/multiproc_executor.py) and asserts that the world size divides evenly
     (engine/arg_utils.py): a node with more or fewer GPUs cannot be placed. Ray places any."""
-    if cfg.vllm.executor != "mp":
-        return
-    world = cfg.vllm.tensor_parallel_size * cfg.vllm.pipeline_parallel_size
-    nodes = len(cfg.hosts)
-    if world % nodes != 0:
-        raise ConfigError(
-            f"vllm.executor: mp places world_size / nnodes ranks on every node, and "
-            f"{world} ranks (tensorParallelSize x pipelineParallelSize) do not divide evenly "
-            f"across {nodes} hosts; use executor ray, or hosts with equal GPU counts"
-        )
-    per_node = world // nodes
-    for index, host in enumerate(cfg.hosts):
-        if host.gpus != per_node:
+    index_of = {h.name: i for i, h in enumerate(cfg.hosts)}
+    for model in cfg.fleet:
+        if model.settings.executor != "mp":
+            continue
+        key, world, nodes = model.settings_key, model.world_size, len(model.hosts)
+        if world % nodes != 0:
             raise ConfigError(
-                f"hosts[{index}].gpus: {host.name} declares {host.gpus} GPU(s), but vllm.executor "
-                f"mp places {per_node} rank(s) on every node ({world} ranks over {nodes} hosts); "
-                "mixed GPU counts need executor ray"
+                f"{key}.executor: mp places world_size / nnodes ranks on every node, and "
+                f"{world} ranks (tensorParallelSize x pipelineParallelSize) do not divide evenly "
+                f"across {nodes} hosts; use executor ray, or hosts with equal GPU counts"
+            )
+        per_node = world // nodes
+        for name in model.hosts:
+            host = cfg.hosts[index_of[name]]
+            if host.gpus != per_node:
+                raise ConfigError(
+                    f"hosts[{index_of[name]}].gpus: {host.name} declares {host.gpus} GPU(s), but "
+                    f"{key}.executor mp places {per_node} rank(s) on every node ({world} ranks "
+                    f"over {nodes} hosts); mixed GPU counts need executor ray"
+                )
+
+
+def _served_names_distinct(cfg: StackConfig) -> None:
+    """Entries with one served name are replicas of one model (the same id and revision);
+    one name for two different models would make requests for it land on either."""
+    first: dict[str, ServedModel] = {}
+    for model in cfg.fleet:
+        other = first.setdefault(model.served_name, model)
+        if (other.id, other.revision) != (model.id, model.revision):
+            raise ConfigError(
+                f"{model.model_key}.servedName: {model.served_name!r} is already "
+                f"{other.model_key}'s name for {other.id}@{other.revision}, and this entry "
+                f"serves {model.id}@{model.revision}; give it a servedName of its own (entries "
+                "with one servedName are replicas of one model)"
+            )
+
+
+def _memory_budget_fits(cfg: StackConfig) -> None:
+    problem = budget_problem(cfg.fleet, [h.name for h in cfg.hosts])
+    if problem:
+        raise ConfigError(problem)
+
+
+def _one_server_for_now(cfg: StackConfig) -> None:
+    """What this release deploys: one model, on every host. The checks above already hold a
+    longer `models` list to what several servers need."""
+    every_host = tuple(h.name for h in cfg.hosts)
+    for model in cfg.fleet[1:]:
+        raise ConfigError(
+            f"{model.model_key}: this release deploys one model (several models on one "
+            "cluster are planned and checked, but not deployed yet); keep one entry in `models`"
+        )
+    for model in cfg.fleet:
+        if cfg.models is not None and cfg.models[0].image is not None:
+            raise ConfigError(
+                f"{model.model_key}.image: this release serves from image.ref; set the image there"
+            )
+        if set(model.hosts) != set(every_host):
+            raise ConfigError(
+                f"{model.model_key}.hosts: this release deploys the model on every host; "
+                "leave hosts unset, or list every host"
             )
 
 
@@ -754,29 +880,36 @@ def _flag_reached(
 
 
 def _no_user_overrides(cfg: StackConfig) -> None:
-    for key in cfg.vllm.env:
+    for model in cfg.fleet:
+        _no_user_overrides_of(model.settings, model.settings_key)
+
+
+def _no_user_overrides_of(settings: ServerSettings, prefix: str) -> None:
+    for key in settings.env:
         if key in DERIVED_ENV_KEYS:
             raise ConfigError(
-                f"vllm.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "
-                "fabricInterface, rdmaHcas, model, timeouts and secrets); remove it from vllm.env"
+                f"{prefix}.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "
+                "fabricInterface, rdmaHcas, model, timeouts and secrets); remove it from "
+                f"{prefix}.env"
             )
         if key in COMPILE_CACHE_ENV_KEYS:
             raise ConfigError(
-                f"vllm.env.{key}: spark-vllm keeps this cache in each node's compile-cache "
-                "directory, so a replaced server starts warm; remove it from vllm.env"
+                f"{prefix}.env.{key}: spark-vllm keeps this cache in each node's compile-cache "
+                f"directory, so a replaced server starts warm; remove it from {prefix}.env"
             )
-    mp = cfg.vllm.executor == "mp"
-    for key in cfg.vllm.env:
+    mp = settings.executor == "mp"
+    for key in settings.env:
         if mp and key.startswith("RAY_"):
             raise ConfigError(
-                f"vllm.env.{key}: no Ray runs with vllm.executor mp; remove it, or use executor ray"
+                f"{prefix}.env.{key}: no Ray runs with {prefix}.executor mp; remove it, or use "
+                "executor ray"
             )
-    for index, arg in enumerate(cfg.vllm.extra_args):
+    for index, arg in enumerate(settings.extra_args):
         reached = _flag_reached(arg)
         if reached is None:
             continue
         name, flags = reached
-        key = f"vllm.extraArgs[{index}]"
+        key = f"{prefix}.extraArgs[{index}]"
         written = arg.split("=", 1)[0]
         shown = (
             flags[0] if flags == [written] else f"{written} (vLLM reads it as {' or '.join(flags)})"
@@ -785,22 +918,22 @@ def _no_user_overrides(cfg: StackConfig) -> None:
             raise ConfigError(
                 f"{key}: {shown} makes vLLM read more arguments from a YAML file on the head, "
                 "where any flag spark-vllm sets (--api-key, --port, ...) could be set past "
-                "these checks; write the flags in vllm.extraArgs instead"
+                f"these checks; write the flags in {prefix}.extraArgs instead"
             )
         if any(flag in MP_ONLY_FLAGS for flag in flags) and not mp:
             raise ConfigError(
                 f"{key}: {shown} is for vLLM's multi-node mode without Ray, "
-                "which vLLM refuses with the Ray executor; set vllm.executor: mp instead "
+                f"which vLLM refuses with the Ray executor; set {prefix}.executor: mp instead "
                 "(spark-vllm then sets it per node)"
             )
         if name.startswith("--ray-") and mp:
             raise ConfigError(
                 f"{key}: {name} configures vLLM's Ray executor; "
-                "vllm.executor is mp (no Ray): remove it, or use executor ray"
+                f"{prefix}.executor is mp (no Ray): remove it, or use executor ray"
             )
-        if cfg.vllm.kv_cache is not None and (_flag_reached(arg, KV_CACHE_FLAGS) or ("", []))[1]:
+        if settings.kv_cache is not None and (_flag_reached(arg, KV_CACHE_FLAGS) or ("", []))[1]:
             raise ConfigError(
-                f"{key}: {written} sizes the KV cache, as vllm.kvCache does: set one of them"
+                f"{key}: {written} sizes the KV cache, as {prefix}.kvCache does: set one of them"
             )
         if flags:
             hint = (

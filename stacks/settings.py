@@ -21,6 +21,7 @@ CONFIG_KEYS = (
     "front",
     "model",
     "vllm",
+    "models",
     "ray",
     "docker",
     "fabric",
@@ -114,11 +115,15 @@ def _structured_values(config: pulumi.Config) -> tuple[dict[str, Any], list[str]
         try:
             value = config.get_object(key)
         except pulumi.ConfigTypeError:
-            shape = "a list of hosts" if key == "hosts" else "a mapping of settings"
+            shape = {"hosts": "a list of hosts", "models": "a list of models"}.get(
+                key, "a mapping of settings"
+            )
             problems.append(f"{key}: must be {shape}, not the text {config.get(key)!r}")
             continue
-        # An optional key set to nothing (`bastion: {}`, Pulumi.yaml's default) is not set.
-        if value is not None and (value != {} or StackConfig.model_fields[key].is_required()):
+        # An optional key set to nothing (`bastion: {}`, `models: []`: Pulumi.yaml's defaults)
+        # is not set.
+        empty = value in ({}, [])
+        if value is not None and (not empty or StackConfig.model_fields[key].is_required()):
             values[key] = value
     return values, problems
 

@@ -83,7 +83,7 @@ def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
         "image": PINNED_IMAGE.text,
         "gpus": "yes" if cfg.docker.request_gpus else "no",
         "drop_page_cache": "yes" if cfg.preflight.drop_page_cache else "no",
-        "utilization": str(cfg.vllm.gpu_memory_utilization),
+        "utilization": str(plan.served.settings.gpu_memory_utilization),
         "margin_fraction": AUTO_MARGIN_FRACTION,
         "min_margin_bytes": AUTO_MIN_MARGIN_BYTES,
         "server_container": plan.container_name("vllm"),
@@ -101,16 +101,17 @@ def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
 
 def kv_cache_flags(plan: DeploymentPlan) -> dict[str, str | int]:
     """What kv_sizing.py needs for vllm.kvCache (none when unset: vLLM's profiler sizes it)."""
-    cfg = plan.config
-    if cfg.vllm.kv_cache is None:
+    served = plan.served
+    settings = served.settings
+    if settings.kv_cache is None:
         return {}
     return {
-        "kv_cache": str(cfg.vllm.kv_cache),
-        "snapshot": snapshot_dir(cfg.model.cache_dir, cfg.model.id, WEIGHTS_COMMIT.text),
-        "tensor_parallel": cfg.vllm.tensor_parallel_size,
-        "pipeline_parallel": cfg.vllm.pipeline_parallel_size,
-        "max_model_len": cfg.vllm.max_model_len or 0,
-        "kv_cache_dtype": extra_arg_value(cfg.vllm.extra_args, "--kv-cache-dtype") or "auto",
+        "kv_cache": str(settings.kv_cache),
+        "snapshot": snapshot_dir(plan.config.model.cache_dir, served.id, WEIGHTS_COMMIT.text),
+        "tensor_parallel": served.tensor_parallel_size,
+        "pipeline_parallel": settings.pipeline_parallel_size,
+        "max_model_len": settings.max_model_len or 0,
+        "kv_cache_dtype": extra_arg_value(settings.extra_args, "--kv-cache-dtype") or "auto",
         "reserve_bytes": KV_CACHE_RESERVE_BYTES,
     }
 

@@ -181,12 +181,12 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
             image=PINNED_IMAGE.text,
             ref=plan.config.image.ref,
             # Only the head serves: a worker's check does not depend on (or re-run for) them.
-            extra_args=json.dumps(list(plan.config.vllm.extra_args) if node.is_head else []),
+            extra_args=json.dumps(list(plan.served.settings.extra_args) if node.is_head else []),
             check_flags="yes" if node.is_head else "no",
-            executor=plan.config.vllm.executor,
+            executor=plan.served.settings.executor,
             timeout_seconds=IMAGE_FACTS_SECONDS,
             # Only when set: a stack without it keeps the step's command as it was.
-            **({"kv_cache": "yes"} if node.is_head and plan.config.vllm.kv_cache else {}),
+            **({"kv_cache": "yes"} if node.is_head and plan.served.settings.kv_cache else {}),
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
     )

@@ -21,6 +21,7 @@ from stacks.config import (
     StackConfig,
     default_state_dir,
 )
+from stacks.fleet import ServedModel
 from stacks.known_hosts import find_host_key
 from stacks.plan.known_bad import known_bad_flag
 from stacks.plan.later import GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES
@@ -115,9 +116,14 @@ class DeploymentPlan:
         return sum(n.gpus for n in self.nodes)
 
     @property
+    def served(self) -> ServedModel:
+        """The model this release deploys: the fleet's one entry (StackConfig refuses more)."""
+        return self.config.fleet[0]
+
+    @property
     def uses_ray(self) -> bool:
         """vllm.executor ray: a Ray cluster, the server its driver. Else vLLM's mp mode."""
-        return self.config.vllm.executor == "ray"
+        return self.served.settings.executor == "ray"
 
     @property
     def ray_address(self) -> str:
@@ -187,7 +193,7 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
     Not set, because nothing reads it: RAY_NODE_IP_ADDRESS (absent from Ray 2.60's wheel, Python
     and binaries alike; `ray start --node-ip-address` sets each node's IP).
     """
-    env = dict(plan.config.vllm.env)
+    env = dict(plan.served.settings.env)
     env.update(
         {
             # vLLM's own IP for the driver and each rank (vllm/envs.py VLLM_HOST_IP).
@@ -324,8 +330,9 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
         "min_free_memory_bytes": int(cfg.preflight.min_free_memory_gib * GIB),
         # With `auto` the memory check derives the fraction later; preflight checks the floor.
         "memory_fraction": (
-            cfg.vllm.gpu_memory_utilization
-            if cfg.preflight.unified_memory and cfg.vllm.gpu_memory_utilization != "auto"
+            plan.served.settings.gpu_memory_utilization
+            if cfg.preflight.unified_memory
+            and plan.served.settings.gpu_memory_utilization != "auto"
             else 0
         ),
         "min_free_disk_bytes": int(cfg.preflight.min_free_disk_gib * GIB),
@@ -373,7 +380,7 @@ class ServerSizing:
 def fixed_sizing(plan: DeploymentPlan) -> ServerSizing | None:
     """The sizing the config gives before the memory check ran (which still checks it fits);
     None when `auto` derives a part of it."""
-    vllm = plan.config.vllm
+    vllm = plan.served.settings
     if vllm.gpu_memory_utilization == "auto" or vllm.kv_cache == "auto":
         return None
     return ServerSizing(str(vllm.gpu_memory_utilization), vllm.kv_cache)
@@ -385,7 +392,7 @@ def server_sizing(plan: DeploymentPlan) -> ServerSizing:
     fixed = fixed_sizing(plan)
     if fixed is not None:
         return fixed
-    kv_cache = KV_CACHE_BYTES.text if plan.config.vllm.kv_cache is not None else None
+    kv_cache = KV_CACHE_BYTES.text if plan.served.settings.kv_cache is not None else None
     return ServerSizing(GPU_MEMORY_UTILIZATION.text, kv_cache)
 
 
@@ -418,7 +425,7 @@ def vllm_launcher_args(
     node = node or plan.head
     flags = [
         "--executor",
-        plan.config.vllm.executor,
+        plan.served.settings.executor,
         "--expect-ips",
         ",".join(n.fabric_ip for n in plan.nodes),
         "--gpus",
@@ -451,24 +458,25 @@ def vllm_serve_args(
     probed from the image) and, with `auto`, the sizing the memory check derived. With executor
     mp every node gets the same arguments but its node rank, and the workers `--headless` (vLLM
     docs, parallelism_scaling.md)."""
-    cfg = plan.config
+    cfg, served = plan.config, plan.served
+    settings = served.settings
     node = node or plan.head
     args = [
-        cfg.model.id,
+        served.id,
         "--served-model-name",
-        cfg.model.served_model_name,
+        served.served_name,
         "--revision",
-        cfg.model.revision,
+        served.revision,
         "--host",
         plan.server_address,
         "--port",
         str(cfg.vllm.server_port),
         "--tensor-parallel-size",
-        str(cfg.vllm.tensor_parallel_size),
+        str(served.tensor_parallel_size),
         "--pipeline-parallel-size",
-        str(cfg.vllm.pipeline_parallel_size),
+        str(settings.pipeline_parallel_size),
         "--distributed-executor-backend",
-        cfg.vllm.executor,
+        settings.executor,
         *sizing.flags(),
     ]
     if not plan.uses_ray:
@@ -484,9 +492,9 @@ def vllm_serve_args(
         ]
         if not node.is_head:
             args.append("--headless")
-    if cfg.vllm.max_model_len is not None:
-        args += ["--max-model-len", str(cfg.vllm.max_model_len)]
-    return args + list(cfg.vllm.extra_args)
+    if settings.max_model_len is not None:
+        args += ["--max-model-len", str(settings.max_model_len)]
+    return args + list(settings.extra_args)
 
 
 def plan_deployment(

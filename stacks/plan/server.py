@@ -75,18 +75,18 @@ def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     awaited: dict[str, str | float] = {
         "port": cfg.vllm.port,
         **({} if cfg.vllm.listen == "all" else {"probe_host": plan.probe_address}),
-        "served_name": cfg.model.served_model_name,
+        "served_name": plan.served.served_name,
         "timeout_seconds": seconds,
         "progress_seconds": cfg.timeouts.vllm_progress_seconds,
-        "measure_completions": cfg.vllm.measure_completions,
+        "measure_completions": plan.served.settings.measure_completions,
         # With HCAs, NCCL should run over RoCE: the wait reads which transport it chose.
         "expect_transport": "ib" if plan.expects_rdma else "none",
-        "executor": cfg.vllm.executor,
+        "executor": plan.served.settings.executor,
         # mp: where the nodes meet; the diagnostics check each node's way there.
         **({} if plan.uses_ray else {"rendezvous": plan.rendezvous}),
     }
-    model = cfg.model
-    snapshot = {"model": model.id, "revision": model.revision, "cache_dir": model.cache_dir}
+    served = plan.served
+    snapshot = {"model": served.id, "revision": served.revision, "cache_dir": cfg.model.cache_dir}
     step, script = f"{name}-ready", "vllm-ready.sh"
     return _wait(plan, step, script, "vllm", awaited, seconds, snapshot, "api-key")
 

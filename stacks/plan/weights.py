@@ -12,7 +12,7 @@ from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, script_call
 def fetch_weights(plan: DeploymentPlan, name: str) -> StepSpec:
     """The snapshot fetched on the head with the serving image's HF client; the token on stdin is
     read by the script and never printed (errors mask it), so its diagnostics can be shown."""
-    head, model = plan.head, plan.config.model
+    head, served, cache_dir = plan.head, plan.served, plan.config.model.cache_dir
     minutes = plan.config.timeouts.weights_transfer_minutes
     step = f"{name}-fetch"
     return StepSpec(
@@ -22,13 +22,13 @@ def fetch_weights(plan: DeploymentPlan, name: str) -> StepSpec:
             head,
             "weights-fetch.sh",
             state_dir=head.state_dir,
-            cache_dir=model.cache_dir,
-            model=model.id,
-            revision=model.revision,
+            cache_dir=cache_dir,
+            model=served.id,
+            revision=served.revision,
             timeout_minutes=minutes,
         ),
         receipts=(
-            Receipt(step, head, (check("snapshot", model.cache_dir, model.id, model.revision),)),
+            Receipt(step, head, (check("snapshot", cache_dir, served.id, served.revision),)),
         ),
         stdin="hf-token",
         timeouts=Timeouts(create=minutes + 5),
@@ -52,18 +52,19 @@ def manifest_values(manifest: str) -> dict[str, str]:
 
 def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
     """The head's snapshot (`commit files bytes`) copied to `worker` over the fabric, verified."""
-    model, minutes = plan.config.model, plan.config.timeouts.weights_transfer_minutes
+    served, cache_dir = plan.served, plan.config.model.cache_dir
+    minutes = plan.config.timeouts.weights_transfer_minutes
     flags: dict[str, str | float] = {
         "worker_bin": worker.bin_dir,
-        "cache_dir": model.cache_dir,
-        "model": model.id,
+        "cache_dir": cache_dir,
+        "model": served.id,
         "manifest": " ".join(later.text for later in MANIFEST_FIELDS),
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
         **relay_flags(plan, worker),
     }
-    done = check("snapshot", model.cache_dir, model.id, WEIGHTS_COMMIT.text)
+    done = check("snapshot", cache_dir, served.id, WEIGHTS_COMMIT.text)
     return head_to_worker(
         plan, f"{name}-{worker.name}-copy", worker, "weights-sync.sh", flags, done, minutes
     )

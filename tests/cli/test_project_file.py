@@ -76,7 +76,7 @@ def program_keys(values: dict[str, str]) -> dict[str, Any]:
     return {
         key.split(":", 1)[1]: yaml.safe_load(text)
         for key, text in values.items()
-        if key.split(":", 1)[1] in StackConfig.model_fields and text not in ("", "{}")
+        if key.split(":", 1)[1] in StackConfig.model_fields and text not in ("", "{}", "[]")
     }
 
 

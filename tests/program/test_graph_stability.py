@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,11 +30,18 @@ def steady_token(facts: HostFacts, step: str) -> str:
     return hashlib.sha256(f"{facts.host}/{step}".encode()).hexdigest()[:12]
 
 
-def graph(stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def graph(
+    stack: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rewrite: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: config,
+) -> str:
+    """The stack's registered graph as the golden file holds it; `rewrite` changes its config
+    first (the same stack written another way must register the same graph)."""
     key = tmp_path / "id_ed25519"
     key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n")
     known_hosts = tmp_path / "known_hosts"
-    config = load_stack_config(stack)
+    config = rewrite(load_stack_config(stack))
     addresses = [h["address"] for h in config["hosts"]] + [config.get("bastion", {}).get("address")]
     known_hosts.write_text("".join(f"{a} {HOST_KEY}\n" for a in addresses if a))
     config["ssh"] = {"privateKeyPath": str(key), "knownHostsFile": str(known_hosts)}

@@ -1,0 +1,114 @@
+"""Every model a stack serves, as one typed list (the fleet), and what it asks of each node.
+
+A stack names its models one of two ways: `model` + `vllm` (one model on every host, as every
+release before), or `models` (a list). Both become the same ServedModel entries here, so the
+plan reads one shape. Pure functions of the typed config: table-tested without Pulumi."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stacks.config import ImageConfig, ServerSettings, StackConfig
+
+# What the fixed memory shares on one node may sum to (gpuMemoryUtilization's own bound: the
+# operating system and the containers' own processes keep the rest of unified memory).
+MAX_NODE_SHARE = 0.98
+# The least share an `auto` model is left on a node beside the fixed ones (6.4 GB of a
+# 128 GB Spark): below it no model's weights and KV cache fit.
+MIN_AUTO_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One server of the fleet: which model, where, with what settings. `model_key` and
+    `settings_key` are where the user wrote them (for keyed errors): `model`/`vllm`, or both
+    `models[i]`."""
+
+    model_key: str
+    settings_key: str
+    id: str
+    revision: str
+    served_name: str
+    hosts: tuple[str, ...]
+    settings: ServerSettings
+    image: ImageConfig
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        # Both ways of naming a model require it (StackConfig's checks run before any use).
+        assert self.settings.tensor_parallel_size is not None, self.settings_key
+        return self.settings.tensor_parallel_size
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.settings.pipeline_parallel_size
+
+
+def fleet_of(cfg: StackConfig) -> tuple[ServedModel, ...]:
+    """The stack's models in the order written: `models`, or `model` + `vllm` on every host."""
+    every_host = tuple(h.name for h in cfg.hosts)
+    if cfg.models is None:
+        model_id = cfg.model.id or ""  # required without `models` (StackConfig's checks)
+        return (
+            ServedModel(
+                model_key="model",
+                settings_key="vllm",
+                id=model_id,
+                revision=cfg.model.revision,
+                served_name=cfg.model.served_name or model_id,
+                hosts=every_host,
+                settings=cfg.vllm,
+                image=cfg.image,
+            ),
+        )
+    return tuple(
+        ServedModel(
+            model_key=f"models[{index}]",
+            settings_key=f"models[{index}]",
+            id=entry.id,
+            revision=entry.revision,
+            served_name=entry.served_name or entry.id,
+            hosts=tuple(entry.hosts) if entry.hosts else every_host,
+            settings=entry,
+            image=entry.image or cfg.image,
+        )
+        for index, entry in enumerate(cfg.models)
+    )
+
+
+def models_on(fleet: Iterable[ServedModel], host: str) -> list[ServedModel]:
+    return [m for m in fleet if host in m.hosts]
+
+
+def share_text(model: ServedModel) -> str:
+    return f"{model.settings_key} ({model.served_name}) {model.settings.gpu_memory_utilization}"
+
+
+def budget_problem(fleet: Sequence[ServedModel], hosts: Sequence[str]) -> str | None:
+    """The first node whose models' memory shares cannot fit, as a keyed message (the key: the
+    last model placed there), or None. Fixed fractions sum to at most MAX_NODE_SHARE; each
+    `auto` model needs MIN_AUTO_SHARE of what they leave (the memory check divides what the
+    node has free among them when the servers start)."""
+    for host in hosts:
+        placed = models_on(fleet, host)
+        if len(placed) < 2:
+            continue  # one model: its own bounds (gpuMemoryUtilization <= 0.98) hold it
+        fixed = sum(
+            share for m in placed if isinstance(share := m.settings.gpu_memory_utilization, float)
+        )
+        autos = sum(1 for m in placed if m.settings.gpu_memory_utilization == "auto")
+        needed = fixed + autos * MIN_AUTO_SHARE
+        if needed <= MAX_NODE_SHARE + 1e-9:
+            continue
+        shares = " + ".join(share_text(m) for m in placed)
+        auto_part = f" (each auto at least {MIN_AUTO_SHARE})" if autos else ""
+        return (
+            f"{placed[-1].settings_key}.gpuMemoryUtilization: on {host} the models' memory "
+            f"shares do not fit: {shares}{auto_part} = {needed:.2f} of its memory, more than "
+            f"{MAX_NODE_SHARE}; lower a gpuMemoryUtilization, or place a model on other hosts "
+            "(models[].hosts)"
+        )
+    return None
