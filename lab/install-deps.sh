@@ -20,6 +20,7 @@ packages=(
     haproxy          # the front (HAProxy, as the official image users pull), in the lab image
     iptables         # the firewall guard runs the host's iptables and ip6tables
     docker-registry  # a registry on a host's loopback: repo digests for the pinned-ref tests
+    prometheus       # scrapes the vLLM stand-in: the dashboards' queries are checked against it
     tar gzip findutils coreutils bash dash debianutils grep sed
 )
 

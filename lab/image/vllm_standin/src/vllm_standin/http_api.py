@@ -13,12 +13,14 @@ import json
 import logging
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from vllm_standin import VERSION
+from vllm_standin.metrics import Metrics
 from vllm_standin.openai_api import (
     ApiError,
     PlannedResponse,
@@ -60,7 +62,8 @@ class ServerState:
         self.engine_check = engine_check  # raises if a rank is gone
         self.engine_dead = threading.Event()
         self.dead_reason = ""
-        self.requests_answered = 0  # /metrics: vllm:request_success_total
+        # /metrics: vLLM's names, filled by what this process serves (metrics.py).
+        self.metrics = Metrics(served.served_names[0], served.max_model_len)
 
     def mark_dead(self, reason: str) -> None:
         if not self.engine_dead.is_set():
@@ -119,23 +122,23 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def send_events(self, events: Any) -> None:
+    def send_events(self, events: Any) -> list[float]:
+        """Streams the events; returns when each event that carried a token was written."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
+        token_times = []
         for event in events:
             self.wfile.write(event.encode())
             self.wfile.flush()
+            if carries_token(event):
+                token_times.append(time.monotonic())
         self.close_connection = True
+        return token_times
 
     def send_metrics(self) -> None:
-        state = self.server.state
-        name = state.served.served_names[0]
-        body = (
-            "# TYPE vllm:request_success_total counter\n"
-            f'vllm:request_success_total{{model_name="{name}"}} {state.requests_answered}\n'
-        ).encode()
+        body = self.server.state.metrics.exposition().encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))
@@ -196,6 +199,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def answer(self, planner: Planner) -> None:
         state = self.server.state
+        started = time.monotonic()
         try:
             planned = planner(self.read_json_body(), state.served)
             # Like a real generation, a request needs every rank: a dead worker fails it.
@@ -207,8 +211,27 @@ class ApiHandler(BaseHTTPRequestHandler):
             state.mark_dead(str(error))
             self.send_json(500, ApiError(500, str(error), "EngineDeadError").body)
             return
-        state.requests_answered += 1
-        if planned.events is not None:
-            self.send_events(planned.events)
-        else:
+        if not planned.completion_tokens:  # /tokenize: no generation to measure
             self.send_json(200, planned.body)
+            return
+        metrics = state.metrics
+        handle = metrics.started(planned.prompt, planned.prompt_tokens)
+        try:
+            if planned.events is not None:
+                token_times = self.send_events(planned.events)
+            else:
+                # Generated whole: every token is there when the body is.
+                token_times = [time.monotonic()] * planned.completion_tokens
+                self.send_json(200, planned.body)
+        except BaseException:
+            metrics.abandoned(handle)
+            raise
+        metrics.finished(handle, token_times, started, planned.prompt_tokens)
+
+
+def carries_token(event: str) -> bool:
+    """An SSE event with generated text (not the chat role chunk, the usage chunk or [DONE])."""
+    if not event.startswith("data: {"):
+        return False
+    choices = json.loads(event[len("data: ") :]).get("choices") or []
+    return any(c.get("text") or (c.get("delta") or {}).get("content") for c in choices)

@@ -183,6 +183,10 @@ class PlannedResponse:
 
     body: dict[str, Any] | None = None
     events: Iterator[str] | None = None
+    # For the metrics (metrics.py): what was asked and how many tokens it generates.
+    prompt: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 def plan_completion(body: dict[str, Any], served: ServedModel) -> PlannedResponse:
@@ -202,8 +206,14 @@ def plan_completion(body: dict[str, Any], served: ServedModel) -> PlannedRespons
         "created": created,
         "model": model_name,
     }
+    measured = {
+        "prompt": "\n".join(prompt for prompt, _ in prompts),
+        "prompt_tokens": total_prompt_tokens,
+        "completion_tokens": total_usage["completion_tokens"],
+    }
     if body.get("stream"):
-        return PlannedResponse(events=stream_completion(header, texts, total_usage, body))
+        events = stream_completion(header, texts, total_usage, body)
+        return PlannedResponse(events=events, **measured)
     choices = [
         {
             "index": index,
@@ -214,7 +224,7 @@ def plan_completion(body: dict[str, Any], served: ServedModel) -> PlannedRespons
         }
         for index, tokens in enumerate(texts)
     ]
-    return PlannedResponse(body={**header, "choices": choices, "usage": total_usage})
+    return PlannedResponse(body={**header, "choices": choices, "usage": total_usage}, **measured)
 
 
 def plan_chat_completion(body: dict[str, Any], served: ServedModel) -> PlannedResponse:
@@ -230,8 +240,9 @@ def plan_chat_completion(body: dict[str, Any], served: ServedModel) -> PlannedRe
         "model": model_name,
     }
     total_usage = usage(prompt_tokens, max_tokens)
+    measured = {"prompt": prompt, "prompt_tokens": prompt_tokens, "completion_tokens": max_tokens}
     if body.get("stream"):
-        return PlannedResponse(events=stream_chat(header, tokens, total_usage, body))
+        return PlannedResponse(events=stream_chat(header, tokens, total_usage, body), **measured)
     message: dict[str, Any] = {
         "role": "assistant",
         "content": " ".join(tokens),
@@ -245,7 +256,7 @@ def plan_chat_completion(body: dict[str, Any], served: ServedModel) -> PlannedRe
         "finish_reason": "length",
         "stop_reason": None,
     }
-    return PlannedResponse(body={**header, "choices": [choice], "usage": total_usage})
+    return PlannedResponse(body={**header, "choices": [choice], "usage": total_usage}, **measured)
 
 
 def sse(payload: dict[str, Any] | str) -> str:
