@@ -14,6 +14,7 @@ too, with the CLI's message, and the program receives exactly the config the CLI
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,19 @@ from tests.cli.project import CliError, Project, load_project
 from tests.cli.stack import ProgramConfig, StackFile, handed_to_program, merge_config
 
 __all__ = ["CliError", "ProgramConfig", "PulumiCli", "handed_to_program"]
+
+# The names whose plain values the CLI weighs as possible secrets (pulumi/pulumi v3.259
+# pkg/cmd/pulumi/config/config.go keyPattern; matched against the key's name, `k.Name()`).
+SECRET_NAME_PATTERN = re.compile("(?i)passwd|pass|password|pwd|secret|token")
+
+
+def may_look_like_secret(key: str, path: bool) -> bool:
+    """Whether `config set` runs looksLikeSecret's entropy check on this key's plain value:
+    its name (after the namespace; with --path, the top-level key) matches keyPattern."""
+    name = key.split(":", 1)[-1]
+    if path:
+        name = re.split(r"[.\[]", name, maxsplit=1)[0]
+    return SECRET_NAME_PATTERN.search(name) is not None
 
 
 class PulumiCli:
@@ -55,11 +69,25 @@ class PulumiCli:
         return self.stacks[name]
 
     def config_set(
-        self, stack: str, key: str, value: str, secret: bool = False, path: bool = False
+        self,
+        stack: str,
+        key: str,
+        value: str,
+        secret: bool = False,
+        path: bool = False,
+        plaintext: bool = False,
     ) -> None:
-        """`pulumi config set [--secret] [--path] KEY VALUE` on a stack made before."""
+        """`pulumi config set [--secret | --plaintext] [--path] KEY VALUE` on a stack made
+        before."""
         if stack not in self.stacks:
             raise CliError(f"no stack named '{stack}' found")
+        if not secret and not plaintext and may_look_like_secret(key, path):
+            raise CliError(
+                f"tests/cli cannot tell whether `pulumi config set {key}` is refused: the CLI "
+                "refuses a plain value that looks like a secret (config.go looksLikeSecret: "
+                "the key's name matches, then the value's zxcvbn-go entropy decides, which is "
+                "not ported); set it with secret=True, or plaintext=True as --plaintext does"
+            )
         if path:
             self.stacks[stack].set_path(self.project, key, value, secret=secret)
         else:

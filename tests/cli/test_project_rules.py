@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli import CliError, PulumiCli
+from tests.cli import CliError, PulumiCli, may_look_like_secret
 from tests.cli.project import load_project
 from tests.cli.stack import StackFile, merge_config
 
@@ -161,3 +161,26 @@ def test_the_program_gets_the_language_hosts_environment(tmp_path: Path) -> None
         "PULUMI_CONFIG": '{"demo:n":"3","other:flag":"true"}',
         "PULUMI_CONFIG_SECRET_KEYS": "[]",
     }
+
+
+def test_a_plain_value_for_a_name_that_looks_secret_is_not_guessed(tmp_path: Path) -> None:
+    """looksLikeSecret weighs the value's entropy (zxcvbn-go, not ported): the port refuses to
+    guess and asks for --secret or --plaintext; a name outside keyPattern is never weighed."""
+    cli = PulumiCli(project_file(tmp_path, "").parent)
+    cli.stack_from("dev", {})
+    for key, path in (("hfToken", False), ("demo:dbPassword", False), ("apiToken.value", True)):
+        with pytest.raises(CliError, match="looksLikeSecret"):
+            cli.config_set("dev", key, "1415fc1f4eaeb5e096ee58c1480016638fff29bf", path=path)
+        cli.config_set("dev", key, "x", path=path, plaintext=True)
+    cli.config_set("dev", "region", "1415fc1f4eaeb5e096ee58c1480016638fff29bf")
+    # With --path the name is the top-level key's: `auth`, not `token`.
+    cli.config_set("dev", "auth.token", "1415fc1f4eaeb5e096ee58c1480016638fff29bf", path=True)
+
+
+def test_every_key_of_this_project_that_looks_secret_is_a_declared_secret() -> None:
+    """So the entropy check never decides anything here: the merge already refuses a plain
+    value of a declared secret (test_a_typed_secret_must_be_set_with_secret)."""
+    project = load_project(Path(__file__).resolve().parents[2] / "Pulumi.yaml")
+    weighed = [key for key in project.config if may_look_like_secret(key, path=False)]
+    assert weighed == ["hfToken"]
+    assert all(project.config[key].secret for key in weighed)
