@@ -348,6 +348,8 @@ class FrontConfig(ConfigModel):
     image: FrontImageConfig = Field(default_factory=FrontImageConfig)
 
 
+# A served name is what clients put in `model`, and a word in the front's configuration.
+ServedName = Annotated[str, Field(pattern=r"^[\w.:/@+-]{1,200}$")]
 HubId = Annotated[str, AfterValidator(_plain_hub_name), Field(pattern=r"^[\w.-]+/[\w.-]+$")]
 HubRevision = Annotated[str, AfterValidator(_plain_hub_name), Field(pattern=r"^[\w./-]+$")]
 
@@ -358,7 +360,7 @@ class ModelConfig(ConfigModel):
 
     id: HubId | None = None
     revision: HubRevision = "main"
-    served_name: str | None = None
+    served_name: ServedName | None = None
     cache_dir: CacheDirectory
 
 
@@ -446,7 +448,7 @@ class ServedModelConfig(ServerSettings):
 
     id: HubId
     revision: HubRevision = "main"
-    served_name: str | None = None
+    served_name: ServedName | None = None
     hosts: list[str] | None = Field(default=None, min_length=1)
     image: ImageConfig | None = None
     tensor_parallel_size: int = Field(ge=1, le=64)  # type: ignore[assignment]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from stacks.plan.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan
 
@@ -23,6 +25,11 @@ CONTAINER_FRONT_DIR = "/spark-vllm/front"  # the host's <state>/front, read-only
 FRONT_CONFIG_NAME = "haproxy.cfg"
 BEARER_FILE_NAME = "bearer"  # `Bearer <key>`: the one Authorization header the front admits
 UNAUTHORIZED_BODY = json.dumps({"error": "Unauthorized"})  # what vLLM itself answers
+MODELS_FILE_NAME = "models.json"  # /v1/models when several models share the front
+# The front reads a request body up to this many bytes to find its `model` (a 1 MiB prompt);
+# with maxconn, its worst-case buffer memory is 2 x 512 x 1 MiB.
+BODY_BUFFER_BYTES = 1048576
+MAX_CONNECTIONS = 512
 
 # A generation can stream for many minutes: the client and server timeouts bound idle time
 # between bytes, not the whole request. A request's headers must arrive within 30 s.
@@ -40,16 +47,67 @@ def front_bind(plan: DeploymentPlan) -> str:
     }[plan.config.vllm.listen]
 
 
-def front_config(plan: DeploymentPlan) -> str:
-    """haproxy.cfg: one frontend that refuses a request without the key with vLLM's own 401,
-    one backend, the server on loopback. Valid for HAProxy 2.6 (the lab's Debian package) on."""
-    bearer = f"{CONTAINER_API_KEY_DIR}/{BEARER_FILE_NAME}"
+@dataclass(frozen=True)
+class Route:
+    """One served name behind the front, and the servers that answer it (replicas, balanced)."""
+
+    served_name: str
+    model_id: str
+    max_model_len: int | None
+    servers: tuple[tuple[str, str], ...]  # (label, host:port)
+
+
+def routes_of(plan: DeploymentPlan) -> tuple[Route, ...]:
+    served = plan.served
     server = f"127.0.0.1:{plan.config.vllm.server_port}"
-    unauthorized = UNAUTHORIZED_BODY.replace('"', '\\"')
+    return (
+        Route(served.served_name, served.id, served.settings.max_model_len, (("vllm", server),)),
+    )
+
+
+def front_config(plan: DeploymentPlan) -> str:
+    """haproxy.cfg for the plan's routes (router_config)."""
+    bearer = f"{CONTAINER_API_KEY_DIR}/{BEARER_FILE_NAME}"
+    models = f"{CONTAINER_FRONT_DIR}/{MODELS_FILE_NAME}"
+    return router_config(front_bind(plan), bearer, routes_of(plan), models)
+
+
+def error_body(status: int, kind: str, message: str) -> str:
+    """vLLM's error shape (ErrorResponse: message, type, param, code), as a config string."""
+    error = {"message": message, "type": kind, "param": "model", "code": status}
+    return haproxy_string(json.dumps({"error": error}))
+
+
+def haproxy_string(text: str) -> str:
+    """`text` as one double-quoted HAProxy configuration word."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: str) -> str:
+    """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
+    its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
+    the first route (vLLM treats `model` as optional); /v1/models is `models_file`, the list
+    the plan serves. One route: everything to its server, which answers for itself. Valid
+    for HAProxy 2.6 (the lab's Debian package) and 3.2 (the official image). Measured on 2.6
+    (docs/design.md, The front): `tune.bufsize` in bytes (2.6 reads "1m" with atol and
+    crashes), a body past the buffer without `model` in the part read is refused (413)
+    rather than sent to the first model, and `http-no-delay` lets each SSE event out at once
+    (50-200 ms late without)."""
+    unauthorized = haproxy_string(UNAUTHORIZED_BODY)
+    unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
+        "MODEL", "%[var(txn.model),json(utf8s)]"
+    )
+    too_large = error_body(
+        413,
+        "BadRequestError",
+        f"the request body is larger than the front reads ({BODY_BUFFER_BYTES} bytes) and "
+        "the part read names no model: put `model` first in the body",
+    )
     lines = [
         "# Written by spark-vllm (stacks/plan/front.py): changes are replaced on the next up.",
         "global",
-        "    maxconn 4096",
+        f"    maxconn {MAX_CONNECTIONS}",
+        f"    tune.bufsize {BODY_BUFFER_BYTES}",
         # Root only to read the key's pattern file and bind; then `nobody`.
         "    uid 65534",
         "    gid 65534",
@@ -58,21 +116,87 @@ def front_config(plan: DeploymentPlan) -> str:
         "    mode http",
         "    log global",
         "    option dontlognull",
+        "    option http-no-delay",
         "    timeout connect 5s",
         "    timeout http-request 30s",
         f"    timeout client {IDLE_SECONDS}s",
         f"    timeout server {IDLE_SECONDS}s",
+        "    timeout check 5s",
+        "    retries 2",
+        "    option redispatch",
         "frontend api",
-        f"    bind {front_bind(plan)}",
+        f"    bind {bind}",
         f"    acl has_key req.hdr(authorization) -m str -f {bearer}",
         "    http-request return status 401 content-type application/json"
-        f' string "{unauthorized}" hdr www-authenticate Bearer unless has_key',
-        "    default_backend vllm",
-        "backend vllm",
-        f"    server vllm {server}",
-        "",
+        f" string {unauthorized} hdr www-authenticate Bearer unless has_key",
     ]
-    return "\n".join(lines)
+    if len(routes) == 1:
+        # One model: every request to its server, which answers for its name itself (vLLM's
+        # 404 for another); the configuration does not name it, so a new name leaves the
+        # front as it is.
+        lines += ["    default_backend model_0", *backend_lines(0, routes[0], named=False)]
+        return "\n".join([*lines, ""])
+    lines += [
+        "    http-request return status 200 content-type application/json"
+        f" file {models_file} if METH_GET {{ path /v1/models }}",
+        "    http-request wait-for-body time 30s if METH_POST",
+        "    http-request set-var(txn.model) req.body,json_query('$.model') if METH_POST",
+        "    http-request set-var(txn.body_read) req.body_len if METH_POST",
+        "    acl body_cut req.body_size,sub(txn.body_read) gt 0",
+        *(
+            f"    acl model_{index} var(txn.model) -m str {haproxy_string(route.served_name)}"
+            for index, route in enumerate(routes)
+        ),
+        "    http-request return status 413 content-type application/json"
+        f" string {too_large} if METH_POST !{{ var(txn.model) -m found }} body_cut",
+        "    http-request return status 404 content-type application/json"
+        f" lf-string {unknown} if {{ var(txn.model) -m found }} "
+        + " ".join(f"!model_{index}" for index in range(len(routes))),
+        *(f"    use_backend model_{index} if model_{index}" for index in range(len(routes))),
+        "    default_backend model_0",
+    ]
+    for index, route in enumerate(routes):
+        lines += backend_lines(index, route, named=True)
+    return "\n".join([*lines, ""])
+
+
+def backend_lines(index: int, route: Route, named: bool) -> list[str]:
+    """A route's servers, health-checked (vLLM's /health): balanced between replicas, and a
+    JSON 503 in vLLM's shape when none is up (naming the model when several share the front)."""
+    model = f"The model `{route.served_name}`"
+    down = f"{model} has no server up" if named else "The server is not up"
+    unavailable = f"{model} is unavailable" if named else "The server is unavailable"
+    return [
+        f"backend model_{index}",
+        "    balance leastconn",
+        "    option httpchk GET /health",
+        "    http-check expect status 200",
+        # A server that is down is checked every second and back after one good check.
+        "    default-server check inter 2s fastinter 1s downinter 1s rise 1 fall 2",
+        "    http-request return status 503 content-type application/json string "
+        + error_body(503, "ServiceUnavailableError", down)
+        + " if { nbsrv lt 1 }",
+        "    http-error status 503 content-type application/json string "
+        + error_body(503, "ServiceUnavailableError", unavailable),
+        *(f"    server {label} {address}" for label, address in route.servers),
+    ]
+
+
+def models_document(routes: Sequence[Route]) -> str:
+    """What /v1/models answers for several routes: vLLM's list, one entry per served name."""
+    data = [
+        {
+            "id": route.served_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vllm",
+            "root": route.model_id,
+            "parent": None,
+            **({"max_model_len": route.max_model_len} if route.max_model_len else {}),
+        }
+        for route in routes
+    ]
+    return json.dumps({"object": "list", "data": data})
 
 
 def front_config_digest(plan: DeploymentPlan) -> str:
