@@ -611,6 +611,7 @@ class StackConfig(ConfigModel):
             _no_user_overrides,
             _cache_apart_from_state,
             _served_names_distinct,
+            _ray_servers_apart,
             _memory_budget_fits,
             _one_server_for_now,
         ):
@@ -782,6 +783,23 @@ def _served_names_distinct(cfg: StackConfig) -> None:
                 f"serves {model.id}@{model.revision}; give it a servedName of its own (entries "
                 "with one servedName are replicas of one model)"
             )
+
+
+def _ray_servers_apart(cfg: StackConfig) -> None:
+    """vLLM's Ray executor asks Ray for whole GPUs (a placement group of {"GPU": 1} bundles,
+    vllm/v1/executor/ray_utils.py initialize_ray_cluster): on a node whose GPU one Ray server
+    holds, a second finds none ("Current node has no GPU available"). mp servers and Ray's
+    share a node (neither asks Ray for the GPU the other uses)."""
+    ray_models = [m for m in cfg.fleet if m.settings.executor == "ray"]
+    for index, model in enumerate(ray_models):
+        for other in ray_models[:index]:
+            shared = [h for h in model.hosts if h in other.hosts]
+            if shared:
+                raise ConfigError(
+                    f"{model.settings_key}.executor: ray, like {other.settings_key}, on "
+                    f"{', '.join(shared)}: vLLM's Ray executor takes each node's whole GPU, so "
+                    "two Ray servers cannot share a node; use executor mp for one of them"
+                )
 
 
 def _memory_budget_fits(cfg: StackConfig) -> None:

@@ -19,6 +19,11 @@ MAX_NODE_SHARE = 0.98
 # The least share an `auto` model is left on a node beside the fixed ones (6.4 GB of a
 # 128 GB Spark): below it no model's weights and KV cache fit.
 MIN_AUTO_SHARE = 0.05
+# What each server takes beside its fraction when several share a node (the CUDA context, NCCL
+# buffers, CUDA graphs on vLLM 0.11: 5.4-6.7 GiB measured per server on a Spark,
+# llamastash/llamastash#80/#81): vLLM counts it as used memory, not within its fraction
+# (v1/worker/gpu_worker.py: the fraction is of the device's total).
+SERVER_OVERHEAD_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -89,9 +94,9 @@ def share_text(model: ServedModel) -> str:
 
 def budget_problem(fleet: Sequence[ServedModel], hosts: Sequence[str]) -> str | None:
     """The first node whose models' memory shares cannot fit, as a keyed message (the key: the
-    last model placed there), or None. Fixed fractions sum to at most MAX_NODE_SHARE; each
-    `auto` model needs MIN_AUTO_SHARE of what they leave (the memory check divides what the
-    node has free among them when the servers start)."""
+    last model placed there), or None. The fixed fractions, MIN_AUTO_SHARE for each `auto`
+    model (the memory check divides what the node has free among them when the servers start)
+    and SERVER_OVERHEAD_SHARE for each server sum to at most MAX_NODE_SHARE."""
     for host in hosts:
         placed = models_on(fleet, host)
         if len(placed) < 2:
@@ -100,15 +105,15 @@ def budget_problem(fleet: Sequence[ServedModel], hosts: Sequence[str]) -> str | 
             share for m in placed if isinstance(share := m.settings.gpu_memory_utilization, float)
         )
         autos = sum(1 for m in placed if m.settings.gpu_memory_utilization == "auto")
-        needed = fixed + autos * MIN_AUTO_SHARE
+        needed = fixed + autos * MIN_AUTO_SHARE + len(placed) * SERVER_OVERHEAD_SHARE
         if needed <= MAX_NODE_SHARE + 1e-9:
             continue
         shares = " + ".join(share_text(m) for m in placed)
         auto_part = f" (each auto at least {MIN_AUTO_SHARE})" if autos else ""
         return (
             f"{placed[-1].settings_key}.gpuMemoryUtilization: on {host} the models' memory "
-            f"shares do not fit: {shares}{auto_part} = {needed:.2f} of its memory, more than "
-            f"{MAX_NODE_SHARE}; lower a gpuMemoryUtilization, or place a model on other hosts "
-            "(models[].hosts)"
+            f"shares do not fit: {shares}{auto_part}, and {SERVER_OVERHEAD_SHARE} beside "
+            f"each server = {needed:.2f} of its memory, more than {MAX_NODE_SHARE}; lower a "
+            "gpuMemoryUtilization, or place a model on other hosts (models[].hosts)"
         )
     return None
