@@ -19,7 +19,7 @@ from stacks.plan.firewall import (
     gate_args,
     guard_args,
 )
-from stacks.plan.front import CONTAINER_FRONT_DIR, FRONT_CONFIG_NAME, front_config_digest
+from stacks.plan.front import CONTAINER_FRONT_DIR, FRONT_CONFIG_NAME
 from stacks.plan.nodes import (
     CONTAINER_API_KEY_DIR,
     CONTAINER_COMPILE_CACHE,
@@ -68,7 +68,6 @@ RAY_CLUSTER_LABEL = "spark-vllm.ray-cluster"  # the server joined this cluster (
 MP_NODES_LABEL = "spark-vllm.mp-nodes"  # mp: the headless containers the server meets
 API_KEY_HASH_LABEL = "spark-vllm.api-key-sha256"  # a new key restarts vLLM; only its hash shows
 MOUNTS_LABEL = "spark-vllm.mounts"
-FRONT_CONFIG_LABEL = "spark-vllm.front-config"  # the front's haproxy.cfg changed: restart it
 
 
 # The verbs devices RoCE needs (with HCAs only; without them NCCL uses sockets).
@@ -190,14 +189,15 @@ def front_container(plan: DeploymentPlan, mounts_token: str) -> ContainerSpec:
         "spark-vllm.role": "front",
         "spark-vllm.node": head.name,
         MOUNTS_LABEL: mounts_token,
-        FRONT_CONFIG_LABEL: front_config_digest(plan),
     }
     return ContainerSpec(
         name=plan.container_name("front"),
         node=head,
         role="front",
         entrypoint=("haproxy",),
-        command=("-db", "-f", f"{CONTAINER_FRONT_DIR}/{FRONT_CONFIG_NAME}"),
+        # Master-worker (-W): a changed configuration is reloaded (front-reload.sh), not a
+        # restart that would drop the streams in flight.
+        command=("-W", "-db", "-f", f"{CONTAINER_FRONT_DIR}/{FRONT_CONFIG_NAME}"),
         env=(),
         restart=RESTART_POLICY["front"],
         host_pid=False,

@@ -437,6 +437,8 @@ def _front(
             image=FRONT_IMAGE_ID,
         )
     )
+    reload = hosts.reload_front(plan, FRONT)
+    entries.append(Planned(reload.name, FRONT, reload, head.name, after=(config.name, container)))
     return key_file.name, container
 
 

@@ -12,7 +12,12 @@ from stacks.plan.firewall import (
     firewall_dir,
     rules_digest,
 )
-from stacks.plan.front import FRONT_CONFIG_NAME, front_config
+from stacks.plan.front import (
+    CONTAINER_FRONT_DIR,
+    FRONT_CONFIG_NAME,
+    front_config,
+    front_config_digest,
+)
 from stacks.plan.image import image_history_file
 from stacks.plan.nodes import OWNER_FILE, DeploymentPlan, NodePlan, preflight_flags
 from stacks.plan.steps import (
@@ -156,6 +161,26 @@ def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None
             chain=chain_name(plan),
             label=FIREWALLED_LABEL,
         ),
+    )
+
+
+def reload_front(plan: DeploymentPlan, name: str) -> StepSpec:
+    """After a changed configuration, the running front re-reads it without dropping requests in
+    flight (front-reload.sh: HAProxy's master-worker reload). Its command names the
+    configuration's digest: a new configuration is an update, which runs it again."""
+    head = plan.head
+    return StepSpec(
+        name=f"{name}-reload",
+        node=head,
+        create=script_call(
+            head,
+            "front-reload.sh",
+            container=plan.container_name("front"),
+            file=f"{front_dir(plan)}/{FRONT_CONFIG_NAME}",
+            config=f"{CONTAINER_FRONT_DIR}/{FRONT_CONFIG_NAME}",
+            digest=front_config_digest(plan),
+        ),
+        timeouts=Timeouts(create=3),
     )
 
 

@@ -169,14 +169,14 @@ def test_an_upgrade_of_spark_vllm_that_edits_a_host_script(stack: Stack, tmp_pat
 
 
 def test_a_server_on_the_heads_loopback_is_out_of_the_bastions_reach(stack: Stack) -> None:
-    """`vllm.listen: loopback` (for users who reach the API through an SSH tunnel): the front is
-    replaced (not the server, which is on loopback anyway), listens on the head's loopback
-    only, and is published there; then back."""
+    """`vllm.listen: loopback` (for users who reach the API through an SSH tunnel): the front
+    reloads its configuration (HAProxy's master-worker reload; the server, on loopback anyway,
+    keeps running), listens on the head's loopback only, and is published there; then back."""
     everywhere = stack.config
     config = {**everywhere}
     config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "listen": "loopback"}
     run = next_up(stack, "front on the head's loopback only (vllm.listen)", config)
-    front_only = {"front-config": "update", "front-container": "replace", "vllm-ready": "replace"}
+    front_only = {"front-config": "update", "front-reload": "update", "vllm-ready": "update"}
     assert run.changed() == front_only
     assert stack.outputs["endpointUrl"] == "http://127.0.0.1:8000/v1"
     head = stack.lab.spec.host_mgmt_ip(0)

@@ -101,3 +101,16 @@ def test_changing_extra_args_checks_them_against_the_image_again(
         "vllm-container": "replace",
         "vllm-ready": "replace",
     }
+
+
+def test_where_the_front_listens_reloads_it_and_reruns_the_wait(make_config: ConfigFactory) -> None:
+    """A new bind is a new configuration: the running front reloads it (HAProxy's master-worker
+    reload keeps what it serves); the readiness wait probes the new address."""
+    before = make_config(hosts=2)
+    after = make_config(hosts=2)
+    after["vllm"] = {**after["vllm"], "listen": "loopback"}
+    assert plan(before, after) == {
+        "front-config": "update",
+        "front-reload": "update",
+        "vllm-ready": "update",
+    }

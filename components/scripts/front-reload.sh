@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the head: the front takes a changed configuration without dropping what it serves. HAProxy's
+# master (-W) re-executes itself on SIGUSR2; the old workers stop listening and finish their
+# requests, streams included. A configuration HAProxy refuses is not loaded: the old one serves.
+# A front that started after the file was written runs it already (and one just started may not
+# handle the signal yet): nothing to do.
+#   front-reload.sh --host H --container C --file HOST_PATH --config CONTAINER_PATH --digest D
+. "$(dirname "$0")/lib.sh"
+parse_flags "$@"
+require host container file config digest
+state="$(timeout 30 docker inspect -f '{{.State.Running}} {{.State.StartedAt}}' "$ARG_CONTAINER" 2>/dev/null || true)"
+if [ "${state%% *}" != true ]; then
+  echo "the front is not running: it reads configuration $ARG_DIGEST when it starts"
+  exit 0
+fi
+started="$(date -d "${state#* }" +%s 2>/dev/null || echo 0)"
+written="$(stat -c %Y "$ARG_FILE" 2>/dev/null || echo 0)"
+if [ "$started" -ge "$written" ]; then
+  echo "the front started with configuration $ARG_DIGEST"
+  exit 0
+fi
+if ! out="$(timeout 60 docker exec "$ARG_CONTAINER" haproxy -c -q -f "$ARG_CONFIG" 2>&1)"; then
+  fail "HAProxy refuses the front's new configuration: $(printf '%s' "$out" | tail -n 5)" \
+    "a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"
+fi
+timeout 30 docker kill -s USR2 "$ARG_CONTAINER" >/dev/null
+echo "front reloaded: configuration $ARG_DIGEST"

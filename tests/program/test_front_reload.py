@@ -1,0 +1,167 @@
+"""front-reload.sh against a real HAProxy in master-worker mode (the front's `-W`): a changed
+configuration takes effect at once, a stream already running finishes whole, and a
+configuration HAProxy refuses is not loaded. Docker is a stand-in that runs the commands the
+script gives it on this machine (the lab runs the script against the front container)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from stacks.plan.front import Route, router_config
+from tests.program.test_scripts import SCRIPTS
+
+KEY = "reload-key"
+HAPROXY = shutil.which("haproxy")
+pytestmark = pytest.mark.skipif(
+    HAPROXY is None and os.environ.get("CI") != "true",
+    reason="HAProxy (Debian's, lab/install-deps.sh) is not installed",
+)
+
+FAKE_DOCKER = """#!/usr/bin/env bash
+case "$1" in
+  inspect) echo "${FAKE_RUNNING:-true} ${FAKE_STARTED:-2020-01-01T00:00:00.000000000Z}" ;;
+  exec) shift 2; exec "$@" ;;
+  kill) kill -s "$3" "$FAKE_MASTER_PID" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def backend(name: str) -> ThreadingHTTPServer:
+    """A server that answers /health, and /slow with ten chunks over two seconds."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            chunks = 10 if self.path == "/slow" else 1
+            for index in range(chunks):
+                self.wfile.write(f"{name}{index}\n".encode())
+                self.wfile.flush()
+                if chunks > 1:
+                    time.sleep(0.2)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> str:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read().decode()
+
+
+@pytest.fixture
+def front(tmp_path: Path) -> Iterator[tuple[Path, str, list[ThreadingHTTPServer], dict]]:
+    assert HAPROXY is not None
+    servers = [backend("a"), backend("b")]
+    port = free_port()
+    bearer = tmp_path / "bearer"
+    bearer.write_text(f"Bearer {KEY}\n")
+    config = tmp_path / "haproxy.cfg"
+
+    def configure(server: ThreadingHTTPServer) -> None:
+        route = Route("m", "org/m", None, (("s", f"127.0.0.1:{server.server_address[1]}"),))
+        text = router_config(f"127.0.0.1:{port}", str(bearer), [route], str(tmp_path / "m.json"))
+        config.write_text(text)
+
+    configure(servers[0])
+    master = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(config)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_MASTER_PID": str(master.pid)}
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            get(f"{url}/")
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.1)
+    try:
+        yield config, url, servers, {"env": env, "configure": configure}
+    finally:
+        master.terminate()
+        master.wait(timeout=10)
+        for server in servers:
+            server.shutdown()
+
+
+def reload(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    flags = {"host": "spark1", "container": "front", "file": str(config),
+             "config": str(config), "digest": "d1"}  # fmt: skip
+    argv = ["bash", str(SCRIPTS / "front-reload.sh")]
+    argv += [word for key, value in flags.items() for word in (f"--{key}", value)]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
+
+
+def test_a_new_configuration_serves_at_once_and_a_running_stream_finishes(front: tuple) -> None:
+    config, url, servers, extra = front
+    assert get(f"{url}/") == "a0\n"
+    streamed: list[str] = []
+    stream = threading.Thread(target=lambda: streamed.append(get(f"{url}/slow")))
+    stream.start()
+    time.sleep(0.5)  # the stream is under way through the old worker
+    extra["configure"](servers[1])
+    done = reload(config, extra["env"])
+    assert done.returncode == 0 and "front reloaded" in done.stdout, done.stderr
+    deadline = time.monotonic() + 10
+    while get(f"{url}/") != "b0\n":
+        assert time.monotonic() < deadline, "the new configuration is not serving"
+        time.sleep(0.1)
+    stream.join(timeout=10)
+    assert streamed == ["".join(f"a{i}\n" for i in range(10))], "the stream was cut"
+
+
+def test_a_configuration_haproxy_refuses_is_not_loaded(front: tuple) -> None:
+    config, url, _, extra = front
+    config.write_text(config.read_text().replace("balance leastconn", "balance nonsense"))
+    done = reload(config, extra["env"])
+    assert done.returncode == 1
+    assert done.stderr.startswith("spark-vllm: spark1: ") and "HAProxy refuses" in done.stderr
+    assert get(f"{url}/") == "a0\n"  # the previous configuration serves
+
+
+def test_a_front_that_is_not_running_reads_it_when_it_starts(front: tuple) -> None:
+    config, _, _, extra = front
+    done = reload(config, {**extra["env"], "FAKE_RUNNING": "false"})
+    assert done.returncode == 0 and "reads configuration d1 when it starts" in done.stdout
+
+
+def test_a_front_started_after_the_file_was_written_runs_it_already(front: tuple) -> None:
+    """The first deploy: the reload runs right after the container started, maybe before
+    HAProxy handles the signal; it runs this file already, so it is not signalled."""
+    config, url, _, extra = front
+    config.write_text(config.read_text().replace("balance leastconn", "balance nonsense"))
+    started = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(time.time() + 5))
+    done = reload(config, {**extra["env"], "FAKE_STARTED": started})
+    assert done.returncode == 0 and "started with configuration d1" in done.stdout
+    assert get(f"{url}/") == "a0\n"
