@@ -21,7 +21,7 @@ from components.ray_cluster import RayCluster
 from components.vllm_server import VllmServer
 from components.weights import ModelWeights
 from stacks.known_hosts import write_known_hosts
-from stacks.plan import hardware, hosts
+from stacks.plan import hardware, hosts, server
 from stacks.plan.graph import GraphFacts, plan_graph
 from stacks.plan.nodes import DeploymentPlan, plan_deployment, unpinned_endpoints
 from stacks.plan.steps import Stdin
@@ -61,6 +61,11 @@ class Deployment:
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
             "executor": plan.served.settings.executor,
             "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
+            # Per model: what it is, where it runs, its memory share and what it showed once
+            # ready (time to first token, tokens/s). `modelId` stays for existing consumers.
+            "models": pulumi.Output.all(self.server.readiness.stdout, self.memory.sizing).apply(
+                lambda done: server.model_outputs(plan, done[0], done[1])
+            ),
             "fabricTransport": self.server.fabric_transport,
             # The link test's figures per worker, and the memory the server was sized for.
             "fabricLinks": {

@@ -21,3 +21,9 @@ if config.get_bool("checkEndpoint") is not False:
 
 pulumi.export("openaiBaseUrl", endpoint)
 pulumi.export("model", model)
+# Every model the endpoint serves (`models`: served name, id, nodes, measured speed); empty from a
+# deployment made before that output existed.
+pulumi.export(
+    "models",
+    vllm.get_output("models").apply(lambda models: [m["servedName"] for m in models or []]),
+)

@@ -3,7 +3,9 @@ key's file, and the readiness wait (with the NCCL transport it found)."""
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from stacks.plan.fabric import fabric_flags
 from stacks.plan.later import PINNED_IMAGE
@@ -99,3 +101,40 @@ def parse_fabric_transport(readiness: str) -> str:
     NCCL network, `unknown`, or `not checked (...)`."""
     lines = [line for line in readiness.splitlines() if line.startswith(FABRIC_TRANSPORT_PREFIX)]
     return lines[-1].removeprefix(FABRIC_TRANSPORT_PREFIX).strip() if lines else "unknown"
+
+
+READY_MARK = "vllm: ready after "
+SPEED = re.compile(r"speed: time to first token ([\d.]+) s, decode ([\d.]+) tokens/s")
+
+
+def parse_readiness(readiness: str) -> dict[str, Any]:
+    """The readiness wait's answer as figures: whether it saw the server ready, and the
+    measured time to first token and decode speed (None when not measured)."""
+    speed = SPEED.search(readiness)
+    return {
+        "ready": READY_MARK in readiness,
+        "timeToFirstTokenSeconds": float(speed[1]) if speed else None,
+        "tokensPerSecond": float(speed[2]) if speed else None,
+    }
+
+
+def model_outputs(
+    plan: DeploymentPlan, readiness: str, sizing: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The `models` output: per model served, what it is, where it runs, and what it showed
+    once ready; its memory share is the fraction the memory check settled on with `auto`."""
+    served = plan.served
+    share = served.settings.gpu_memory_utilization
+    if share == "auto":
+        share = sizing.get("gpuMemoryUtilization", "auto")
+    return [
+        {
+            "servedName": served.served_name,
+            "id": served.id,
+            "revision": served.revision,
+            "nodes": list(served.hosts),
+            "executor": served.settings.executor,
+            "gpuMemoryUtilization": share,
+            **parse_readiness(readiness),
+        }
+    ]

@@ -73,6 +73,7 @@ def up(project: Path, endpoint: str, key: str = KEY, **config: Any) -> tuple[Rea
     mocks.stack_references[REFERENCE] = {
         "endpointUrl": endpoint,
         "modelId": "qwen3.5-122b",
+        "models": [{"servedName": "qwen3.5-122b", "id": "Qwen/Qwen3.5-122B-A10B-FP8"}],
         "apiKey": secret,
     }
     outputs = run_program(cli, "dev", mocks)
@@ -83,7 +84,8 @@ def test_the_consumer_writes_the_client_config_and_checks_the_endpoint(
     project: Path, endpoint: str
 ) -> None:
     mocks, outputs = up(project, endpoint)
-    assert outputs == {"openaiBaseUrl": endpoint, "model": "qwen3.5-122b"}
+    assert outputs == {"openaiBaseUrl": endpoint, "model": "qwen3.5-122b",
+                       "models": ["qwen3.5-122b"]}  # fmt: skip
     written = project / "openai.env"
     assert written.read_text() == (
         f"OPENAI_BASE_URL={endpoint}\nOPENAI_MODEL=qwen3.5-122b\nOPENAI_API_KEY={KEY}\n"

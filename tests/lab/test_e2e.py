@@ -112,6 +112,10 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
         outputs["readiness"],
     ), outputs["readiness"]
     assert outputs["rayVersion"] == "2.60.0"
+    (model,) = outputs["models"]
+    assert model["servedName"] == SERVED_NAME and model["ready"] is True
+    assert model["timeToFirstTokenSeconds"] > 0 and model["tokensPerSecond"] > 0
+    assert model["nodes"] == spec.host_names == [n["name"] for n in outputs["nodes"]]
 
 
 def test_outputs_carry_the_measured_link_and_the_memory_the_server_was_sized_for(

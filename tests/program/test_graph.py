@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from stacks.plan.server import parse_readiness
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import Evaluation, evaluate, unwrap
 
@@ -477,3 +478,26 @@ def test_every_node_names_the_serving_image_by_its_pin_never_by_the_heads_id(
     for step in ev.by_type("command:remote:Command"):
         if step.name.endswith("-sync") or step.name == "image-head-record":
             assert f"--pinned {pinned}" in step.inputs["create"], step.name
+
+
+def test_the_models_output_lists_each_model_with_what_it_showed(evaluation: Evaluation) -> None:
+    (model,) = evaluation.outputs["models"]
+    assert model["servedName"] == evaluation.outputs["modelId"] == "qwen"
+    assert model["id"] == "Qwen/Qwen3.5-122B-A10B-FP8" and model["revision"] == "main"
+    assert model["nodes"] == [n["name"] for n in evaluation.outputs["nodes"]]
+    assert model["executor"] == evaluation.outputs["executor"]
+    assert model["gpuMemoryUtilization"] == 0.8
+
+
+def test_the_readiness_answer_becomes_figures() -> None:
+    line = (
+        "vllm: ready after 41s; first completion: ok; speed: time to first token 0.084 s, "
+        "decode 31.5 tokens/s (median of 3 streamed completions of 64 tokens; server version x)"
+    )
+    assert parse_readiness(line) == {
+        "ready": True, "timeToFirstTokenSeconds": 0.084, "tokensPerSecond": 31.5,
+    }  # fmt: skip
+    assert parse_readiness("vllm: ready after 3s; first completion: ok") == {
+        "ready": True, "timeToFirstTokenSeconds": None, "tokensPerSecond": None,
+    }  # fmt: skip
+    assert parse_readiness("")["ready"] is False

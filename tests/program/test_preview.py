@@ -14,6 +14,7 @@ CREATED_OUTPUTS = {
     "memory",
     "endpointUrl",
     "readiness",
+    "models",  # with what the readiness wait measured
     "imageId",
     "imageDigest",
     "images",
