@@ -10,17 +10,19 @@ from pulumi_command import remote
 
 from components.graph import Walk
 from stacks.plan import server
-from stacks.plan.graph import READINESS, SERVER, VLLM
+from stacks.plan.graph import BENCHMARK, READINESS, SERVER, VLLM
 
 
 class VllmServer(pulumi.ComponentResource):
     readiness: remote.Command  # the served model answered a real completion
+    benchmark: remote.Command | None  # vllm.benchmark's measures, when asked for
     fabric_transport: pulumi.Output[str]  # which network NCCL chose (README, Outputs)
 
     def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:VllmServer", VLLM, None, opts)
         walk.build(VLLM, parent=self)
         self.readiness = walk.step(READINESS)
+        self.benchmark = walk.step(BENCHMARK) if BENCHMARK in walk.graph.by_name else None
         self.fabric_transport = self.readiness.stdout.apply(
             functools.partial(_checked_transport, expected_rdma=walk.plan.expects_rdma)
         )

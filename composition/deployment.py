@@ -74,6 +74,8 @@ class Deployment:
             },
             "memory": self.memory.sizing,
         }
+        if self.server.benchmark is not None:  # vllm.benchmark: tokens/s and TTFT per concurrency
+            outputs["benchmark"] = self.server.benchmark.stdout.apply(server.parse_benchmark)
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
 

@@ -364,6 +364,21 @@ class ModelConfig(ConfigModel):
     cache_dir: CacheDirectory
 
 
+class BenchmarkConfig(ConfigModel):
+    """Once the server is ready: vLLM's own load generator (`vllm bench serve`, in the serving
+    image) at each concurrency, one after another; tokens/s and time to first token per
+    concurrency are the `benchmark` output. Each concurrency runs `requestsPerStream` requests
+    per stream, random prompts of `inputTokens` asking for `outputTokens` each."""
+
+    concurrencies: list[Annotated[int, Field(ge=1, le=512)]] = Field(
+        default_factory=lambda: [1, 4], min_length=1, max_length=8
+    )
+    input_tokens: int = Field(default=1024, ge=1, le=131072)
+    output_tokens: int = Field(default=128, ge=2, le=32768)
+    requests_per_stream: int = Field(default=4, ge=1, le=64)
+    timeout_minutes: int = Field(default=30, ge=1, le=720)
+
+
 class CompileCacheConfig(ConfigModel):
     """Each node's compile caches (vLLM's torch.compile artifacts, FlashInfer's, Triton's,
     Inductor's and CUDA's JIT caches) live in the stack's directory, so a replaced server starts
@@ -436,6 +451,8 @@ class VllmConfig(ServerSettings):
     # key on /v1 only; /invocations, /tokenize, /metrics... answer whoever reaches its port.)
     server_port: Port = 8001
     compile_cache: CompileCacheConfig = Field(default_factory=CompileCacheConfig)
+    # Unset: no benchmark (it loads the server for minutes on real hosts).
+    benchmark: BenchmarkConfig | None = None
     # mp: the head's torch.distributed rendezvous port (vLLM's --master-port, default 29501).
     # With either executor, vLLM's message queues use the next MP_PORT_SPAN ports on every node.
     master_port: Port = 29501

@@ -72,6 +72,7 @@ FABRIC_HEAD_KEY, WEIGHTS_FETCH, MEMORY_CHECK = (
 )
 RAY_HEAD, RAY_JOINED = f"{RAY}-head", f"{RAY}-joined"
 SERVER, READINESS = f"{VLLM}-container", f"{VLLM}-ready"
+BENCHMARK = f"{VLLM}-benchmark"
 
 
 def preflight_of(node: str) -> str:
@@ -554,3 +555,10 @@ def _vllm(
     entries.append(
         Planned(ready.name, VLLM, ready, head.name, after=containers, triggers=containers)
     )
+    benchmark = server.vllm_benchmark(plan, VLLM)
+    if benchmark is not None:
+        # A new server is measured again.
+        entry = Planned(
+            benchmark.name, VLLM, benchmark, head.name, after=(ready.name,), triggers=(container,)
+        )
+        entries.append(entry)

@@ -3,13 +3,20 @@ key's file, and the readiness wait (with the NCCL transport it found)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from stacks.plan.fabric import fabric_flags
 from stacks.plan.later import PINNED_IMAGE
-from stacks.plan.nodes import CONTAINER_SCRIPTS_DIR, DeploymentPlan, log_specs, node_check_specs
+from stacks.plan.nodes import (
+    CONTAINER_API_KEY_FILE,
+    CONTAINER_SCRIPTS_DIR,
+    DeploymentPlan,
+    log_specs,
+    node_check_specs,
+)
 from stacks.plan.steps import Stdin, StepSpec, Timeouts, check, script_call, undoable
 
 
@@ -68,6 +75,46 @@ def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
         stdin="api-key",
         quiet="none",
     )
+
+
+BENCHMARK_PREFIX = "benchmark: "  # bench_summary.py's lines
+
+
+def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
+    """vllm.benchmark: `vllm bench serve` in the server's container on the head, against vLLM's
+    own port, at each concurrency (vllm-bench.sh). None when not asked for."""
+    wanted = plan.config.vllm.benchmark
+    if wanted is None:
+        return None
+    served, cfg = plan.served, plan.config
+    flags: dict[str, str | float] = {
+        "container": plan.container_name("vllm"),
+        "key_file": CONTAINER_API_KEY_FILE,
+        "port": cfg.vllm.server_port,
+        "served_name": served.served_name,
+        "model": served.id,
+        "revision": served.revision,
+        "concurrencies": ",".join(str(c) for c in wanted.concurrencies),
+        "input_tokens": wanted.input_tokens,
+        "output_tokens": wanted.output_tokens,
+        "requests_per_stream": wanted.requests_per_stream,
+        "timeout_seconds": wanted.timeout_minutes * 60,
+    }
+    return StepSpec(
+        name=f"{name}-benchmark",
+        node=plan.head,
+        create=script_call(plan.head, "vllm-bench.sh", **flags),
+        timeouts=Timeouts(create=wanted.timeout_minutes + 2),
+    )
+
+
+def parse_benchmark(stdout: str) -> list[dict[str, Any]]:
+    """vllm-bench.sh's result: one `benchmark: {...}` line per concurrency."""
+    return [
+        json.loads(line.removeprefix(BENCHMARK_PREFIX))
+        for line in stdout.splitlines()
+        if line.startswith(BENCHMARK_PREFIX)
+    ]
 
 
 def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:

@@ -40,7 +40,7 @@ from tests.lab.deploying import (
 )
 from tests.lab.engine import NextUp, log_plan
 from tests.lab.realmocks import RealMocks, StackOutputs
-from tests.lab.timings import record_timing
+from tests.lab.timings import record_figure, record_timing
 
 pytestmark = pytest.mark.lab
 
@@ -61,7 +61,17 @@ def e2e_config(lab: Lab) -> dict[str, Any]:
     """The lab stack, with a server that loads its weights for a few seconds (the stand-in logs
     vLLM's progress lines meanwhile) and a wait that reports every 5 s."""
     config = lab_config(lab)
-    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "env": {LOAD_ENV: "12"}}
+    config["spark-vllm:vllm"] = {
+        **config["spark-vllm:vllm"],
+        "env": {LOAD_ENV: "12"},
+        # Optional, off by default: measured once ready, as users compare setups.
+        "benchmark": {
+            "concurrencies": [1, 4],
+            "inputTokens": 128,
+            "outputTokens": 64,
+            "requestsPerStream": 4,
+        },  # fmt: skip
+    }
     config["spark-vllm:timeouts"] = {**config["spark-vllm:timeouts"], "vllmProgressSeconds": 5}
     return config
 
@@ -112,6 +122,19 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
         outputs["readiness"],
     ), outputs["readiness"]
     assert outputs["rayVersion"] == "2.60.0"
+    # vllm.benchmark: the stand-in's serving measured by its `vllm bench serve` (vLLM's flags
+    # and result keys), one row per concurrency.
+    rows = outputs["benchmark"]
+    assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 4), (4, 16)], rows
+    assert all(r["outputTokensPerSecond"] > 0 and r["medianTtftMs"] > 0 for r in rows), rows
+    record_figure(
+        "benchmark (stand-in, 128 tokens in, 64 out)",
+        "; ".join(
+            f"{r['concurrency']} concurrent: {r['outputTokensPerSecond']:.0f} tok/s out, "
+            f"median TTFT {r['medianTtftMs']:.1f} ms"
+            for r in rows
+        ),
+    )
     (model,) = outputs["models"]
     assert model["servedName"] == SERVED_NAME and model["ready"] is True
     assert model["timeToFirstTokenSeconds"] > 0 and model["tokensPerSecond"] > 0

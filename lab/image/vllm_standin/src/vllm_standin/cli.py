@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from vllm_standin import VERSION
+from vllm_standin.bench import add_bench_serve_arguments, run_bench_serve
 
 EXECUTOR_BACKENDS = ("ray", "mp", "uni", "external_launcher")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -112,7 +113,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         description="vllm-standin (spark-vllm lab test double, not vLLM): vLLM CLI subset.",
     )
     parser.add_argument("-v", "--version", action="version", version=VERSION)
-    commands = parser.add_subparsers(dest="command", metavar="{serve}")
+    commands = parser.add_subparsers(dest="command", metavar="{serve,bench}")
     serve = commands.add_parser(
         "serve",
         help="Start the (stand-in) OpenAI-compatible API server.",
@@ -125,6 +126,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("model_tag", nargs="?", default=None, help="HF model id or local path.")
     add_server_arguments(serve)
     add_engine_arguments(serve)
+    bench = commands.add_parser("bench", help="Benchmark (stand-in: `bench serve` only).")
+    bench_commands = bench.add_subparsers(dest="bench_command", metavar="{serve}")
+    add_bench_serve_arguments(bench_commands.add_parser("serve", help="Load an API server."))
     return parser, serve
 
 
@@ -161,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     raw_args = list(sys.argv[1:] if argv is None else argv)
     parser, serve_parser = build_parsers()
     args = parser.parse_args(normalize_flag_spelling(raw_args))
+    if args.command == "bench" and args.bench_command == "serve":
+        sys.exit(run_bench_serve(args))
     if args.command != "serve":
         parser.print_help()
         sys.exit(0 if args.command is None and not raw_args else 2)
