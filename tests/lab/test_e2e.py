@@ -70,7 +70,7 @@ def e2e_config(lab: Lab) -> dict[str, Any]:
             "inputTokens": 128,
             "outputTokens": 64,
             "requestsPerStream": 4,
-        },  # fmt: skip
+        },
     }
     config["spark-vllm:timeouts"] = {**config["spark-vllm:timeouts"], "vllmProgressSeconds": 5}
     return config
