@@ -349,7 +349,9 @@ class FrontConfig(ConfigModel):
 
 
 # A served name is what clients put in `model`, and a word in the front's configuration.
-ServedName = Annotated[str, Field(pattern=r"^[\w.:/@+-]{1,200}$")]
+# ASCII: HAProxy's json_query does not decode \u escapes; no leading `-`: HAProxy would read it
+# as a flag of the match.
+ServedName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:/@+][A-Za-z0-9_.:/@+-]{0,199}$")]
 HubId = Annotated[str, AfterValidator(_plain_hub_name), Field(pattern=r"^[\w.-]+/[\w.-]+$")]
 HubRevision = Annotated[str, AfterValidator(_plain_hub_name), Field(pattern=r"^[\w./-]+$")]
 
@@ -628,6 +630,7 @@ class StackConfig(ConfigModel):
             _no_user_overrides,
             _cache_apart_from_state,
             _served_names_distinct,
+            _benchmark_fits_the_context,
             _ray_servers_apart,
             _memory_budget_fits,
             _one_server_for_now,
@@ -785,6 +788,22 @@ def _executor_places_every_rank(cfg: StackConfig) -> None:
                     f"{key}.executor mp places {per_node} rank(s) on every node ({world} ranks "
                     f"over {nodes} hosts); mixed GPU counts need executor ray"
                 )
+
+
+def _benchmark_fits_the_context(cfg: StackConfig) -> None:
+    """A benchmark request longer than the model's context is refused by vLLM (400), every one
+    of them, after a whole deployment: say so before."""
+    wanted = cfg.vllm.benchmark
+    if wanted is None:
+        return
+    for model in cfg.fleet:
+        limit = model.settings.max_model_len
+        if limit is not None and wanted.input_tokens + wanted.output_tokens > limit:
+            raise ConfigError(
+                f"vllm.benchmark.inputTokens: {wanted.input_tokens} + outputTokens "
+                f"{wanted.output_tokens} is more than {model.settings_key}.maxModelLen {limit}; "
+                "vLLM refuses such requests"
+            )
 
 
 def _served_names_distinct(cfg: StackConfig) -> None:

@@ -8,14 +8,17 @@
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host container file config digest
-state="$(timeout 30 docker inspect -f '{{.State.Running}} {{.State.StartedAt}}' "$ARG_CONTAINER" 2>/dev/null || true)"
-if [ "${state%% *}" != true ]; then
-  echo "the front is not running: it reads configuration $ARG_DIGEST when it starts"
+state="$(timeout 30 docker inspect -f '{{.State.Status}} {{.State.StartedAt}}' "$ARG_CONTAINER" 2>&1)" \
+  || fail "cannot read the front's container $ARG_CONTAINER: ${state##*$'\n'}" \
+    "Docker on the head did not answer, or the container is gone (pulumi up --refresh makes it again)"
+status="${state%% *}"
+if [ "$status" != running ]; then  # restarting, exited, created: it reads the file when it starts
+  echo "the front is $status: it reads configuration $ARG_DIGEST when it starts"
   exit 0
 fi
-started="$(date -d "${state#* }" +%s 2>/dev/null || echo 0)"
-written="$(stat -c %Y "$ARG_FILE" 2>/dev/null || echo 0)"
-if [ "$started" -ge "$written" ]; then
+started="$(date -d "${state#* }" +%s.%N 2>/dev/null || echo 0)"
+written="$(stat -c %.9Y "$ARG_FILE" 2>/dev/null || echo 0)"
+if awk -v started="$started" -v written="$written" 'BEGIN { exit !(started >= written) }'; then
   echo "the front started with configuration $ARG_DIGEST"
   exit 0
 fi
@@ -23,5 +26,7 @@ if ! out="$(timeout 60 docker exec "$ARG_CONTAINER" haproxy -c -q -f "$ARG_CONFI
   fail "HAProxy refuses the front's new configuration: $(printf '%s' "$out" | tail -n 5)" \
     "a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"
 fi
-timeout 30 docker kill -s USR2 "$ARG_CONTAINER" >/dev/null
+out="$(timeout 30 docker kill -s USR2 "$ARG_CONTAINER" 2>&1)" \
+  || fail "the front did not take the signal to reload: ${out##*$'\n'}" \
+    "Docker on the head did not answer; run 'pulumi up' again"
 echo "front reloaded: configuration $ARG_DIGEST"

@@ -14,9 +14,12 @@ here="$(dirname "$0")"
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
 # The tokenizer: the snapshot the server loaded (vLLM's tool has no --revision flag).
 find_snapshot='import sys; from huggingface_hub import snapshot_download as s; print(s(sys.argv[1], revision=sys.argv[2], local_files_only=True))'
-tokenizer="$(timeout 120 docker exec "$ARG_CONTAINER" python3 -c "$find_snapshot" "$ARG_MODEL" "$ARG_REVISION" 2>&1)" \
-  || fail "the model's snapshot is not in the server's cache: ${tokenizer##*$'\n'}" \
+errors="$(mktemp)"
+trap 'rm -f "$errors"' EXIT
+tokenizer="$(timeout 120 docker exec "$ARG_CONTAINER" python3 -c "$find_snapshot" "$ARG_MODEL" "$ARG_REVISION" 2>"$errors")" \
+  || fail "the model's snapshot is not in the server's cache: $(tail -n 1 "$errors")" \
     "the weights were removed after the server started; run 'pulumi up'"
+tokenizer="${tokenizer##*$'\n'}"  # its last line: the path (anything printed before is not)
 results=/tmp/spark-vllm-bench
 IFS=, read -r -a concurrencies <<<"$ARG_CONCURRENCIES"
 for concurrency in "${concurrencies[@]}"; do
@@ -24,7 +27,8 @@ for concurrency in "${concurrencies[@]}"; do
   [ "$left" -gt 0 ] || fail "vllm.benchmark took longer than ${ARG_TIMEOUT_SECONDS}s before concurrency $concurrency" \
     "fewer concurrencies or requestsPerStream, or a longer vllm.benchmark.timeoutMinutes"
   prompts=$(( concurrency * ARG_REQUESTS_PER_STREAM ))
-  if ! out="$(timeout "$left" docker exec "$ARG_CONTAINER" sh -c \
+  # The time limit inside the container: a client killed here would leave the load running.
+  if ! out="$(timeout $(( left + 30 )) docker exec "$ARG_CONTAINER" timeout -k 10 "$left" sh -c \
       'key="$1"; shift; OPENAI_API_KEY="$(cat "$key")" exec vllm bench serve "$@"' sh "$ARG_KEY_FILE" \
       --backend openai --base-url "http://127.0.0.1:$ARG_PORT" --endpoint /v1/completions \
       --model "$ARG_SERVED_NAME" --tokenizer "$tokenizer" --dataset-name random \

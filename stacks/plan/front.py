@@ -26,10 +26,13 @@ FRONT_CONFIG_NAME = "haproxy.cfg"
 BEARER_FILE_NAME = "bearer"  # `Bearer <key>`: the one Authorization header the front admits
 UNAUTHORIZED_BODY = json.dumps({"error": "Unauthorized"})  # what vLLM itself answers
 MODELS_FILE_NAME = "models.json"  # /v1/models when several models share the front
-# The front reads a request body up to this many bytes to find its `model` (a 1 MiB prompt);
-# with maxconn, its worst-case buffer memory is 2 x 512 x 1 MiB.
+# With several models the front reads a request body up to this many bytes to find its
+# `model` (a 1 MiB prompt). HAProxy holds a request and a response buffer per connection (more
+# while it checks servers), so at ROUTER_MAX_CONNECTIONS its buffers can reach a few GiB in
+# the worst case, from the head's unified memory.
 BODY_BUFFER_BYTES = 1048576
-MAX_CONNECTIONS = 512
+ROUTER_MAX_CONNECTIONS = 512
+MAX_CONNECTIONS = 4096  # one model: HAProxy's default 16 kB buffers
 
 # A generation can stream for many minutes: the client and server timeouts bound idle time
 # between bytes, not the whole request. A request's headers must arrive within 30 s.
@@ -103,11 +106,18 @@ def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: 
         f"the request body is larger than the front reads ({BODY_BUFFER_BYTES} bytes) and "
         "the part read names no model: put `model` first in the body",
     )
+    routing = len(routes) > 1
+    # Several routes read each body to find its model: large buffers, fewer connections. One
+    # route reads no body: HAProxy's default buffers, and the connections it always had.
+    limits = (
+        [f"    maxconn {ROUTER_MAX_CONNECTIONS}", f"    tune.bufsize {BODY_BUFFER_BYTES}"]
+        if routing
+        else [f"    maxconn {MAX_CONNECTIONS}"]
+    )
     lines = [
         "# Written by spark-vllm (stacks/plan/front.py): changes are replaced on the next up.",
         "global",
-        f"    maxconn {MAX_CONNECTIONS}",
-        f"    tune.bufsize {BODY_BUFFER_BYTES}",
+        *limits,
         # Root only to read the key's pattern file and bind; then `nobody`.
         "    uid 65534",
         "    gid 65534",
@@ -122,6 +132,8 @@ def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: 
         f"    timeout client {IDLE_SECONDS}s",
         f"    timeout server {IDLE_SECONDS}s",
         "    timeout check 5s",
+        # A connection refused (a server that is down, a replica gone) is tried again, on
+        # another replica when there is one.
         "    retries 2",
         "    option redispatch",
         "frontend api",
@@ -130,7 +142,7 @@ def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: 
         "    http-request return status 401 content-type application/json"
         f" string {unauthorized} hdr www-authenticate Bearer unless has_key",
     ]
-    if len(routes) == 1:
+    if not routing:
         # One model: every request to its server, which answers for its name itself (vLLM's
         # 404 for another); the configuration does not name it, so a new name leaves the
         # front as it is.
@@ -143,12 +155,13 @@ def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: 
         "    http-request set-var(txn.model) req.body,json_query('$.model') if METH_POST",
         "    http-request set-var(txn.body_read) req.body_len if METH_POST",
         "    acl body_cut req.body_size,sub(txn.body_read) gt 0",
+        "    acl json_body req.hdr(content-type) -m beg application/json",
         *(
             f"    acl model_{index} var(txn.model) -m str {haproxy_string(route.served_name)}"
             for index, route in enumerate(routes)
         ),
         "    http-request return status 413 content-type application/json"
-        f" string {too_large} if METH_POST !{{ var(txn.model) -m found }} body_cut",
+        f" string {too_large} if METH_POST json_body !{{ var(txn.model) -m found }} body_cut",
         "    http-request return status 404 content-type application/json"
         f" lf-string {unknown} if {{ var(txn.model) -m found }} "
         + " ".join(f"!model_{index}" for index in range(len(routes))),
@@ -161,21 +174,27 @@ def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: 
 
 
 def backend_lines(index: int, route: Route, named: bool) -> list[str]:
-    """A route's servers, health-checked (vLLM's /health): balanced between replicas, and a
-    JSON 503 in vLLM's shape when none is up (naming the model when several share the front)."""
+    """A route's servers, balanced between replicas, and a JSON 503 in vLLM's shape when none
+    is up (naming the model when several share the front). Health-checked (vLLM's /health)
+    where the front chooses: several routes or replicas. One server alone is not (no choice to
+    make, and each check is a line in vLLM's access log): a refused connection is the 503."""
     model = f"The model `{route.served_name}`"
     down = f"{model} has no server up" if named else "The server is not up"
     unavailable = f"{model} is unavailable" if named else "The server is unavailable"
-    return [
-        f"backend model_{index}",
-        "    balance leastconn",
+    checked = named or len(route.servers) > 1
+    checks = [
         "    option httpchk GET /health",
         "    http-check expect status 200",
-        # A server that is down is checked every second and back after one good check.
-        "    default-server check inter 2s fastinter 1s downinter 1s rise 1 fall 2",
+        # Every 5 s; a server that is down every second, back after one good check.
+        "    default-server check inter 5s fastinter 1s downinter 1s rise 1 fall 2",
         "    http-request return status 503 content-type application/json string "
         + error_body(503, "ServiceUnavailableError", down)
         + " if { nbsrv lt 1 }",
+    ]
+    return [
+        f"backend model_{index}",
+        "    balance leastconn",
+        *(checks if checked else []),
         "    http-error status 503 content-type application/json string "
         + error_body(503, "ServiceUnavailableError", unavailable),
         *(f"    server {label} {address}" for label, address in route.servers),
@@ -200,5 +219,6 @@ def models_document(routes: Sequence[Route]) -> str:
 
 
 def front_config_digest(plan: DeploymentPlan) -> str:
-    """The configuration's hash, a label on the front: a changed file restarts it."""
+    """The configuration's hash: in the reload step's command, so a changed file reloads the
+    front (front-reload.sh)."""
     return hashlib.sha256(front_config(plan).encode()).hexdigest()[:16]

@@ -213,10 +213,10 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
     weights_ready = _weights(plan, entries, image_ready)
     check = _memory(plan, entries, weights_ready)
     firewalled = _firewall(plan, entries, facts, image_ready, check)
-    key_file, front = _front(plan, entries, facts, check)
+    key_file, front, front_reload = _front(plan, entries, facts, check)
     gates = _Gates(firewalled, _compile_cache(plan, entries, image_ready), check)
     joined = _ray(plan, entries, facts, gates) if plan.uses_ray else None
-    _vllm(plan, entries, facts, gates, weights_ready, joined, key_file, front)
+    _vllm(plan, entries, facts, gates, weights_ready, joined, key_file, front, front_reload)
     return DeploymentGraph(tuple(entries))
 
 
@@ -399,9 +399,9 @@ def _firewall(
 
 def _front(
     plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, check: str
-) -> tuple[str, str]:
-    """HAProxy on the head, publishing vllm.port to requests carrying the key: its key file and
-    its container."""
+) -> tuple[str, str, str]:
+    """HAProxy on the head, publishing vllm.port to requests carrying the key: its key file, its
+    container and its reload."""
     head = plan.head
     key_file = server.api_key_file(plan, FRONT)
     # Before this release the server's component held it: the same step, not a new one whose
@@ -440,7 +440,7 @@ def _front(
     )
     reload = hosts.reload_front(plan, FRONT)
     entries.append(Planned(reload.name, FRONT, reload, head.name, after=(config.name, container)))
-    return key_file.name, container
+    return key_file.name, container, reload.name
 
 
 def _compile_cache(
@@ -511,6 +511,7 @@ def _vllm(
     joined: str | None,
     key_file: str,
     front: str,
+    front_reload: str,
 ) -> None:
     """The server on the head (joined to Ray, or with mp to a headless vLLM on every worker),
     then its readiness wait, through the front."""
@@ -553,7 +554,15 @@ def _vllm(
     containers = (container, *headless, front)
     ready = server.vllm_ready(plan, VLLM)
     entries.append(
-        Planned(ready.name, VLLM, ready, head.name, after=containers, triggers=containers)
+        # After the front's reload too: the wait probes what the front serves now.
+        Planned(
+            ready.name,
+            VLLM,
+            ready,
+            head.name,
+            after=(*containers, front_reload),
+            triggers=containers,
+        )
     )
     benchmark = server.vllm_benchmark(plan, VLLM)
     if benchmark is not None:

@@ -150,16 +150,14 @@ def parse_fabric_transport(readiness: str) -> str:
     return lines[-1].removeprefix(FABRIC_TRANSPORT_PREFIX).strip() if lines else "unknown"
 
 
-READY_MARK = "vllm: ready after "
 SPEED = re.compile(r"speed: time to first token ([\d.]+) s, decode ([\d.]+) tokens/s")
 
 
 def parse_readiness(readiness: str) -> dict[str, Any]:
-    """The readiness wait's answer as figures: whether it saw the server ready, and the
-    measured time to first token and decode speed (None when not measured)."""
+    """The readiness wait's measured time to first token and decode speed (None when not
+    measured). The output exists only once the wait saw the server ready."""
     speed = SPEED.search(readiness)
     return {
-        "ready": READY_MARK in readiness,
         "timeToFirstTokenSeconds": float(speed[1]) if speed else None,
         "tokensPerSecond": float(speed[2]) if speed else None,
     }

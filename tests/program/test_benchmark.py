@@ -46,6 +46,11 @@ def test_an_empty_or_oversized_benchmark_is_a_keyed_error(make_config: ConfigFac
     config = make_config(hosts=2)
     config["vllm"] = {**config["vllm"], "benchmark": {"concurrencies": []}}
     assert "vllm.benchmark.concurrencies: List should have at least 1 item" in error_of(config)
+    config["vllm"]["benchmark"] = {"inputTokens": 32000, "outputTokens": 1000}
+    assert (
+        "vllm.benchmark.inputTokens: 32000 + outputTokens 1000 is more than vllm.maxModelLen "
+        "32768; vLLM refuses such requests"
+    ) in error_of(config)
     config["vllm"]["benchmark"] = {"concurrencies": [0]}
     assert "vllm.benchmark.concurrencies[0]: Input should be greater than or equal to 1" in (
         error_of(config)
@@ -72,7 +77,8 @@ FAKE_DOCKER = """#!/usr/bin/env bash
 [ "$1" = exec ] || exit 1
 shift 2
 snapshot=/root/.cache/huggingface/hub/models--org--m/snapshots/abc
-if [ "$1" = python3 ]; then echo "$snapshot"; exit 0; fi
+if [ "$1" = python3 ]; then echo "a warning"; echo "$snapshot"; exit 0; fi
+if [ "$1" = timeout ]; then shift 4; fi  # timeout -k 10 SECONDS: the bench's own limit
 script="$3"; shift 4
 case "$script" in
   *"bench serve"*)

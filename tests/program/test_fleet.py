@@ -118,6 +118,12 @@ CASES = [
      "models[1].gpuMemoryUtilization: on spark2 the models' memory shares do not fit: "
      "models[0] (qwen) 0.85 + models[1] (embed) auto (each auto at least 0.05), and 0.05 "
      "beside each server = 1.00"),
+    ("a served name the front would read as a flag",
+     lambda c: with_first(as_models(c), servedName="-i"),
+     "models[0].servedName: String should match pattern"),
+    ("a served name the front cannot match", lambda c: {**c, "model": {**c["model"],
+                                                                       "servedName": "modèle"}},
+     "model.servedName: String should match pattern"),
     ("two Ray servers on one node",
      lambda c: two_models(with_first(as_models(c), executor="ray"), executor="ray"),
      "models[1].executor: ray, like models[0], on spark2: vLLM's Ray executor takes each "

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.skipif(
 
 FAKE_DOCKER = """#!/usr/bin/env bash
 case "$1" in
-  inspect) echo "${FAKE_RUNNING:-true} ${FAKE_STARTED:-2020-01-01T00:00:00.000000000Z}" ;;
+  inspect) [ -z "${FAKE_GONE:-}" ] || { echo "Error: No such object: $4" >&2; exit 1; }
+           echo "${FAKE_STATUS:-running} ${FAKE_STARTED:-2020-01-01T00:00:00.000000000Z}" ;;
   exec) shift 2; exec "$@" ;;
   kill) kill -s "$3" "$FAKE_MASTER_PID" ;;
   *) exit 1 ;;
@@ -152,8 +153,12 @@ def test_a_configuration_haproxy_refuses_is_not_loaded(front: tuple) -> None:
 
 def test_a_front_that_is_not_running_reads_it_when_it_starts(front: tuple) -> None:
     config, _, _, extra = front
-    done = reload(config, {**extra["env"], "FAKE_RUNNING": "false"})
-    assert done.returncode == 0 and "reads configuration d1 when it starts" in done.stdout
+    for status in ("restarting", "exited", "created"):
+        done = reload(config, {**extra["env"], "FAKE_STATUS": status})
+        assert done.returncode == 0, done.stderr
+        assert f"the front is {status}: it reads configuration d1 when it starts" in done.stdout
+    gone = reload(config, {**extra["env"], "FAKE_GONE": "1"})
+    assert gone.returncode == 1 and "cannot read the front's container front" in gone.stderr
 
 
 def test_a_front_started_after_the_file_was_written_runs_it_already(front: tuple) -> None:

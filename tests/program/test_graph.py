@@ -494,10 +494,7 @@ def test_the_readiness_answer_becomes_figures() -> None:
         "vllm: ready after 41s; first completion: ok; speed: time to first token 0.084 s, "
         "decode 31.5 tokens/s (median of 3 streamed completions of 64 tokens; server version x)"
     )
-    assert parse_readiness(line) == {
-        "ready": True, "timeToFirstTokenSeconds": 0.084, "tokensPerSecond": 31.5,
-    }  # fmt: skip
+    assert parse_readiness(line) == {"timeToFirstTokenSeconds": 0.084, "tokensPerSecond": 31.5}
     assert parse_readiness("vllm: ready after 3s; first completion: ok") == {
-        "ready": True, "timeToFirstTokenSeconds": None, "tokensPerSecond": None,
+        "timeToFirstTokenSeconds": None, "tokensPerSecond": None,
     }  # fmt: skip
-    assert parse_readiness("")["ready"] is False

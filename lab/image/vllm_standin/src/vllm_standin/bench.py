@@ -12,6 +12,7 @@ name a directory that exists, as vLLM must load one from it).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -82,7 +83,10 @@ def stream_one(url: str, model: str, prompt: str, output_len: int, timeout: floa
         with urllib.request.urlopen(request, timeout=timeout) as response:
             for raw in response:
                 line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if line == "data: [DONE]":
+                    outcome.ok = outcome.output_tokens > 0  # a whole stream, not a cut one
+                    break
+                if not line.startswith("data: "):
                     continue
                 choices = json.loads(line[len("data: ") :]).get("choices") or []
                 if not any(c.get("text") for c in choices):
@@ -95,8 +99,9 @@ def stream_one(url: str, model: str, prompt: str, output_len: int, timeout: floa
                 last = now
                 outcome.output_tokens += 1
         outcome.latency = time.perf_counter() - started
-        outcome.ok = outcome.output_tokens > 0
-    except (OSError, ValueError) as error:
+        if not outcome.ok:
+            outcome.error = "the stream ended before [DONE]"
+    except (OSError, ValueError, http.client.HTTPException) as error:
         outcome.error = str(error)
     return outcome
 
