@@ -14,7 +14,7 @@ import pytest
 from stacks.plan.server import parse_benchmark
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
-from tests.program.test_scripts import SCRIPTS, load
+from tests.program.test_scripts import SCRIPTS, fake_docker_path, load
 
 RESULT = {"duration": 2.5, "completed": 8, "total_token_throughput": 900.0,
           "output_throughput": 400.0, "request_throughput": 3.2, "median_ttft_ms": 41.234,
@@ -103,17 +103,13 @@ esac
 
 
 def bench(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "docker").write_text(FAKE_DOCKER)
-    (bin_dir / "docker").chmod(0o755)
     flags = {"host": "spark1", "container": "spark-vllm-vllm", "key-file": "/run/k/api-key",
              "port": "8001", "served-name": "m", "model": "org/m", "revision": "main",
              "concurrencies": "1,4", "input-tokens": "16", "output-tokens": "8",
              "requests-per-stream": "2", "timeout-seconds": "60"}  # fmt: skip
     argv = ["bash", str(SCRIPTS / "vllm-bench.sh")]
     argv += [word for key, value in flags.items() for word in (f"--{key}", value)]
-    fake = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "calls"),
+    fake = {"PATH": fake_docker_path(tmp_path, FAKE_DOCKER), "FAKE_LOG": str(tmp_path / "calls"),
             "FAKE_ROOT": str(tmp_path / "container"), **env}  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=60,
                           env={**os.environ, **fake})  # fmt: skip

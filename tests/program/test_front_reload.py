@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from stacks.plan.front import Route, router_config
-from tests.program.test_scripts import SCRIPTS
+from tests.program.test_scripts import SCRIPTS, fake_docker_path
 
 KEY = "reload-key"
 HAPROXY = shutil.which("haproxy")
@@ -91,11 +91,7 @@ def front(tmp_path: Path) -> Iterator[tuple[Path, str, list[ThreadingHTTPServer]
     configure(servers[0])
     master = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(config)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text(FAKE_DOCKER)
-    (bin_dir / "docker").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_MASTER_PID": str(master.pid)}
+    env = {"PATH": fake_docker_path(tmp_path, FAKE_DOCKER), "FAKE_MASTER_PID": str(master.pid)}
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while True:

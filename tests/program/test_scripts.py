@@ -40,6 +40,15 @@ def run(script: str, *args: str, stdin: str = "", env: dict[str, str] | None = N
     return done
 
 
+def fake_docker_path(tmp_path: Path, script: str) -> str:
+    """A PATH whose `docker` is `script` (a stand-in for the Docker CLI the scripts call)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(script)
+    (bin_dir / "docker").chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
 def load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
@@ -170,11 +179,7 @@ esac
 
 
 def preflight(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "docker").write_text(FAKE_DOCKER)
-    (bin_dir / "docker").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {"PATH": fake_docker_path(tmp_path, FAKE_DOCKER)}
     env.update({k: v for k, v in overrides.items() if k.isupper()})
     flags = {
         "role": "head", "fabric-interface": "lo", "fabric-ip": "127.0.0.1",
@@ -358,10 +363,7 @@ def test_vllm_readiness_needs_the_model_listed_and_a_real_token() -> None:
 def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Path) -> None:
     """check_nodes (diagnose.sh) on this host as the head: a missing image and a missing
     snapshot are named as likely causes, with the node's free memory."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text("#!/usr/bin/env bash\nexit 1\n")  # no image anywhere
-    (bin_dir / "docker").chmod(0o755)
+    path = fake_docker_path(tmp_path, "#!/usr/bin/env bash\nexit 1\n")  # no image anywhere
     driver = tmp_path / "driver.sh"
     driver.write_text(
         f'. "{SCRIPTS}/lib.sh"\n. "{SCRIPTS}/diagnose.sh"\nparse_flags "$@"\ncheck_nodes\n'
@@ -371,7 +373,7 @@ def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Pat
          "--image", "sha256:abc", "--model", "org/tiny", "--revision", "main",
          "--cache-dir", str(tmp_path / "hf")],
         capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        env={**os.environ, "PATH": path},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "--- checked on every node ---" in done.stdout
