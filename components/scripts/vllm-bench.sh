@@ -5,12 +5,15 @@
 # the container only. Prints one `benchmark: {json}` line per concurrency (bench_summary.py).
 #   vllm-bench.sh --host H --container C --key-file F --port P --served-name N --model ID --revision R
 #     --concurrencies 1,4 --input-tokens I --output-tokens O --requests-per-stream K
-#     --timeout-seconds S
+#     --timeout-seconds S --trust-remote-code yes|no --tokenizer-mode MODE_OR_EMPTY
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host container key-file port served-name model revision concurrencies input-tokens \
-  output-tokens requests-per-stream timeout-seconds
+  output-tokens requests-per-stream timeout-seconds trust-remote-code tokenizer-mode
 here="$(dirname "$0")"
+tokenizer_flags=()  # the tokenizer loads as the server's does
+[ "$ARG_TRUST_REMOTE_CODE" != yes ] || tokenizer_flags+=(--trust-remote-code)
+[ -z "$ARG_TOKENIZER_MODE" ] || tokenizer_flags+=(--tokenizer-mode "$ARG_TOKENIZER_MODE")
 deadline=$(( SECONDS + ARG_TIMEOUT_SECONDS ))
 # The tokenizer: the snapshot the server loaded (vLLM's tool has no --revision flag).
 find_snapshot='import sys; from huggingface_hub import snapshot_download as s; print(s(sys.argv[1], revision=sys.argv[2], local_files_only=True))'
@@ -31,7 +34,8 @@ for concurrency in "${concurrencies[@]}"; do
   if ! out="$(timeout $(( left + 30 )) docker exec "$ARG_CONTAINER" timeout -k 10 "$left" sh -c \
       'key="$1"; shift; OPENAI_API_KEY="$(cat "$key")" exec vllm bench serve "$@"' sh "$ARG_KEY_FILE" \
       --backend openai --base-url "http://127.0.0.1:$ARG_PORT" --endpoint /v1/completions \
-      --model "$ARG_SERVED_NAME" --tokenizer "$tokenizer" --dataset-name random \
+      --model "$ARG_SERVED_NAME" --tokenizer "$tokenizer" "${tokenizer_flags[@]}" \
+      --dataset-name random \
       --random-input-len "$ARG_INPUT_TOKENS" --random-output-len "$ARG_OUTPUT_TOKENS" \
       --ignore-eos --num-prompts "$prompts" --max-concurrency "$concurrency" \
       --request-rate inf --temperature 0 --seed 0 --percentile-metrics ttft,tpot,itl,e2el \

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from stacks.plan.fabric import fabric_flags
+from stacks.plan.hardware import extra_arg_value
 from stacks.plan.later import PINNED_IMAGE
 from stacks.plan.nodes import (
     CONTAINER_API_KEY_FILE,
@@ -99,6 +100,9 @@ def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
         "output_tokens": wanted.output_tokens,
         "requests_per_stream": wanted.requests_per_stream,
         "timeout_seconds": wanted.timeout_minutes * 60,
+        # The tokenizer loads as the server's does (vLLM's bench serve has both flags).
+        "trust_remote_code": "yes" if trusts_remote_code(served.settings.extra_args) else "no",
+        "tokenizer_mode": extra_arg_value(served.settings.extra_args, "--tokenizer-mode") or "",
     }
     return StepSpec(
         name=f"{name}-benchmark",
@@ -106,6 +110,16 @@ def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
         create=script_call(plan.head, "vllm-bench.sh", **flags),
         timeouts=Timeouts(create=wanted.timeout_minutes + 2),
     )
+
+
+def trusts_remote_code(extra_args: Sequence[str]) -> bool:
+    """vLLM's --trust-remote-code (a BooleanOptionalAction: the last of it and its --no- form
+    wins)."""
+    trusted = False
+    for arg in extra_args:
+        if arg in ("--trust-remote-code", "--no-trust-remote-code"):
+            trusted = arg == "--trust-remote-code"
+    return trusted
 
 
 def parse_benchmark(stdout: str) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.plan.server import parse_benchmark
+from stacks.plan.server import parse_benchmark, trusts_remote_code
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
 from tests.program.test_scripts import SCRIPTS, fake_docker_path, load
@@ -102,11 +102,15 @@ esac
 """
 
 
-def bench(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def bench(
+    tmp_path: Path, flags_changed: dict[str, str] | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
     flags = {"host": "spark1", "container": "spark-vllm-vllm", "key-file": "/run/k/api-key",
              "port": "8001", "served-name": "m", "model": "org/m", "revision": "main",
              "concurrencies": "1,4", "input-tokens": "16", "output-tokens": "8",
-             "requests-per-stream": "2", "timeout-seconds": "60"}  # fmt: skip
+             "requests-per-stream": "2", "timeout-seconds": "60", "trust-remote-code": "no",
+             "tokenizer-mode": ""}  # fmt: skip
+    flags.update(flags_changed or {})
     argv = ["bash", str(SCRIPTS / "vllm-bench.sh")]
     argv += [word for key, value in flags.items() for word in (f"--{key}", value)]
     fake = {"PATH": fake_docker_path(tmp_path, FAKE_DOCKER), "FAKE_LOG": str(tmp_path / "calls"),
@@ -135,3 +139,23 @@ def test_failed_requests_fail_the_step_naming_the_concurrency(tmp_path: Path) ->
     assert "1 of 2 requests failed" in done.stderr
     assert done.stderr.count("spark-vllm: spark1: ") == 1
     assert "vllm bench serve at concurrency 1" in done.stderr
+
+
+def test_the_tokenizer_loads_as_the_servers_does(tmp_path: Path) -> None:
+    done = bench(tmp_path, {"trust-remote-code": "yes", "tokenizer-mode": "mistral"})
+    assert done.returncode == 0, done.stderr
+    call = (tmp_path / "calls").read_text().splitlines()[0]
+    assert "/snapshots/abc --trust-remote-code --tokenizer-mode mistral --dataset-name" in call
+    (tmp_path / "plain").mkdir()
+    assert bench(tmp_path / "plain").returncode == 0
+    plain = (tmp_path / "plain" / "calls").read_text()
+    assert "--trust-remote-code" not in plain and "--tokenizer-mode" not in plain
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "trusted"),
+    [([], False), (["--trust-remote-code"], True),
+     (["--trust-remote-code", "--no-trust-remote-code"], False)],
+)  # fmt: skip
+def test_trust_remote_code_is_read_as_vllm_reads_it(extra_args: list[str], trusted: bool) -> None:
+    assert trusts_remote_code(extra_args) is trusted

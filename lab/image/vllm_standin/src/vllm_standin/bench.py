@@ -39,6 +39,8 @@ def add_bench_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--tokenizer", default=None)
+    parser.add_argument("--tokenizer-mode", default="auto")
+    parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--dataset-name", default="random", choices=("random",))
     parser.add_argument("--random-input-len", type=int, default=1024)
     parser.add_argument("--random-output-len", type=int, default=128)
