@@ -845,24 +845,23 @@ def _memory_budget_fits(cfg: StackConfig) -> None:
 
 
 def _one_server_for_now(cfg: StackConfig) -> None:
-    """What this release deploys: one model, on every host. The checks above already hold a
-    longer `models` list to what several servers need."""
-    every_host = tuple(h.name for h in cfg.hosts)
-    for model in cfg.fleet[1:]:
+    """What this release deploys: one model, on every host, from image.ref. The checks above
+    already hold a longer `models` list to what several servers need."""
+    if len(cfg.fleet) > 1:
         raise ConfigError(
-            f"{model.model_key}: this release deploys one model (several models on one "
+            f"{cfg.fleet[1].model_key}: this release deploys one model (several models on one "
             "cluster are planned and checked, but not deployed yet); keep one entry in `models`"
         )
-    for model in cfg.fleet:
-        if cfg.models is not None and cfg.models[0].image is not None:
-            raise ConfigError(
-                f"{model.model_key}.image: this release serves from image.ref; set the image there"
-            )
-        if set(model.hosts) != set(every_host):
-            raise ConfigError(
-                f"{model.model_key}.hosts: this release deploys the model on every host; "
-                "leave hosts unset, or list every host"
-            )
+    (model,) = cfg.fleet
+    if model.image != cfg.image:
+        raise ConfigError(
+            f"{model.model_key}.image: this release serves from image.ref; set the image there"
+        )
+    if set(model.hosts) != {h.name for h in cfg.hosts}:
+        raise ConfigError(
+            f"{model.model_key}.hosts: this release deploys the model on every host; "
+            "leave hosts unset, or list every host"
+        )
 
 
 def _ports_distinct(cfg: StackConfig) -> None:
