@@ -35,6 +35,7 @@ from stacks.plan.nodes import NodePlan
 
 FACTS_HEADER = "spark-vllm-facts 1"
 MISSING = "-"
+SLOT_LINE = "slot"  # "slot K KEY": a server's slot, as the head recorded it
 
 
 @dataclass
@@ -44,6 +45,7 @@ class HostFacts:
     host: str
     holding: dict[str, str]  # step -> the token it ran with; its checks still hold
     failing: dict[str, str]  # step -> why its checks no longer hold
+    slots: dict[str, int] = field(default_factory=dict)  # server's key -> its recorded slot
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -58,20 +60,27 @@ class HostFacts:
 
 
 def parse_facts(host: str, stdout: str) -> HostFacts:
-    """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt."""
+    """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt, then
+    `slot K KEY` per server's recorded slot."""
     lines = stdout.splitlines()
     if FACTS_HEADER not in lines:
         raise ValueError(f"no facts in the answer: {stdout.strip()[-300:] or 'nothing'}")
     holding: dict[str, str] = {}
     failing: dict[str, str] = {}
+    slots: dict[str, int] = {}
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
+        if step == SLOT_LINE:
+            slot, _, key = rest.partition(" ")
+            if slot.isdigit() and key:
+                slots[key] = int(slot)
+            continue
         token, _, why = rest.partition(" ")
         if token == MISSING:
             failing[step] = why
         elif step and token:
             holding[step] = token
-    return HostFacts(host, holding, failing)
+    return HostFacts(host, holding, failing, slots)
 
 
 def facts_command(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path) -> str:

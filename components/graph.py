@@ -47,7 +47,7 @@ class Walk:
         self.built: dict[str, pulumi.CustomResource] = {}
         self.hosts: dict[str, WalkHost] = {}
         self._stdin = stdin
-        self._sources = sources if sources is not None else later_sources()
+        self._sources = sources if sources is not None else later_sources(plan)
         self._values: dict[str, pulumi.Output[str]] = {}
 
     def add_host(self, host: WalkHost) -> None:

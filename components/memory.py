@@ -10,14 +10,15 @@ import pulumi
 
 from components.graph import Walk
 from stacks.plan import hardware
-from stacks.plan.graph import MEMORY, MEMORY_CHECK
+from stacks.plan.graph import MEMORY
 
 
 class ServerMemory(pulumi.ComponentResource):
     sizing: pulumi.Output[dict[str, Any]]  # what was measured and chosen (the `memory` output)
 
-    def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("spark-vllm:index:ServerMemory", MEMORY, None, opts)
-        walk.build(MEMORY, parent=self)
-        self.sizing = walk.step(MEMORY_CHECK).stdout.apply(hardware.parse_memory_sizing)
+    def __init__(self, walk: Walk, name: str = MEMORY, opts: pulumi.ResourceOptions | None = None):
+        """`name`: the server slot's (`memory`, `memory-s1`...)."""
+        super().__init__("spark-vllm:index:ServerMemory", name, None, opts)
+        walk.build(name, parent=self)
+        self.sizing = walk.step(f"{name}-check").stdout.apply(hardware.parse_memory_sizing)
         self.register_outputs({"sizing": self.sizing})

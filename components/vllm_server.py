@@ -10,7 +10,7 @@ from pulumi_command import remote
 
 from components.graph import Walk
 from stacks.plan import server
-from stacks.plan.graph import BENCHMARK, READINESS, SERVER, VLLM
+from stacks.plan.graph import VLLM
 
 
 class VllmServer(pulumi.ComponentResource):
@@ -18,15 +18,17 @@ class VllmServer(pulumi.ComponentResource):
     benchmark: remote.Command | None  # vllm.benchmark's measures, when asked for
     fabric_transport: pulumi.Output[str]  # which network NCCL chose (README, Outputs)
 
-    def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("spark-vllm:index:VllmServer", VLLM, None, opts)
-        walk.build(VLLM, parent=self)
-        self.readiness = walk.step(READINESS)
-        self.benchmark = walk.step(BENCHMARK) if BENCHMARK in walk.graph.by_name else None
+    def __init__(self, walk: Walk, name: str = VLLM, opts: pulumi.ResourceOptions | None = None):
+        """`name`: the server's slot's (`vllm`, `vllm-s1`...)."""
+        super().__init__("spark-vllm:index:VllmServer", name, None, opts)
+        walk.build(name, parent=self)
+        self.readiness = walk.step(f"{name}-ready")
+        benchmark = f"{name}-benchmark"
+        self.benchmark = walk.step(benchmark) if benchmark in walk.graph.by_name else None
         self.fabric_transport = self.readiness.stdout.apply(
             functools.partial(_checked_transport, expected_rdma=walk.plan.expects_rdma)
         )
-        container = walk.container(SERVER)
+        container = walk.container(f"{name}-container")
         self.register_outputs({"containerId": container.id, "ready": self.readiness.stdout})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 
 from components.graph import Walk
-from stacks.plan.graph import WEIGHTS, WEIGHTS_FETCH, fetched_manifest
+from stacks.plan.graph import WEIGHTS, fetched_manifest
 
 
 class ModelWeights(pulumi.ComponentResource):
@@ -16,8 +16,9 @@ class ModelWeights(pulumi.ComponentResource):
 
     manifest: pulumi.Output[str]  # "commit files bytes" as the head sees it
 
-    def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("spark-vllm:index:ModelWeights", WEIGHTS, None, opts)
-        walk.build(WEIGHTS, parent=self)
-        self.manifest = walk.step(WEIGHTS_FETCH).stdout.apply(fetched_manifest)
+    def __init__(self, walk: Walk, name: str = WEIGHTS, opts: pulumi.ResourceOptions | None = None):
+        """`name`: the model's server slot's (`weights`, `weights-s1`...)."""
+        super().__init__("spark-vllm:index:ModelWeights", name, None, opts)
+        walk.build(name, parent=self)
+        self.manifest = walk.step(f"{name}-fetch").stdout.apply(fetched_manifest)
         self.register_outputs({"manifest": self.manifest})

@@ -3,7 +3,9 @@ Ray (executor ray) -> vLLM."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 
@@ -22,8 +24,8 @@ from components.vllm_server import VllmServer
 from components.weights import ModelWeights
 from stacks.known_hosts import write_known_hosts
 from stacks.plan import hardware, hosts, server
-from stacks.plan.graph import GraphFacts, plan_graph
-from stacks.plan.nodes import DeploymentPlan, plan_deployment, unpinned_endpoints
+from stacks.plan.graph import MEMORY, VLLM, WEIGHTS, GraphFacts, plan_graph
+from stacks.plan.nodes import DeploymentPlan, placed, plan_deployment, unpinned_endpoints
 from stacks.plan.steps import Stdin
 from stacks.settings import Settings
 
@@ -33,16 +35,17 @@ class Deployment:
     plan: DeploymentPlan
     trust: FabricTrust
     image: ImageDistribution
-    memory: ServerMemory
+    memories: tuple[ServerMemory, ...]  # per server, in the fleet's order
     front: Front
-    server: VllmServer
+    servers: tuple[VllmServer, ...]  # in the fleet's order
     api_key: pulumi.Output[str]
 
     def outputs(self) -> dict[str, object]:
-        plan = self.plan
+        plan, first, memory = self.plan, self.servers[0], self.memories[0]
+        every_ready = pulumi.Output.all(*(s.readiness.stdout for s in self.servers))
         outputs: dict[str, object] = {
-            # Resolves only once the server answered a real completion.
-            "endpointUrl": self.server.readiness.stdout.apply(lambda _: plan.endpoint_url),
+            # Resolves only once every server answered a real completion.
+            "endpointUrl": every_ready.apply(lambda _: plan.endpoint_url),
             "modelId": plan.served.served_name,
             "head": {"name": plan.head.name, "address": plan.head.ssh.address},
             "nodes": [
@@ -60,22 +63,27 @@ class Deployment:
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
             "executor": plan.served.settings.executor,
-            "readiness": self.server.readiness.stdout.apply(lambda out: out.strip()),
+            "readiness": first.readiness.stdout.apply(lambda out: out.strip()),
             # Per model: what it is, where it runs, its memory share and what it showed once
             # ready (time to first token, tokens/s). `modelId` stays for existing consumers.
-            "models": pulumi.Output.all(self.server.readiness.stdout, self.memory.sizing).apply(
-                lambda done: server.model_outputs(plan, done[0], done[1])
+            "models": pulumi.Output.all(
+                *(
+                    pulumi.Output.all(s.readiness.stdout, m.sizing).apply(
+                        functools.partial(_model_output, each)
+                    )
+                    for each, s, m in zip(plan.per_server, self.servers, self.memories, strict=True)
+                )
             ),
-            "fabricTransport": self.server.fabric_transport,
+            "fabricTransport": first.fabric_transport,
             # The link test's figures per worker, and the memory the server was sized for.
             "fabricLinks": {
                 worker: link.stdout.apply(hardware.parse_fabric_link)
                 for worker, link in self.trust.links.items()
             },
-            "memory": self.memory.sizing,
+            "memory": memory.sizing,
         }
-        if self.server.benchmark is not None:  # vllm.benchmark: tokens/s and TTFT per concurrency
-            outputs["benchmark"] = self.server.benchmark.stdout.apply(server.parse_benchmark)
+        if first.benchmark is not None:  # vllm.benchmark: tokens/s and TTFT per concurrency
+            outputs["benchmark"] = first.benchmark.stdout.apply(server.parse_benchmark)
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
 
@@ -116,6 +124,8 @@ def build_deployment(settings: Settings) -> Deployment:
         node.name: gather_facts(node, settings.ssh_auth, derived_known_hosts, control_dir)
         for node in plan.nodes
     }
+    # Each model in the slot the head recorded for it: its resources' names and ports stay.
+    plan = placed(plan, facts[plan.head.name].slots)
     bundle = scripts_bundle()
     mounts_tokens = {name: facts[name].token(hosts.mounts_step(name)) for name in facts}
     graph = plan_graph(plan, GraphFacts(bundle.digest, entry_scripts(), mounts_tokens))
@@ -143,18 +153,29 @@ def build_deployment(settings: Settings) -> Deployment:
     _warn_hardware(host_components)
     trust = FabricTrust(walk)
     image = ImageDistribution(walk)
-    ModelWeights(walk)
-    memory = ServerMemory(walk)
+    slots = plan.servers
+    for slot in slots:
+        ModelWeights(walk, slot.named(WEIGHTS))
+    memories = [ServerMemory(walk, slots[0].named(MEMORY))]
     Firewall(walk)
     front = Front(walk)
     # Ray's and vLLM's containers start once the image and the node's compile cache are there.
     CompileCache(walk)
-    if plan.uses_ray:
+    if plan.runs_ray:
         RayCluster(walk)
-    server = VllmServer(walk)
+    servers = [VllmServer(walk, slots[0].named(VLLM))]
+    # Each further server, its memory checked once the one before it is ready (graph.py).
+    for slot in slots[1:]:
+        memories.append(ServerMemory(walk, slot.named(MEMORY)))
+        servers.append(VllmServer(walk, slot.named(VLLM)))
     unbuilt = [entry.name for entry in graph if entry.name not in walk.built]
     assert not unbuilt, f"planned but never registered: {unbuilt}"
-    return Deployment(plan, trust, image, memory, front, server, settings.api_key)
+    return Deployment(plan, trust, image, tuple(memories), front, tuple(servers), settings.api_key)
+
+
+def _model_output(plan: DeploymentPlan, done: list[Any]) -> dict[str, Any]:
+    """One entry of the `models` output, from its server's readiness and memory check."""
+    return server.model_output(plan, done[0], done[1])
 
 
 def _warn_hardware(hosts: dict[str, Host]) -> None:

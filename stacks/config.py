@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from stacks.fleet import ServedModel, budget_problem, fleet_of
+from stacks.fleet import MP_PORT_SPAN, ServedModel, budget_problem, fleet_of
 
 # Names become Pulumi resource names, container names and shell words: keep them boring.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$"
@@ -94,10 +94,6 @@ OWNED_VLLM_FLAGS = frozenset(
 MP_ONLY_FLAGS = frozenset({"--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"})
 # vLLM reads its arguments from this YAML file, where any owned flag could be set unchecked.
 CONFIG_FILE_FLAG = "--config"
-# vLLM's own ports on every node, with either executor: VLLM_PORT is where its message queues'
-# ports start (vllm/utils/network_utils.py: from VLLM_PORT upwards, else random), set to
-# vllm.masterPort + 1 so that they stay inside a known range the firewall can cover.
-MP_PORT_SPAN = 32
 MAX_PORT = 65535
 RAY_CLIENT_SERVER_PORT = 10001
 

@@ -6,7 +6,7 @@ plan reads one shape. Pure functions of the typed config: table-tested without P
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,11 @@ MIN_AUTO_SHARE = 0.05
 # llamastash/llamastash#80/#81): vLLM counts it as used memory, not within its fraction
 # (v1/worker/gpu_worker.py: the fraction is of the device's total).
 SERVER_OVERHEAD_SHARE = 0.05
+# vLLM's own ports on every node, with either executor: VLLM_PORT is where its message queues'
+# ports start (vllm/utils/network_utils.py: from VLLM_PORT upwards, else random), set to the
+# server's master port + 1 so that they stay inside a known range the firewall can cover. The
+# next server's master port follows them.
+MP_PORT_SPAN = 32
 
 
 @dataclass(frozen=True)
@@ -117,3 +122,56 @@ def budget_problem(fleet: Sequence[ServedModel], hosts: Sequence[str]) -> str | 
             "gpuMemoryUtilization, or place a model on other hosts (models[].hosts)"
         )
     return None
+
+
+@dataclass(frozen=True)
+class ServerSlot:
+    """Where one model's server sits in the deployment: its slot names its resources, its
+    containers and its ports. Slot 0 keeps the names and ports of every release before several
+    models (`vllm-container`, `vllm.serverPort`...): a stack of one model plans nothing new.
+    Slot k > 0: `<base>-s<k>`, `serverPort + k`, `masterPort + k * (MP_PORT_SPAN + 1)`."""
+
+    index: int
+    model: ServedModel
+
+    def named(self, base: str) -> str:
+        return base if self.index == 0 else f"{base}-s{self.index}"
+
+    def server_port(self, base: int) -> int:
+        return base + self.index
+
+    def master_port(self, base: int) -> int:
+        return base + self.index * (MP_PORT_SPAN + 1)
+
+    @property
+    def key(self) -> str:
+        return slot_key(self.model)
+
+
+def slot_key(model: ServedModel) -> str:
+    """What a slot is recorded under on the head: the served name and its hosts (replicas share
+    a name, never their hosts)."""
+    return f"{model.served_name}@{','.join(model.hosts)}"
+
+
+def assign_slots(
+    fleet: Sequence[ServedModel], recorded: Mapping[str, int]
+) -> tuple[ServerSlot, ...]:
+    """Each model's slot, in the fleet's order: the one recorded on the head for it (the front's
+    routes, written with them), else the lowest slot no other model holds. So adding or removing
+    a model never moves another one, and a model switched in an entry (a new served name) takes
+    the lowest free slot, which is the old model's when nothing else is added with it: its
+    fixed-name containers are then replaced, deleted first, so the old server's memory is free
+    before the new one starts. Without a record (one model, or the first change to several),
+    the models take slots in the order written."""
+    taken = {recorded[slot_key(m)] for m in fleet if slot_key(m) in recorded}
+    slots: list[ServerSlot] = []
+    for model in fleet:
+        key = slot_key(model)
+        if key in recorded:
+            slots.append(ServerSlot(recorded[key], model))
+            continue
+        free = next(k for k in range(len(fleet) + len(taken)) if k not in taken)
+        taken.add(free)
+        slots.append(ServerSlot(free, model))
+    return tuple(slots)

@@ -3,6 +3,7 @@
 #   bash -s -- STATE_DIR
 # Prints "spark-vllm-facts 1", then one line per receipt (receipt.sh): "STEP TOKEN" when every
 # check recorded with it still holds, "STEP - WHY" when one does not. Every check is bounded.
+# Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots).
 set -uo pipefail
 state_dir="$1"
 
@@ -54,4 +55,10 @@ for receipt in "$state_dir"/receipts/*; do
     echo "$step - ${why:-the receipt is empty}"
   fi
 done
+# The head's record of each server's slot (the front's configuration step writes it).
+if [ -f "$state_dir/front/slots" ]; then
+  while read -r slot key; do
+    [ -n "$key" ] && echo "slot $slot $key"
+  done < "$state_dir/front/slots"
+fi
 exit 0

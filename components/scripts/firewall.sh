@@ -4,16 +4,18 @@
 # CAP_NET_ADMIN in the host's network namespace: no root login or sudo needed) and keeps one chain
 # that drops the cluster's TCP ports on every interface but loopback and the fabric.
 #   firewall.sh guard  --chain C --fabric-interface IF --tcp-ports 6379,10002:10999 --digest D \
-#                      --root /host --dir /host<state>/firewall --interval S
+#                      [--markers applied-s1=D1,...] --root /host --dir /host<state>/firewall --interval S
 #   firewall.sh remove --chain C --root /host --dir /host<state>/firewall   (docker exec, at delete)
 #   firewall.sh remove --host H --fabric-interface IF --tcp-ports P   (on the host: the delete an
 #     older release stored for its firewall step, which took its chain down as root or sudo -n)
 # While the rules hold, <dir>/applied holds `<boot id> <digest>`, refreshed every interval: the
-# Ray and vLLM containers' gate (firewall-gate.sh) starts nothing until it finds it. Docker starts
+# Ray and vLLM containers' gate (firewall-gate.sh) starts nothing until it finds it. With several
+# servers each one's gate reads its own marker (--markers: name=digest of the ports it needs),
+# so a server added later changes these rules, never a running server's gate. Docker starts
 # this container again at boot (restart: always), so a reboot puts the rules back by itself.
 set -uo pipefail
 action="${1:-}"; shift || true
-chain="" interface="" ports="" digest="" root="/host" dir="" interval=10 legacy=""
+chain="" interface="" ports="" digest="" markers="" root="/host" dir="" interval=10 legacy=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --host) legacy="$2" ;;
@@ -21,6 +23,7 @@ while [ $# -gt 0 ]; do
     --fabric-interface) interface="$2" ;;
     --tcp-ports) ports="$2" ;;
     --digest) digest="$2" ;;
+    --markers) markers="$2" ;;
     --root) root="$2" ;;
     --dir) dir="$2" ;;
     --interval) interval="$2" ;;
@@ -30,6 +33,21 @@ while [ $# -gt 0 ]; do
 done
 say() { printf 'spark-vllm firewall: %s\n' "$*" >&2; }
 marker="$dir/applied" error_file="$dir/error" removed="$dir/removed"
+# Every marker this guard keeps: `applied` with --digest, then each --markers name=digest.
+marked=("applied=$digest")
+IFS=',' read -r -a extra <<<"$markers"
+marked+=("${extra[@]}")
+mark_all() {
+  local entry
+  for entry in "${marked[@]}"; do
+    printf '%s %s\n' "$boot_id" "${entry#*=}" > "$dir/${entry%%=*}.tmp" \
+      && mv "$dir/${entry%%=*}.tmp" "$dir/${entry%%=*}"
+  done
+}
+unmark_all() {
+  local entry
+  for entry in "${marked[@]}"; do rm -f "$dir/${entry%%=*}"; done
+}
 # iptables' lock file beside the marker: the host's /run is not writable from here. Legacy
 # iptables takes it (XTABLES_LOCKFILE, libxtables); with the nft backend, the default on
 # Debian 12 and Ubuntu 22.04 on, the kernel applies each change whole and no lock is needed.
@@ -91,8 +109,8 @@ case "$action" in
       exit 2
     fi
     mkdir -p "$dir"
-    rm -f "$marker" "$removed"
-    trap 'rm -f "$marker"; exit 0' TERM INT
+    unmark_all; rm -f "$removed"
+    trap 'unmark_all; exit 0' TERM INT
     boot_id="$(cat /proc/sys/kernel/random/boot_id)"
     last=""
     while :; do
@@ -121,12 +139,12 @@ case "$action" in
         fi
       fi
       if [ -z "$problem" ]; then
-        printf '%s %s\n' "$boot_id" "$digest" > "$marker.tmp" && mv "$marker.tmp" "$marker"
+        mark_all
         rm -f "$error_file"
         [ "$last" = ok ] || say "ports ${ports} accepted only on lo and $interface ($(families | tr '\n' ' '))"
         last=ok
       elif [ "$problem" != removed ]; then
-        rm -f "$marker"
+        unmark_all
         printf '%s\n' "$problem" > "$error_file"
         [ "$last" = "$problem" ] || say "$problem"
         last="$problem"
@@ -136,7 +154,7 @@ case "$action" in
     ;;
   remove)
     if [ -z "$chain" ] || [ -z "$dir" ]; then say "--chain and --dir are required"; exit 2; fi
-    if [ -d "$dir" ]; then touch "$removed"; rm -f "$marker"; fi
+    if [ -d "$dir" ]; then touch "$removed"; rm -f "$marker" "$dir"/applied-s*; fi
     for cmd in $(families); do remove "$cmd"; done
     say "chain $chain removed"
     ;;

@@ -37,17 +37,47 @@ def guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     server's own port, which listens on loopback anyway. Both executors' ports: a switch of
     executors then leaves the rules as they are while the old executor's containers still run
     (they are deleted at the end of that `up`)."""
+    ports = [p for server in plan.per_server for p in server_guarded_ports(server, node)]
+    return list(dict.fromkeys(ports))
+
+
+def server_guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """The ports of the plan's server (its slot's) and of Ray on `node`."""
     ports = [*cluster_listen_ports(plan, node, uses_ray=True)]
     ports += [p for p in cluster_listen_ports(plan, node, uses_ray=False) if p not in ports]
     if node.is_head:
-        ports.append(str(plan.config.vllm.server_port))
+        ports.append(str(plan.server_port))
     return ports
 
 
 def rules_digest(plan: DeploymentPlan, node: NodePlan) -> str:
-    """What the guard applies on `node`, as a hash: the gate accepts only a marker with it."""
-    words = [chain_name(plan), node.fabric_interface, *guarded_ports(plan, node)]
+    """What the plan's server needs of the guard's rules on `node`, as a hash: its containers'
+    gate accepts only a marker with it. One per server: another server added or removed changes
+    the rules, not what a running server's gate was started with (its container stays)."""
+    words = [chain_name(plan), node.fabric_interface, *server_guarded_ports(plan, node)]
     return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
+
+
+def marker_name(plan: DeploymentPlan) -> str:
+    """Where the guard says the plan's server's rules hold (slot 0: MARKER_NAME, as before)."""
+    return plan.server.named(MARKER_NAME)
+
+
+def guard_markers(plan: DeploymentPlan, node: NodePlan) -> list[tuple[str, str]]:
+    """Every marker the guard on `node` keeps, and its digest: MARKER_NAME first (slot 0's,
+    which the firewall step waits for; the whole rules' when no server holds slot 0), then
+    each other server's."""
+    by_slot = sorted(plan.per_server, key=lambda server: server.server.index)
+    markers = [(marker_name(server), rules_digest(server, node)) for server in by_slot]
+    if markers[0][0] != MARKER_NAME:
+        words = [chain_name(plan), node.fabric_interface, *guarded_ports(plan, node)]
+        markers.insert(0, (MARKER_NAME, hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]))
+    return markers
+
+
+def guard_digest(plan: DeploymentPlan, node: NodePlan) -> str:
+    """MARKER_NAME's digest: what the firewall step waits for."""
+    return guard_markers(plan, node)[0][1]
 
 
 def firewall_dir(node: NodePlan) -> str:
@@ -65,7 +95,8 @@ def guard_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
         "--tcp-ports",
         ",".join(guarded_ports(plan, node)),
         "--digest",
-        rules_digest(plan, node),
+        guard_digest(plan, node),
+        *_other_markers(plan, node),
         "--root",
         HOST_ROOT,
         "--dir",
@@ -78,8 +109,14 @@ def guard_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
 def gate_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """firewall-gate.sh's arguments before `--` and the container's own entrypoint."""
     return [
-        f"{CONTAINER_FIREWALL_DIR}/{MARKER_NAME}",
+        f"{CONTAINER_FIREWALL_DIR}/{marker_name(plan)}",
         rules_digest(plan, node),
         str(MARKER_FRESH_SECONDS),
         str(GATE_WAIT_SECONDS),
     ]
+
+
+def _other_markers(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+    """`--markers name=digest,...` for every server but slot 0 (none with one server)."""
+    others = guard_markers(plan, node)[1:]
+    return ["--markers", ",".join(f"{name}={digest}" for name, digest in others)] if others else []

@@ -61,10 +61,20 @@ class Route:
 
 
 def routes_of(plan: DeploymentPlan) -> tuple[Route, ...]:
-    served = plan.served
-    server = f"127.0.0.1:{plan.config.vllm.server_port}"
-    return (
-        Route(served.served_name, served.id, served.settings.max_model_len, (("vllm", server),)),
+    """One route per served name, in the fleet's order (the first is where a request without
+    `model` goes); entries sharing a name are its replicas. Each server listens on the head's
+    loopback at its slot's port."""
+    servers: dict[str, list[DeploymentPlan]] = {}
+    for server in plan.per_server:
+        servers.setdefault(server.served.served_name, []).append(server)
+    return tuple(
+        Route(
+            name,
+            replicas[0].served.id,
+            replicas[0].served.settings.max_model_len,
+            tuple((r.server.named("vllm"), f"127.0.0.1:{r.server_port}") for r in replicas),
+        )
+        for name, replicas in servers.items()
     )
 
 

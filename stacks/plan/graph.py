@@ -23,8 +23,8 @@ The edges, in one place (each one's reason is beside it below):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from stacks.plan import fabric, hardware, hosts, image, server, weights
@@ -107,16 +107,18 @@ class Source:
     derive: Callable[[str], str]
 
 
-def later_sources() -> dict[str, Source]:
-    """Every later value (stacks/plan/later.py) by name, and its source."""
-    manifest = {
-        later.name: Source(WEIGHTS_FETCH, "stdout", functools.partial(_manifest_field, later.name))
-        for later in weights.MANIFEST_FIELDS
-    }
-    sizing = {
-        later.name: Source(MEMORY_CHECK, "stdout", functools.partial(_sizing_field, later.name))
-        for later in (GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES)
-    }
+def later_sources(plan: DeploymentPlan) -> dict[str, Source]:
+    """Every later value (stacks/plan/later.py) by name, and its source: each server's manifest
+    and sizing come from its own fetch and memory check."""
+    manifest, sizing = {}, {}
+    for slot in plan.servers:
+        fetch, check = f"{slot.named(WEIGHTS)}-fetch", f"{slot.named(MEMORY)}-check"
+        for later in weights.MANIFEST_FIELDS:
+            derive = functools.partial(_manifest_field, later.name)
+            manifest[later.of_slot(slot.index).name] = Source(fetch, "stdout", derive)
+        for later in (GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES):
+            derive = functools.partial(_sizing_field, later.name)
+            sizing[later.of_slot(slot.index).name] = Source(check, "stdout", derive)
     return {
         IMAGE_ID.name: Source(IMAGE_PULL, "image_id", str),
         PINNED_IMAGE.name: Source(IMAGE_PULL, "image_id", image.pinned_image),
@@ -210,13 +212,34 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
         entries += _host(plan, node, facts)
     links = _fabric(plan, entries)
     image_ready = _image(plan, entries, links)
-    weights_ready = _weights(plan, entries, image_ready)
-    check = _memory(plan, entries, weights_ready)
+    servers = plan.per_server
+    copied: dict[str, str] = {}  # by worker: the last weights copy to it so far
+    weights_ready = [_weights(each, entries, image_ready, copied) for each in servers]
+    check = _memory(servers[0], entries, weights_ready[0])
     firewalled = _firewall(plan, entries, facts, image_ready, check)
     key_file, front, front_reload = _front(plan, entries, facts, check)
     gates = _Gates(firewalled, _compile_cache(plan, entries, image_ready), check)
-    joined = _ray(plan, entries, facts, gates) if plan.uses_ray else None
-    _vllm(plan, entries, facts, gates, weights_ready, joined, key_file, front, front_reload)
+    # Ray drives one server (StackConfig keeps it to a fleet of one): the first.
+    joined = _ray(plan, entries, facts, gates) if plan.runs_ray else None
+    ready = _vllm(
+        servers[0], entries, facts, gates, weights_ready[0], joined, key_file, front, front_reload
+    )
+    # Each further server's memory is checked once the one before it is ready: vLLM measures
+    # what a GPU has free when it starts, and two servers starting at once on one GPU would
+    # each count the other's memory as free.
+    for later_server, fetched in zip(servers[1:], weights_ready[1:], strict=True):
+        check = _memory(later_server, entries, (*fetched, ready))
+        ready = _vllm(
+            later_server,
+            entries,
+            facts,
+            replace(gates, check=check),
+            fetched,
+            None,
+            key_file,
+            front,
+            front_reload,
+        )
     return DeploymentGraph(tuple(entries))
 
 
@@ -312,25 +335,33 @@ def _image(plan: DeploymentPlan, entries: list[Planned], links: dict[str, str]) 
 
 
 def _weights(
-    plan: DeploymentPlan, entries: list[Planned], image_ready: dict[str, str]
+    plan: DeploymentPlan,
+    entries: list[Planned],
+    image_ready: dict[str, str],
+    copied: dict[str, str],
 ) -> list[str]:
-    """Fetched on the head (which runs the serving image for it), copied to every worker: the
-    steps after which each node has the snapshot."""
-    head = plan.head
-    fetch = weights.fetch_weights(plan, WEIGHTS)
-    entries.append(Planned(fetch.name, WEIGHTS, fetch, head.name, after=(image_ready[head.name],)))
+    """The plan's server's model fetched on the head (which runs the serving image for it),
+    copied to every worker: the steps after which each node has the snapshot. `copied`: by
+    worker, the last copy to it so far (updated)."""
+    head, component = plan.head, plan.server.named(WEIGHTS)
+    fetch = weights.fetch_weights(plan, component)
+    entries.append(
+        Planned(fetch.name, component, fetch, head.name, after=(image_ready[head.name],))
+    )
 
-    # One transfer at a time per worker: the image's and the weights' share its fabric link.
+    # One transfer at a time per worker: the image's and every model's share its fabric link.
     def ready_for(worker: NodePlan) -> tuple[str, ...]:
-        return (fetch.name, scripts_of(worker.name), image_ready[worker.name])
+        before = (copied[worker.name],) if worker.name in copied else ()
+        return (fetch.name, scripts_of(worker.name), image_ready[worker.name], *before)
 
-    copied = {}
+    mine = {}
     for worker, spec, after in _head_to_workers(
-        plan, lambda w: weights.copy_weights(plan, WEIGHTS, w), ready_for
+        plan, lambda w: weights.copy_weights(plan, component, w), ready_for
     ):
-        entries.append(Planned(spec.name, WEIGHTS, spec, head.name, after=after))
-        copied[worker.name] = spec.name
-    return [fetch.name, *(copied[w.name] for w in plan.workers)]
+        entries.append(Planned(spec.name, component, spec, head.name, after=after))
+        mine[worker.name] = spec.name
+    copied.update(mine)
+    return [fetch.name, *(mine[w.name] for w in plan.workers)]
 
 
 def _head_to_workers(
@@ -355,11 +386,12 @@ def _head_to_workers(
     ]
 
 
-def _memory(plan: DeploymentPlan, entries: list[Planned], weights_ready: list[str]) -> str:
-    """Measured on every node once the image and the weights are there, before anything of
-    ours starts."""
-    check = hardware.memory_check(plan, MEMORY)
-    entries.append(Planned(check.name, MEMORY, check, plan.head.name, after=tuple(weights_ready)))
+def _memory(plan: DeploymentPlan, entries: list[Planned], after: Sequence[str]) -> str:
+    """Measured on every node once the image and the weights are there, before the plan's
+    server starts (the first server's: before anything of ours starts)."""
+    component = plan.server.named(MEMORY)
+    check = hardware.memory_check(plan, component)
+    entries.append(Planned(check.name, component, check, plan.head.name, after=tuple(after)))
     return check.name
 
 
@@ -512,10 +544,11 @@ def _vllm(
     key_file: str,
     front: str,
     front_reload: str,
-) -> None:
-    """The server on the head (joined to Ray, or with mp to a headless vLLM on every worker),
-    then its readiness wait, through the front."""
+) -> str:
+    """The plan's server on the head (joined to Ray, or with mp to a headless vLLM on every
+    worker), then its readiness wait, through the front (its name: returned)."""
     head, sizing = plan.head, server_sizing(plan)
+    component = plan.server.named(VLLM)
     # mp: each worker's ranks first; they wait (bounded) for the head's rendezvous. The server
     # then joins them, and carries their IDs: a replaced worker replaces the server too
     # (deleted first, as a delete-before-replace base takes its dependents down), so a new
@@ -524,21 +557,21 @@ def _vllm(
     # launcher restarts them when the rendezvous they joined is gone).
     headless: list[str] = []
     for worker in plan.workers if joined is None else []:
-        name = f"{VLLM}-{worker.name}"
+        name = f"{component}-{worker.name}"
         spec = headless_container(
             plan, worker, facts.mounts_tokens[worker.name], facts.entry_scripts, sizing
         )
         after = (*gates.of(worker), *weights_ready)
-        entries.append(Planned(name, VLLM, spec, worker.name, after=after, image=PINNED_IMAGE))
+        entries.append(Planned(name, component, spec, worker.name, after=after, image=PINNED_IMAGE))
         headless.append(name)
     cluster = (joined,) if joined is not None else tuple(headless)
     # With Ray, what the head's containers start after comes before the cluster it joins.
     started = () if joined is not None else gates.of(head)
-    container = SERVER
+    container = f"{component}-container"
     entries.append(
         Planned(
             container,
-            VLLM,
+            component,
             vllm_container(plan, facts.mounts_tokens[head.name], facts.entry_scripts, sizing),
             head.name,
             after=(*started, *cluster, key_file, *weights_ready),
@@ -552,22 +585,28 @@ def _vllm(
         )
     )
     containers = (container, *headless, front)
-    ready = server.vllm_ready(plan, VLLM)
+    ready = server.vllm_ready(plan, component)
     entries.append(
         # After the front's reload too: the wait probes what the front serves now.
         Planned(
             ready.name,
-            VLLM,
+            component,
             ready,
             head.name,
             after=(*containers, front_reload),
             triggers=containers,
         )
     )
-    benchmark = server.vllm_benchmark(plan, VLLM)
+    benchmark = server.vllm_benchmark(plan, component)
     if benchmark is not None:
         # A new server is measured again.
         entry = Planned(
-            benchmark.name, VLLM, benchmark, head.name, after=(ready.name,), triggers=(container,)
+            benchmark.name,
+            component,
+            benchmark,
+            head.name,
+            after=(ready.name,),
+            triggers=(container,),
         )
         entries.append(entry)
+    return ready.name

@@ -107,7 +107,9 @@ def kv_cache_flags(plan: DeploymentPlan) -> dict[str, str | int]:
         return {}
     return {
         "kv_cache": str(settings.kv_cache),
-        "snapshot": snapshot_dir(plan.config.model.cache_dir, served.id, WEIGHTS_COMMIT.text),
+        "snapshot": snapshot_dir(
+            plan.config.model.cache_dir, served.id, plan.later(WEIGHTS_COMMIT).text
+        ),
         "tensor_parallel": served.tensor_parallel_size,
         "pipeline_parallel": settings.pipeline_parallel_size,
         "max_model_len": settings.max_model_len or 0,

@@ -10,13 +10,16 @@ from stacks.plan.firewall import (
     READY_WAIT_SECONDS,
     chain_name,
     firewall_dir,
-    rules_digest,
+    guard_digest,
 )
 from stacks.plan.front import (
     CONTAINER_FRONT_DIR,
     FRONT_CONFIG_NAME,
+    MODELS_FILE_NAME,
     front_config,
     front_config_digest,
+    models_document,
+    routes_of,
 )
 from stacks.plan.image import image_history_file
 from stacks.plan.nodes import OWNER_FILE, DeploymentPlan, NodePlan, preflight_flags
@@ -30,6 +33,8 @@ from stacks.plan.steps import (
     script_call,
     words,
 )
+
+SLOTS_FILE_NAME = "slots"  # in the head's <state>/front
 
 
 def mounts_step(name: str) -> str:
@@ -150,7 +155,7 @@ def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None
             "firewall-step.sh",
             "wait",
             **flags,
-            digest=rules_digest(plan, node),
+            digest=guard_digest(plan, node),
             timeout_seconds=READY_WAIT_SECONDS,
         ),
         delete=script_call(
@@ -188,16 +193,40 @@ def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
     """The front's haproxy.cfg on the head, whole on the command line: it holds no secret, so
     `pulumi preview` shows what a change does to it."""
     head, path = plan.head, f"{front_dir(plan)}/{FRONT_CONFIG_NAME}"
-    target, partial = shlex.quote(path), shlex.quote(f"{path}.tmp")
+    files = [(path, front_config(plan))]
+    routes = routes_of(plan)
+    if len(plan.servers) > 1:
+        # /v1/models, and the record of each server's slot (read back as a fact on every run,
+        # so a model keeps its slot while others come and go). Before the configuration: a
+        # reload reads them.
+        files.insert(0, (f"{front_dir(plan)}/{MODELS_FILE_NAME}", models_document(routes)))
+        files.insert(0, (slots_file(head), slots_record(plan)))
     step = f"{name}-config"
     return StepSpec(
         name=step,
         node=head,
-        create=(
-            f"mkdir -p {shlex.quote(front_dir(plan))} && "
-            f"printf '%s' {shlex.quote(front_config(plan))} > {partial} && "
-            f"chmod 644 {partial} && mv {partial} {target}"
+        create=" && ".join(
+            [f"mkdir -p {shlex.quote(front_dir(plan))}", *(_written(f, text) for f, text in files)]
         ),
-        receipts=(Receipt(step, head, (check("files", path),)),),
-        delete=owned(plan, head, f"rm -f {target}"),
+        receipts=(Receipt(step, head, tuple(check("files", f) for f, _ in files)),),
+        delete=owned(plan, head, "rm -f " + " ".join(shlex.quote(f) for f, _ in files)),
     )
+
+
+def _written(path: str, text: str) -> str:
+    """`text` into `path` whole (a reader never sees half of it), readable by the front."""
+    target, partial = shlex.quote(path), shlex.quote(f"{path}.tmp")
+    return (
+        f"printf '%s' {shlex.quote(text)} > {partial} && chmod 644 {partial} && "
+        f"mv {partial} {target}"
+    )
+
+
+def slots_file(head: NodePlan) -> str:
+    """The head's record of each server's slot (stacks/fleet.py assign_slots)."""
+    return f"{head.state_dir}/front/{SLOTS_FILE_NAME}"
+
+
+def slots_record(plan: DeploymentPlan) -> str:
+    """One `SLOT KEY` line per server (components/facts.py reads it back)."""
+    return "".join(f"{s.index} {s.key}\n" for s in plan.servers)

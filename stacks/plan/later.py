@@ -40,6 +40,14 @@ class Later:
         """What stands for the value in a command line until it is known."""
         return f"@@{self.name}@@"
 
+    def of_slot(self, index: int) -> Later:
+        """Server slot `index`'s own value of this name (`weights-s1.commit`, from its own
+        fetch); slot 0's is this one, as before several servers."""
+        if index == 0:
+            return self
+        component, _, field = self.name.partition(".")
+        return Later(f"{component}-s{index}.{field}")
+
 
 def consumed(*texts: str | None) -> tuple[str, ...]:
     """The later values `texts` need, by name, each once, in order of appearance."""

@@ -8,7 +8,7 @@ Gloo on loopback and env not reaching a worker are handled (../shared/ANCHORS.md
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,10 +21,10 @@ from stacks.config import (
     StackConfig,
     default_state_dir,
 )
-from stacks.fleet import ServedModel
+from stacks.fleet import ServedModel, ServerSlot, assign_slots
 from stacks.known_hosts import find_host_key
 from stacks.plan.known_bad import known_bad_flag
-from stacks.plan.later import GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES
+from stacks.plan.later import GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES, Later
 
 GIB = 1024**3
 
@@ -94,9 +94,28 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class DeploymentPlan:
+    """The deployment on its nodes. Its server-scoped properties (`served`, `server_port`, the
+    vLLM container's name...) describe one server of the fleet, the first unless `serving`
+    chose another."""
+
     config: StackConfig
     deployment_id: str  # "<project>/<stack>", stamped on containers as a label
     nodes: tuple[NodePlan, ...]
+    servers: tuple[ServerSlot, ...]  # one per fleet entry, in the order written
+    position: int = 0  # which of `servers` the server-scoped properties describe
+
+    def serving(self, server: ServerSlot) -> DeploymentPlan:
+        """This plan, its server-scoped properties describing `server`."""
+        return replace(self, position=self.servers.index(server))
+
+    @property
+    def server(self) -> ServerSlot:
+        return self.servers[self.position]
+
+    @property
+    def per_server(self) -> tuple[DeploymentPlan, ...]:
+        """This plan once for each server, in the fleet's order."""
+        return tuple(self.serving(server) for server in self.servers)
 
     @property
     def head(self) -> NodePlan:
@@ -117,13 +136,31 @@ class DeploymentPlan:
 
     @property
     def served(self) -> ServedModel:
-        """The model this release deploys: the fleet's one entry (StackConfig refuses more)."""
-        return self.config.fleet[0]
+        return self.server.model
 
     @property
     def uses_ray(self) -> bool:
         """vllm.executor ray: a Ray cluster, the server its driver. Else vLLM's mp mode."""
         return self.served.settings.executor == "ray"
+
+    def later(self, value: Later) -> Later:
+        """`value` as the plan's server consumes it: its own slot's (its fetch, its check)."""
+        return value.of_slot(self.server.index)
+
+    @property
+    def runs_ray(self) -> bool:
+        """Some server of the fleet is Ray's driver: the cluster runs Ray."""
+        return any(p.uses_ray for p in self.per_server)
+
+    @property
+    def server_port(self) -> int:
+        """vLLM's own port (loopback, behind the front): vllm.serverPort for slot 0."""
+        return self.server.server_port(self.config.vllm.server_port)
+
+    @property
+    def master_port(self) -> int:
+        """mp: where the server's ranks meet; vLLM's own ports follow it (MP_PORT_SPAN)."""
+        return self.server.master_port(self.config.vllm.master_port)
 
     @property
     def ray_address(self) -> str:
@@ -132,7 +169,7 @@ class DeploymentPlan:
     @property
     def rendezvous(self) -> str:
         """mp: where every node's ranks meet (vLLM's --master-addr and --master-port)."""
-        return f"{self.head.fabric_ip}:{self.config.vllm.master_port}"
+        return f"{self.head.fabric_ip}:{self.master_port}"
 
     def node_rank(self, node: NodePlan) -> int:
         """mp: the head is node rank 0, the workers follow in hosts order."""
@@ -142,8 +179,10 @@ class DeploymentPlan:
         self,
         purpose: Literal["ray-head", "ray-worker", "vllm", "vllm-headless", "front", "firewall"],
     ) -> str:
-        """A headless node's server is `<prefix>-vllm` too: one name to look for on any node."""
-        return f"{self.config.docker.container_prefix}-{purpose.removesuffix('-headless')}"
+        """A headless node's server is `<prefix>-vllm` too: one name to look for on any node.
+        Slot k's vLLM containers are `<prefix>-vllm-s<k>` (ServerSlot)."""
+        name = f"{self.config.docker.container_prefix}-{purpose.removesuffix('-headless')}"
+        return self.server.named(name) if purpose.startswith("vllm") else name
 
     @property
     def labels(self) -> dict[str, str]:
@@ -223,7 +262,7 @@ def node_env(plan: DeploymentPlan, node: NodePlan) -> dict[str, str]:
         env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
     # Where vLLM's own ports start on this node (its message queues; with executor ray also the
     # driver's TCPStore): vllm.masterPort + 1 on, a range the firewall covers (MP_PORT_SPAN).
-    env["VLLM_PORT"] = str(plan.config.vllm.master_port + 1)
+    env["VLLM_PORT"] = str(plan.master_port + 1)
     if not plan.uses_ray:
         return env
     # A driver must join the cluster, never start a private local Ray.
@@ -317,10 +356,15 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     """preflight.sh's flags for `node`: the ports and container names it must find free, and
     the memory, disk and GPUs it must find."""
     cfg = plan.config
-    single_ports = [p for p in cluster_listen_ports(plan, node) if ":" not in p]
-    served = [str(cfg.vllm.port), str(cfg.vllm.server_port)]
+    servers = plan.per_server
+    listened = [port for server in servers for port in cluster_listen_ports(server, node)]
+    single_ports = [port for port in dict.fromkeys(listened) if ":" not in port]
+    served = [str(cfg.vllm.port), *(str(server.server_port) for server in servers)]
     ports = [*served, *single_ports] if node.is_head else single_ports
     containers = own_container_names(plan, node)
+    # With several servers on a node each one's memory check runs once the ones before it
+    # started (graph.py): then it sees what they took. Preflight checks only the floor.
+    fraction = plan.served.settings.gpu_memory_utilization
     return {
         "role": node.role,
         "fabric_interface": node.fabric_interface,
@@ -330,9 +374,8 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
         "min_free_memory_bytes": int(cfg.preflight.min_free_memory_gib * GIB),
         # With `auto` the memory check derives the fraction later; preflight checks the floor.
         "memory_fraction": (
-            plan.served.settings.gpu_memory_utilization
-            if cfg.preflight.unified_memory
-            and plan.served.settings.gpu_memory_utilization != "auto"
+            fraction
+            if cfg.preflight.unified_memory and fraction != "auto" and len(servers) == 1
             else 0
         ),
         "min_free_disk_bytes": int(cfg.preflight.min_free_disk_gib * GIB),
@@ -350,7 +393,10 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
 def serving_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """This deployment's Ray and vLLM containers on `node`, with either executor (a switch of
     executors finds the other one's still running: its delete comes last): what a restart of
-    the server gives back memory from."""
+    the server gives back memory from. Ray's containers are slot 0's: the one server Ray can
+    drive (StackConfig keeps executor ray to a fleet of one)."""
+    if plan.server.index > 0:
+        return [plan.container_name("vllm")]
     ray = plan.container_name("ray-head" if node.is_head else "ray-worker")
     return [ray, plan.container_name("vllm")]
 
@@ -358,7 +404,9 @@ def serving_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
 def own_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """Every container of this deployment on `node`: another deployment's container of the same
     name is refused by preflight, naming that deployment."""
-    names = [*serving_container_names(plan, node), plan.container_name("firewall")]
+    ray = plan.container_name("ray-head" if node.is_head else "ray-worker")
+    servers = [server.container_name("vllm") for server in plan.per_server]
+    names = [ray, *servers, plan.container_name("firewall")]
     return [*names, plan.container_name("front")] if node.is_head else names
 
 
@@ -392,8 +440,10 @@ def server_sizing(plan: DeploymentPlan) -> ServerSizing:
     fixed = fixed_sizing(plan)
     if fixed is not None:
         return fixed
-    kv_cache = KV_CACHE_BYTES.text if plan.served.settings.kv_cache is not None else None
-    return ServerSizing(GPU_MEMORY_UTILIZATION.text, kv_cache)
+    kv_cache = None
+    if plan.served.settings.kv_cache is not None:
+        kv_cache = plan.later(KV_CACHE_BYTES).text
+    return ServerSizing(plan.later(GPU_MEMORY_UTILIZATION).text, kv_cache)
 
 
 def sizing_values(sizing: ServerSizing) -> dict[str, str]:
@@ -446,7 +496,7 @@ def vllm_launcher_args(
             ",".join(f"{p.name}={p.fabric_ip}" for p in peers),
         ]
         if node.is_head:
-            port = plan.config.vllm.server_port
+            port = plan.server_port
             flags += ["--health-url", f"http://{plan.server_address}:{port}/health"]
     return [*flags, "--", *vllm_serve_args(plan, sizing, node)]
 
@@ -458,7 +508,7 @@ def vllm_serve_args(
     probed from the image) and, with `auto`, the sizing the memory check derived. With executor
     mp every node gets the same arguments but its node rank, and the workers `--headless` (vLLM
     docs, parallelism_scaling.md)."""
-    cfg, served = plan.config, plan.served
+    served = plan.served
     settings = served.settings
     node = node or plan.head
     args = [
@@ -470,7 +520,7 @@ def vllm_serve_args(
         "--host",
         plan.server_address,
         "--port",
-        str(cfg.vllm.server_port),
+        str(plan.server_port),
         "--tensor-parallel-size",
         str(served.tensor_parallel_size),
         "--pipeline-parallel-size",
@@ -488,7 +538,7 @@ def vllm_serve_args(
             "--master-addr",
             plan.head.fabric_ip,
             "--master-port",
-            str(cfg.vllm.master_port),
+            str(plan.master_port),
         ]
         if not node.is_head:
             args.append("--headless")
@@ -524,7 +574,13 @@ def plan_deployment(
         )
         for host in config.hosts
     )
-    return DeploymentPlan(config=config, deployment_id=deployment_id, nodes=nodes)
+    servers = assign_slots(config.fleet, {})
+    return DeploymentPlan(config=config, deployment_id=deployment_id, nodes=nodes, servers=servers)
+
+
+def placed(plan: DeploymentPlan, recorded: Mapping[str, int]) -> DeploymentPlan:
+    """`plan` with each server in the slot the head recorded for it (stacks/fleet.py)."""
+    return replace(plan, servers=assign_slots(plan.config.fleet, recorded), position=0)
 
 
 def unpinned_endpoints(plan: DeploymentPlan) -> list[str]:
@@ -570,10 +626,10 @@ def cluster_listen_ports(
     """Ports (and ranges) the nodes listen on for each other, on every interface, on `node`:
     vLLM's own (VLLM_PORT on: message queues, the Ray driver's TCPStore), and Ray's, or with
     executor mp the rendezvous (head). `uses_ray`: for that executor, not the configured one."""
-    first = plan.config.vllm.master_port + 1
+    first = plan.master_port + 1
     vllm_ports = f"{first}:{first + MP_PORT_SPAN - 1}"
     if not (plan.uses_ray if uses_ray is None else uses_ray):
-        return [str(plan.config.vllm.master_port), vllm_ports] if node.is_head else [vllm_ports]
+        return [str(plan.master_port), vllm_ports] if node.is_head else [vllm_ports]
     ray = plan.config.ray
     ports = list(ray.node_port_flags.values())
     if node.is_head:

@@ -177,23 +177,20 @@ def parse_readiness(readiness: str) -> dict[str, Any]:
     }
 
 
-def model_outputs(
-    plan: DeploymentPlan, readiness: str, sizing: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """The `models` output: per model served, what it is, where it runs, and what it showed
-    once ready; its memory share is the fraction the memory check settled on with `auto`."""
+def model_output(plan: DeploymentPlan, readiness: str, sizing: Mapping[str, Any]) -> dict[str, Any]:
+    """One entry of the `models` output: the plan's server, what it is, where it runs, and what
+    it showed once ready; its memory share is the fraction its memory check settled on with
+    `auto`."""
     served = plan.served
     share = served.settings.gpu_memory_utilization
     if share == "auto":
         share = sizing.get("gpuMemoryUtilization", "auto")
-    return [
-        {
-            "servedName": served.served_name,
-            "id": served.id,
-            "revision": served.revision,
-            "nodes": list(served.hosts),
-            "executor": served.settings.executor,
-            "gpuMemoryUtilization": share,
-            **parse_readiness(readiness),
-        }
-    ]
+    return {
+        "servedName": served.served_name,
+        "id": served.id,
+        "revision": served.revision,
+        "nodes": list(served.hosts),
+        "executor": served.settings.executor,
+        "gpuMemoryUtilization": share,
+        **parse_readiness(readiness),
+    }

@@ -58,13 +58,13 @@ def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
         "worker_bin": worker.bin_dir,
         "cache_dir": cache_dir,
         "model": served.id,
-        "manifest": " ".join(later.text for later in MANIFEST_FIELDS),
+        "manifest": " ".join(plan.later(later).text for later in MANIFEST_FIELDS),
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
         **relay_flags(plan, worker),
     }
-    done = check("snapshot", cache_dir, served.id, WEIGHTS_COMMIT.text)
+    done = check("snapshot", cache_dir, served.id, plan.later(WEIGHTS_COMMIT).text)
     return head_to_worker(
         plan, f"{name}-{worker.name}-copy", worker, "weights-sync.sh", flags, done, minutes
     )

@@ -60,9 +60,9 @@ def test_every_edge_and_value_comes_from_a_resource_registered_before(
 ) -> None:
     """One walk in order can register it: everything an entry runs after, whose IDs it
     carries, whose stdout it reads, and every later value's source comes earlier."""
-    _, graph = graph_of(configured(make_config, hosts, executor, extra))
+    plan, graph = graph_of(configured(make_config, hosts, executor, extra))
     index = {entry.name: i for i, entry in enumerate(graph)}
-    sources = g.later_sources()
+    sources = g.later_sources(plan)
     for i, entry in enumerate(graph):
         named = [*entry.after, *entry.triggers]
         named += [name for _, names in entry.id_labels for name in names]
