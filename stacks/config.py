@@ -841,26 +841,45 @@ def _memory_budget_fits(cfg: StackConfig) -> None:
 
 
 def _one_server_for_now(cfg: StackConfig) -> None:
-    """What this release deploys: one model, on every host, from image.ref. The checks above
-    already hold a longer `models` list to what several servers need."""
-    if len(cfg.fleet) > 1:
-        raise ConfigError(
-            f"{cfg.fleet[1].model_key}: this release deploys one model (several models on one "
-            "cluster are planned and checked, but not deployed yet); keep one entry in `models`"
-        )
-    (model,) = cfg.fleet
-    if model.image != cfg.image:
-        raise ConfigError(
-            f"{model.model_key}.image: this release serves from image.ref; set the image there"
-        )
-    if set(model.hosts) != {h.name for h in cfg.hosts}:
-        raise ConfigError(
-            f"{model.model_key}.hosts: this release deploys the model on every host; "
-            "leave hosts unset, or list every host"
-        )
+    """What this release deploys: every model on every host, from image.ref; several models
+    with executor mp and a fixed gpuMemoryUtilization each (each server's memory check runs once
+    the one before it started). The checks above already hold `models` to what several servers
+    on chosen hosts would need."""
+    for model in cfg.fleet:
+        if model.image != cfg.image:
+            raise ConfigError(
+                f"{model.model_key}.image: this release serves every model from image.ref; set "
+                "the image there"
+            )
+        if set(model.hosts) != {h.name for h in cfg.hosts}:
+            raise ConfigError(
+                f"{model.model_key}.hosts: this release deploys every model on every host; "
+                "leave hosts unset, or list every host"
+            )
+    if len(cfg.fleet) == 1:
+        return
+    for model in cfg.fleet:
+        if model.settings.executor != "mp":
+            raise ConfigError(
+                f"{model.settings_key}.executor: several models are served with executor mp "
+                "in this release (Ray drives one model per cluster here); set executor: mp"
+            )
+        if model.settings.gpu_memory_utilization == "auto":
+            raise ConfigError(
+                f"{model.settings_key}.gpuMemoryUtilization: with several models each one "
+                "needs its own fraction in this release (`auto` sizes one server to what the "
+                "node has free); set a fraction such as 0.4"
+            )
 
 
 def _ports_distinct(cfg: StackConfig) -> None:
+    check_ports(cfg, len(cfg.fleet))
+
+
+def check_ports(cfg: StackConfig, slots: int) -> None:
+    """The published port, Ray's and those of `slots` servers are distinct and outside each
+    other's ranges. Server k takes serverPort + k and masterPort + k * (MP_PORT_SPAN + 1), its
+    message queues the MP_PORT_SPAN ports after that (stacks/fleet.py ServerSlot)."""
     ray = cfg.ray
     owners: dict[int, str] = {}
     ports = {
@@ -868,12 +887,20 @@ def _ports_distinct(cfg: StackConfig) -> None:
         "vllm.serverPort": cfg.vllm.server_port,
         "vllm.masterPort": cfg.vllm.master_port,
     }
-    first, last = cfg.vllm.master_port + 1, cfg.vllm.master_port + MP_PORT_SPAN
-    own_ports = f"vllm.masterPort + 1 to + {MP_PORT_SPAN}: {first}-{last}"
+    queues = [(cfg.vllm.master_port + 1, cfg.vllm.master_port + MP_PORT_SPAN, "vllm.masterPort")]
+    for k in range(1, slots):
+        step = k * (MP_PORT_SPAN + 1)
+        ports[f"vllm.serverPort + {k} (server {k + 1})"] = cfg.vllm.server_port + k
+        master = f"vllm.masterPort + {step} (server {k + 1})"
+        ports[master] = cfg.vllm.master_port + step
+        queues.append((ports[master] + 1, ports[master] + MP_PORT_SPAN, master))
+    first, last = queues[0][0], queues[-1][1]
+    span = last - cfg.vllm.master_port
+    own_ports = f"vllm.masterPort + 1 to + {span}: {first}-{last}"
     if last > MAX_PORT:
         raise ConfigError(
             f"vllm.masterPort: {cfg.vllm.master_port} puts vLLM's own ports ({own_ports}) past "
-            f"{MAX_PORT}; use a masterPort of at most {MAX_PORT - MP_PORT_SPAN}"
+            f"{MAX_PORT}; use a masterPort of at most {MAX_PORT - span}"
         )
     if first <= ray.max_worker_port and ray.min_worker_port <= last:
         raise ConfigError(
@@ -882,11 +909,13 @@ def _ports_distinct(cfg: StackConfig) -> None:
             "move one of them"
         )
     for key, port in {**ports, **ray.fixed_ports}.items():
-        if first <= port <= last:
-            raise ConfigError(
-                f"{key}: {port} is inside the ports vLLM's message queues use ({own_ports}); "
-                "use another port, or move vllm.masterPort"
-            )
+        for low, high, owner in queues:
+            if low <= port <= high:
+                raise ConfigError(
+                    f"{key}: {port} is inside the ports vLLM's message queues use ({owner} + 1 "
+                    f"to + {MP_PORT_SPAN}: {low}-{high}); use another port, or move "
+                    "vllm.masterPort"
+                )
         if port in owners:
             raise ConfigError(f"{key}: {port} is also {owners[port]}")
         if ray.min_worker_port <= port <= ray.max_worker_port:

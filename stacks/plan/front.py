@@ -229,6 +229,9 @@ def models_document(routes: Sequence[Route]) -> str:
 
 
 def front_config_digest(plan: DeploymentPlan) -> str:
-    """The configuration's hash: in the reload step's command, so a changed file reloads the
-    front (front-reload.sh)."""
-    return hashlib.sha256(front_config(plan).encode()).hexdigest()[:16]
+    """The configuration's hash (with several models, the models list's too): in the reload
+    step's command, so a changed file reloads the front (front-reload.sh)."""
+    served = front_config(plan)
+    if len(plan.servers) > 1:  # /v1/models is read when the configuration is loaded
+        served += models_document(routes_of(plan))
+    return hashlib.sha256(served.encode()).hexdigest()[:16]

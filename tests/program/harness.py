@@ -29,6 +29,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from components.facts import FACTS_HEADER
+from stacks.plan.hosts import SLOTS_FILE_NAME
 from tests.cli import PulumiCli, gotext, handed_to_program
 from tests.engine.preview import PreviewMonitor, PriorResource
 from tests.engine.urns import EngineUrns
@@ -108,6 +109,7 @@ class FakeHosts(pulumi.runtime.Mocks):
 
     def __init__(self) -> None:
         self.receipts: dict[str, str] = {}  # step -> token
+        self.slots: str = ""  # the head's record of each server's slot, as last written
 
     def remember(self, state: dict[str, PriorResource]) -> None:
         """The hosts as an earlier `up` left them: every recorded step's receipt."""
@@ -133,10 +135,26 @@ class FakeHosts(pulumi.runtime.Mocks):
             raise NotImplementedError(args.token)
         receipts = sorted(self.receipts.items())
         lines = [FACTS_HEADER, *(f"{step} {token}" for step, token in receipts)]
+        lines += [f"slot {line}" for line in self.slots.splitlines()]  # as facts.sh prints it
         return {**args.args, "stdout": "\n".join(lines) + "\n", "stderr": ""}, []
 
     def _keep_receipts(self, create: Any) -> None:
         self.receipts.update(recorded_receipts(unwrap_secrets(create)))
+        slots = written_file(unwrap_secrets(create), f"/front/{SLOTS_FILE_NAME}")
+        if slots is not None:
+            self.slots = slots
+
+
+def written_file(create: Any, suffix: str) -> str | None:
+    """What a command line writes (`printf '%s' TEXT > PATH.tmp`) to the file ending in
+    `suffix`, or None."""
+    if not isinstance(create, str) or suffix not in create:
+        return None
+    words = shlex.split(create)
+    for i, word in enumerate(words[:-4]):
+        if word == "printf" and words[i + 3] == ">" and words[i + 4].endswith(f"{suffix}.tmp"):
+            return words[i + 2]
+    return None
 
 
 def recorded_receipts(create: Any) -> dict[str, str]:
@@ -173,7 +191,7 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
         worker = name.split("-")[-2]
         figures = {"worker": worker, "gbps": 93.5, "mtu": 9000, "headSpeedMbps": 200000}
         return "spark-vllm-fabric-link " + json.dumps({**figures, "workerSpeedMbps": 200000}) + "\n"
-    if name == "memory-check":  # as memory-check.sh answers on two Sparks with 110 GiB free
+    if re.fullmatch(r"memory(-s\d+)?-check", name):  # as memory-check.sh answers on two Sparks
         create = shlex.split(str(inputs.get("create")))
         asked = create[create.index("--utilization") + 1]
         node = {"totalGib": 121.7, "freeGib": 110.0, "fits": 0.9, "basis": "cuda"}

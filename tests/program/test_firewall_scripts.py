@@ -189,3 +189,43 @@ def test_a_delete_while_the_guard_applies_leaves_no_chain(tmp_path: Path) -> Non
     left = tables.read_text()
     assert "SPARK-VLLM-TEST" not in left, (left, err)
     assert not (state / "applied").exists()
+
+
+def test_the_guard_keeps_a_marker_per_server_and_takes_them_all_down(tmp_path: Path) -> None:
+    """With several servers each one's gate reads its own marker (--markers name=digest): all
+    are written while the rules hold, and all go when the guard stops."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "chroot").write_text(FAKE_CHROOT)
+    (fake / "chroot").chmod(0o755)
+    state = tmp_path / "firewall"
+    env = {
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "FAKE_TABLES": str(tmp_path / "tables.json"),
+        "FAKE_RACE": str(tmp_path / "no-race"),
+        "FAKE_REMOVED": str(state / "removed"),
+    }
+    guard = subprocess.Popen(
+        ["bash", str(SCRIPTS / "firewall.sh"), "guard", "--chain", "SPARK-VLLM-TEST",
+         "--fabric-interface", "fab0", "--tcp-ports", "29501,29534", "--digest", "d0",
+         "--markers", "applied-s1=d1,applied-s2=d2",
+         "--root", "/", "--dir", str(state), "--interval", "1"],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    markers = {name: state / name for name in ("applied", "applied-s1", "applied-s2")}
+    try:
+        deadline = time.monotonic() + 90
+        while not all(m.exists() for m in markers.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = {name: m.read_text().split() for name, m in markers.items() if m.exists()}
+    finally:
+        guard.terminate()
+        _, err = guard.communicate(timeout=10)
+    assert {name: words[1] for name, words in held.items()} == {
+        "applied": "d0",
+        "applied-s1": "d1",
+        "applied-s2": "d2",
+    }, err
+    assert all(words[0] == BOOT_ID for words in held.values())
+    assert not any(m.exists() for m in markers.values())

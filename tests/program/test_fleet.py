@@ -145,14 +145,34 @@ CASES = [
      "models[0].tensorParallelSize: is required"),
     ("an empty entry list is no list", lambda c: {**as_models(c), "models": []},
      "model.id: is required"),
-    # What this release deploys: one model on every host (the checks above hold first).
-    ("a second model", lambda c: two_models(c),
-     "models[1]: this release deploys one model"),
+    # What this release deploys: every model on every host, several with mp and a fixed
+    # fraction each (the checks above hold first).
+    ("a second model on some hosts", lambda c: two_models(c),
+     "models[1].hosts: this release deploys every model on every host"),
     ("one model on some hosts", lambda c: with_first(as_models(c), hosts=["spark1"],
                                                      tensorParallelSize=1),
-     "models[0].hosts: this release deploys the model on every host"),
+     "models[0].hosts: this release deploys every model on every host"),
     ("an image of its own", lambda c: with_first(as_models(c), image={"ref": "other/vllm:1"}),
-     "models[0].image: this release serves from image.ref"),
+     "models[0].image: this release serves every model from image.ref"),
+    ("several models, one with Ray",
+     lambda c: two_models(with_first(as_models(c), executor="ray", gpuMemoryUtilization=0.5),
+                          hosts=None, tensorParallelSize=2, gpuMemoryUtilization=0.3),
+     "models[0].executor: several models are served with executor mp in this release"),
+    ("several models, one sized auto",
+     lambda c: two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
+                          hosts=None, tensorParallelSize=2, gpuMemoryUtilization="auto"),
+     "models[1].gpuMemoryUtilization: with several models each one needs its own fraction"),
+    ("several servers' ports past the last port",
+     lambda c: {**two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
+                             hosts=None, tensorParallelSize=2, gpuMemoryUtilization=0.3),
+                "vllm": {"masterPort": 65480}},
+     "vllm.masterPort: 65480 puts vLLM's own ports (vllm.masterPort + 1 to + 65: 65481-65545) "
+     "past 65535; use a masterPort of at most 65470"),
+    ("the second server's port on the published one",
+     lambda c: {**two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
+                             hosts=None, tensorParallelSize=2, gpuMemoryUtilization=0.3),
+                "vllm": {"port": 8002}},
+     "vllm.serverPort + 1 (server 2): 8002 is also vllm.port"),
 ]  # fmt: skip
 
 
@@ -175,7 +195,7 @@ def test_replicas_share_a_name_and_the_budget_counts_each_node_apart(
                "gpuMemoryUtilization": 0.35}  # fmt: skip
     config = as_models(config, {**replica, "hosts": ["spark1"]}, {**replica, "hosts": ["spark2"]})
     with_first(config, gpuMemoryUtilization=0.5)
-    with pytest.raises(ConfigError, match=r"models\[1\]: this release deploys one model"):
+    with pytest.raises(ConfigError, match=r"models\[1\].hosts: this release deploys every model"):
         parsed(config)  # only the release's own limit stops it
 
 

@@ -1,0 +1,294 @@
+"""Several models on one cluster (stacks/fleet.py ServerSlot): each server's resources, ports,
+containers and firewall marker are its slot's; the front routes them all. `pulumi preview` on
+a deployed fleet: adding, removing, changing or switching one model plans nothing of the
+others (tests/engine/diff.py plans as the engine and the providers do)."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+
+import pytest
+
+from stacks.config import ImageConfig, ServerSettings
+from stacks.fleet import ServedModel, assign_slots
+from stacks.plan import graph as g
+from stacks.plan.containers import ContainerSpec
+from stacks.plan.front import front_config
+from stacks.plan.steps import StepSpec
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import evaluate
+from tests.program.test_fleet import as_models
+from tests.program.test_plan_graph import graph_of
+from tests.program.test_preview_diff import changes
+
+NAMES = ("qwen", "embed", "coder")
+
+
+def fleet(make_config: ConfigFactory, hosts: int, names: tuple[str, ...] = NAMES) -> dict:
+    """A stack serving `names` (mp, on every host, 0.25 of each node's memory each)."""
+    config = as_models(make_config(hosts=hosts, executor="mp"))
+    first = config["models"][0]
+    config["models"] = [
+        {
+            **copy.deepcopy(first),
+            "id": f"org/{name}",
+            "servedName": name,
+            "gpuMemoryUtilization": 0.25,
+        }
+        for name in names
+    ]
+    return config
+
+
+def flags(words: tuple[str, ...] | list[str], flag: str) -> list[str]:
+    """Every value of `flag` in `words`."""
+    return [words[i + 1] for i, word in enumerate(words[:-1]) if word == flag]
+
+
+def slot(base: str, index: int) -> str:
+    return base if index == 0 else f"{base}-s{index}"
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_each_model_gets_its_own_server_ports_and_checks(
+    make_config: ConfigFactory, hosts: int
+) -> None:
+    plan, graph = graph_of(fleet(make_config, hosts))
+    workers = [f"spark{i}" for i in range(2, hosts + 1)]
+    for index, name in enumerate(NAMES):
+        weights, memory, vllm = slot("weights", index), slot("memory", index), slot("vllm", index)
+        expected = {
+            f"{weights}-fetch",
+            *(f"{weights}-{w}-copy" for w in workers),
+            f"{memory}-check",
+            *(f"{vllm}-{w}" for w in workers),
+            f"{vllm}-container",
+            f"{vllm}-ready",
+        }
+        assert expected <= set(graph.by_name), name
+        server = graph.by_name[f"{vllm}-container"].spec
+        assert isinstance(server, ContainerSpec)
+        assert server.name == slot("spark-vllm-vllm", index) or server.name.endswith(
+            slot("-vllm", index)
+        )
+        assert flags(server.command, "--served-model-name") == [name]
+        assert flags(server.command, "--port") == [str(8001 + index)]
+        assert flags(server.command, "--master-port") == [str(29501 + 33 * index)]
+        assert f"VLLM_PORT={29502 + 33 * index}" in server.env
+        for worker in workers:  # every rank of this server meets at its own rendezvous
+            headless = graph.by_name[f"{vllm}-{worker}"].spec
+            assert isinstance(headless, ContainerSpec)
+            assert headless.name == server.name
+            assert flags(headless.command, "--master-port") == [str(29501 + 33 * index)]
+    # No Ray, one front, one guard per node.
+    assert not [e for e in graph if e.component == g.RAY]
+    assert (
+        len([e for e in graph if e.name.startswith("firewall-") and e.name.endswith("-guard")])
+        == hosts
+    )
+    # The front routes each model to its own server.
+    config = front_config(plan)
+    for index, name in enumerate(NAMES):
+        assert f"127.0.0.1:{8001 + index}" in config
+        assert name in config
+
+
+def test_each_server_starts_once_the_one_before_it_is_ready(make_config: ConfigFactory) -> None:
+    """A server's memory check runs once the previous server answered (vLLM measures what is
+    free when it starts); the copies to one worker run one after another (one link)."""
+    _, graph = graph_of(fleet(make_config, 2))
+    assert "vllm-ready" in graph.by_name["memory-s1-check"].after
+    assert "vllm-s1-ready" in graph.by_name["memory-s2-check"].after
+    assert "memory-s1-check" in graph.by_name["vllm-s1-container"].after
+    assert "memory-s1-check" in graph.by_name["vllm-s1-spark2"].after
+    assert "weights-spark2-copy" in graph.by_name["weights-s1-spark2-copy"].after
+    assert "weights-s1-spark2-copy" in graph.by_name["weights-s2-spark2-copy"].after
+    # Every readiness wait probes through the front, after its reload.
+    for name in ("vllm-ready", "vllm-s1-ready", "vllm-s2-ready"):
+        assert {"front-container", "front-reload"} <= set(graph.by_name[name].after)
+
+
+def test_the_guard_keeps_a_marker_per_server_and_each_gate_reads_its_own(
+    make_config: ConfigFactory,
+) -> None:
+    _, graph = graph_of(fleet(make_config, 2))
+    guard = graph.by_name["firewall-spark2-guard"].spec
+    wait = graph.by_name["firewall-spark2"].spec
+    assert isinstance(guard, ContainerSpec) and isinstance(wait, StepSpec)
+    markers = dict(m.split("=") for m in flags(guard.command, "--markers")[0].split(","))
+    markers["applied"] = flags(guard.command, "--digest")[0]
+    assert set(markers) == {"applied", "applied-s1", "applied-s2"}
+    ports = flags(guard.command, "--tcp-ports")[0].split(",")
+    for index in range(3):  # every server's message queues are guarded
+        first = 29502 + 33 * index
+        assert f"{first}:{first + 31}" in ports
+        headless = graph.by_name[f"{slot('vllm', index)}-spark2"].spec
+        assert isinstance(headless, ContainerSpec)
+        gate = headless.entrypoint[headless.entrypoint.index("firewall-gate") + 1 :]
+        marker, digest = gate[0], gate[1]
+        assert marker.endswith("/" + slot("applied", index))
+        assert markers[slot("applied", index)] == digest
+    # The firewall step waits for slot 0's marker, as with one model.
+    assert flags(shlex.split(wait.create), "--digest") == [markers["applied"]]
+
+
+def test_the_head_records_each_servers_slot_and_the_models_list(
+    make_config: ConfigFactory,
+) -> None:
+    _, graph = graph_of(fleet(make_config, 2))
+    create = graph.by_name["front-config"].spec
+    assert isinstance(create, StepSpec)
+    words = shlex.split(create.create)
+    written = {words[i + 4]: words[i + 2] for i, w in enumerate(words[:-4]) if w == "printf"}
+    record = next(text for path, text in written.items() if path.endswith("/front/slots.tmp"))
+    assert record == "0 qwen@spark1,spark2\n1 embed@spark1,spark2\n2 coder@spark1,spark2\n"
+    models = next(text for path, text in written.items() if path.endswith("/models.json.tmp"))
+    assert [m in models for m in NAMES] == [True] * 3
+
+
+def up_then_preview(before: dict, after: dict) -> tuple[dict[str, str], list[str]]:
+    up = evaluate(before, SECRETS)
+    preview = evaluate(after, SECRETS, preview=True, prior=up)
+    return changes(preview), [urn.rsplit("::", 1)[-1] for urn in preview.deletes]
+
+
+# Every change to the fleet rewrites the routes (and the head's record) and reloads the front;
+# a server added or removed changes the ports the guards keep (their rules stay in the kernel
+# meanwhile, nothing that serves restarts) and the ports and names preflight checks.
+ROUTES = {"front-config": "update", "front-reload": "update"}
+PORTS = {
+    "firewall-spark1-guard": "replace",
+    "firewall-spark2-guard": "replace",
+    "spark1-preflight": "update",
+    "spark2-preflight": "update",
+}
+
+
+def test_adding_a_model_creates_only_its_own(make_config: ConfigFactory) -> None:
+    before, after = fleet(make_config, 2, NAMES[:2]), fleet(make_config, 2)
+    planned, deleted = up_then_preview(before, after)
+    created = {n for n, step in planned.items() if step == "create"}
+    assert created == {
+        "weights-s2-fetch",
+        "weights-s2-spark2-copy",
+        "memory-s2-check",
+        "vllm-s2-spark2",
+        "vllm-s2-container",
+        "vllm-s2-ready",
+    }
+    assert {n: s for n, s in planned.items() if s != "create"} == {**ROUTES, **PORTS}
+    assert deleted == []
+
+
+def test_removing_a_model_deletes_only_its_own_and_the_others_keep_their_slots(
+    make_config: ConfigFactory,
+) -> None:
+    before = fleet(make_config, 2)
+    after = fleet(make_config, 2, ("qwen", "coder"))  # embed (slot 1) goes
+    planned, deleted = up_then_preview(before, after)
+    assert planned == {
+        **ROUTES,
+        **PORTS,
+        **{n: "delete" for n in planned if planned[n] == "delete"},
+    }
+    assert sorted(deleted) == sorted(
+        [
+            "weights-s1-fetch",
+            "weights-s1-spark2-copy",
+            "memory-s1-check",
+            "vllm-s1-spark2",
+            "vllm-s1-container",
+            "vllm-s1-ready",
+        ]
+    )
+
+
+def test_changing_one_models_flags_replaces_only_its_server(make_config: ConfigFactory) -> None:
+    before = fleet(make_config, 2)
+    after = copy.deepcopy(before)
+    after["models"][1]["maxModelLen"] = 8192
+    planned, deleted = up_then_preview(before, after)
+    assert planned == {
+        "vllm-s1-container": "replace",
+        "vllm-s1-spark2": "replace",
+        "vllm-s1-ready": "replace",
+        **ROUTES,  # /v1/models shows its new context length
+    }
+    assert deleted == []
+
+
+def test_switching_one_model_for_another_keeps_its_slot(make_config: ConfigFactory) -> None:
+    """Its fixed-name containers are replaced, deleted first: its memory is free before the
+    new model's server starts. Nothing of the others changes."""
+    before = fleet(make_config, 2)
+    after = copy.deepcopy(before)
+    after["models"][1].update({"id": "org/other", "servedName": "other"})
+    up = evaluate(before, SECRETS)
+    preview = evaluate(after, SECRETS, preview=True, prior=up)
+    planned = changes(preview)
+    assert planned == {
+        "weights-s1-fetch": "update",
+        "weights-s1-spark2-copy": "update",
+        "vllm-s1-container": "replace",
+        "vllm-s1-spark2": "replace",
+        "vllm-s1-ready": "replace",
+        **ROUTES,
+    }
+    replaced = [
+        r for r in preview.registrations if r.name in ("vllm-s1-container", "vllm-s1-spark2")
+    ]
+    assert replaced and all(r.delete_before_replace for r in replaced)
+
+
+def test_a_second_model_leaves_the_first_as_it_was(make_config: ConfigFactory) -> None:
+    """An existing stack of one model gains a second: the first keeps slot 0, its names and
+    ports; nothing of it changes."""
+    before = make_config(hosts=2, executor="mp", vllm={"tensorParallelSize": 2,
+                                                       "maxModelLen": 32768, "executor": "mp",
+                                                       "gpuMemoryUtilization": 0.5})  # fmt: skip
+    after = as_models(before, {"id": "org/embed", "servedName": "embed", "tensorParallelSize": 2,
+                               "gpuMemoryUtilization": 0.3})  # fmt: skip
+    planned, deleted = up_then_preview(before, after)
+    untouched = [n for n in planned if not n.startswith(("weights-s1", "memory-s1", "vllm-s1"))]
+    assert {n: planned[n] for n in untouched} == {**ROUTES, **PORTS}
+    assert deleted == []
+
+
+def test_a_model_added_first_in_the_list_takes_a_free_slot(make_config: ConfigFactory) -> None:
+    """The slots the head recorded hold: a new entry written first moves no other model."""
+    before = fleet(make_config, 2, NAMES[:2])
+    after = fleet(make_config, 2, ("coder", *NAMES[:2]))
+    planned, deleted = up_then_preview(before, after)
+    created = sorted(n for n, step in planned.items() if step == "create")
+    assert created and all(n.startswith(("weights-s2", "memory-s2", "vllm-s2")) for n in created)
+    assert {n: s for n, s in planned.items() if s != "create"} == {**ROUTES, **PORTS}
+    assert deleted == []
+
+
+def served_as(name: str) -> ServedModel:
+    """A model as slots see it: its served name and hosts (the rest is not read)."""
+    settings = ServerSettings.model_validate({"tensorParallelSize": 1})
+    image = ImageConfig.model_validate({"ref": "example/vllm:1"})
+    return ServedModel("m", "m", f"org/{name}", "main", name, ("spark1",), settings, image)
+
+
+SLOTS = [
+    # (fleet in order, the head's record, the slots the fleet gets)
+    (["a"], {}, [0]),  # one model, as every stack before: slot 0
+    (["a", "b", "c"], {}, [0, 1, 2]),  # no record yet: the order written
+    (["c", "a", "b"], {"a": 0, "b": 1}, [2, 0, 1]),  # a new entry first takes a free slot
+    (["a", "c"], {"a": 0, "b": 1, "c": 2}, [0, 2]),  # b removed: c keeps 2
+    (["a", "c", "d"], {"a": 0, "c": 2}, [0, 2, 1]),  # then d takes the lowest free one
+    (["a", "x"], {"a": 0, "b": 1}, [0, 1]),  # b switched for x: x takes b's slot
+    (["x", "y", "a"], {"a": 0, "b": 1}, [1, 2, 0]),
+]
+
+
+@pytest.mark.parametrize(("names", "recorded", "expected"), SLOTS)
+def test_slots_stay_where_the_head_recorded_them(
+    names: list[str], recorded: dict[str, int], expected: list[int]
+) -> None:
+    fleet_models = [served_as(n) for n in names]
+    record = {f"{n}@spark1": k for n, k in recorded.items()}
+    assert [s.index for s in assign_slots(fleet_models, record)] == expected
