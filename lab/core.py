@@ -140,7 +140,7 @@ class Lab:
         if pid is None:
             return
         if self.spec.with_model:
-            hfmodel.seed_cache(head.hostdir / "root/.cache/huggingface")
+            hfmodel.seed_models(head.hostdir / "root/.cache/huggingface")
         if self.spec.with_image:
             present = run(
                 in_host(pid, ["docker", "image", "inspect", IMAGE_NAME]), timeout=30, check=False
@@ -211,7 +211,7 @@ class Lab:
             info = self._describe(nodes)
             self._write_client_files(info)
             if self.spec.with_model:
-                hfmodel.seed_cache(self.node(info.head.name).hostdir / "root/.cache/huggingface")
+                hfmodel.seed_models(self.node(info.head.name).hostdir / "root/.cache/huggingface")
             if tarball is not None:
                 path, digest = tarball.result(timeout=1200)
                 self.timings["image_build"] = time.monotonic() - started

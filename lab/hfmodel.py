@@ -16,7 +16,7 @@ import random
 import struct
 from pathlib import Path
 
-from lab.spec import HF_MODEL, HF_REVISION
+from lab.spec import HF_MODEL, HF_MORE_MODELS, HF_REVISION
 
 WEIGHTS_BYTES = 8 * 1024 * 1024
 SEED = 20260601
@@ -93,14 +93,16 @@ def _safetensors() -> bytes:
     return struct.pack("<Q", len(head)) + head + data
 
 
-def model_files() -> dict[str, bytes]:
+def model_files(repo_id: str = HF_MODEL) -> dict[str, bytes]:
+    name = repo_id.rsplit("/", 1)[-1]
+    readme = f"# {name}\n\nRandom weights for the spark-vllm lab. Not a real model.\n"
     return {
         "config.json": _config(),
         "generation_config.json": b'{"bos_token_id": 1, "eos_token_id": 2}\n',
         "tokenizer.json": _tokenizer(),
         "tokenizer_config.json": _tokenizer_config(),
         "model.safetensors": _safetensors(),
-        "README.md": b"# tiny-chat\n\nRandom weights for the spark-vllm lab. Not a real model.\n",
+        "README.md": readme.encode(),
     }
 
 
@@ -118,7 +120,7 @@ def commit_id(blobs: dict[str, str]) -> str:
 
 def seed_cache(hf_home: Path, repo_id: str = HF_MODEL, revision: str = HF_REVISION) -> str:
     """Write the model under hf_home/hub; return the commit id. Idempotent."""
-    files = model_files()
+    files = model_files(repo_id)
     blobs = {name: blob_name(name, content) for name, content in files.items()}
     commit = commit_id(blobs)
     repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
@@ -135,3 +137,9 @@ def seed_cache(hf_home: Path, repo_id: str = HF_MODEL, revision: str = HF_REVISI
         os.symlink(f"../../blobs/{blobs[name]}", link)
     (repo / "refs" / revision).write_text(commit)  # no newline, as huggingface_hub writes it
     return commit
+
+
+def seed_models(hf_home: Path) -> None:
+    """Every lab model (HF_MODEL, then HF_MORE_MODELS) in hf_home/hub. Idempotent."""
+    for repo_id in (HF_MODEL, *HF_MORE_MODELS):
+        seed_cache(hf_home, repo_id)

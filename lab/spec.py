@@ -20,6 +20,8 @@ MGMT_IFNAME = "mgmt0"
 OUTSIDE_IFNAME = "outside0"
 IMAGE_NAME = "spark-vllm-lab:latest"
 HF_MODEL = "spark-vllm-lab/tiny-chat"
+# More tiny models beside it, for stacks that serve several (the same shapes, their own commits).
+HF_MORE_MODELS = ("spark-vllm-lab/tiny-chat-b", "spark-vllm-lab/tiny-chat-c")
 HF_REVISION = "main"
 
 # Linux limits interface names to 15 characters; the root-namespace end of the outside link is

@@ -18,6 +18,8 @@ The edges, in one place (each one's reason is beside it below):
     compile cache (after the node's image facts)
     Ray containers (after their firewall, compile cache, memory check) -> join wait
     vLLM (after Ray's join wait, or with mp its headless ranks) -> readiness (through the front)
+    each further model (a slot, stacks/fleet.py): its weights (each worker's copy after the
+    previous model's), its memory check (after the previous model's readiness), its vLLM
 """
 
 from __future__ import annotations
@@ -65,14 +67,11 @@ FIREWALL, FRONT, COMPILE_CACHE, RAY, VLLM = "firewall", "front", "compile-cache"
 
 # Resources the components and the stack outputs read (the others are found by name in `after`).
 IMAGE_PULL, FRONT_PULL, FRONT_CONTAINER = f"{IMAGE}-pull", f"{FRONT}-pull", f"{FRONT}-container"
-FABRIC_HEAD_KEY, WEIGHTS_FETCH, MEMORY_CHECK = (
-    f"{FABRIC}-head-key",
-    f"{WEIGHTS}-fetch",
-    f"{MEMORY}-check",
-)
+FABRIC_HEAD_KEY = f"{FABRIC}-head-key"
 RAY_HEAD, RAY_JOINED = f"{RAY}-head", f"{RAY}-joined"
+# The first model's (slot 0's) check, server and wait; slot k's are `<component>-s<k>-...`.
+MEMORY_CHECK = f"{MEMORY}-check"
 SERVER, READINESS = f"{VLLM}-container", f"{VLLM}-ready"
-BENCHMARK = f"{VLLM}-benchmark"
 
 
 def preflight_of(node: str) -> str:

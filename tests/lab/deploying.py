@@ -13,9 +13,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
 from lab import Lab
 from lab import client as lab_client
 from lab.stack import PROJECT, stack_config
+from stacks.config import ServerSettings
 from tests.cli import PulumiCli
 from tests.lab.realmocks import RealMocks, StackOutputs, run_program
 from tests.program.test_scripts import load
@@ -117,6 +120,13 @@ def complete(base: str, model: str, key: str | None = API_KEY) -> tuple[int, dic
     return post(base, "/completions", {"model": model, "prompt": "Hello", "max_tokens": 8}, key)
 
 
+def models_listed(base: str, key: str = API_KEY) -> list[str]:
+    """The served names /v1/models lists at `base` (`.../v1`)."""
+    request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return [model["id"] for model in json.loads(response.read())["data"]]
+
+
 def host_sh(lab: Lab, host: str, script: str) -> str:
     return lab.sh(host, script).stdout.strip()
 
@@ -181,3 +191,56 @@ def reachable_from_bastion(lab: Lab, address: str, port: int) -> bool:
     probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{address}/{port}' 2>/dev/null && echo open"
     # Run in the bastion's own namespace, not over SSH: a day-two test revokes the lab's key.
     return lab.sh("bastion", probe + " || true").stdout.strip() == "open"
+
+
+class RequestLoop:
+    """A client that asks `model` for a completion, one request after another, while a run goes
+    on, and counts the requests that failed (anything but a 200 with text)."""
+
+    def __init__(self, base: str, model: str, key: str = API_KEY) -> None:
+        self.base, self.model, self.key = base, model, key
+        self.sent = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> RequestLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=70)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sent += 1
+            try:
+                status, reply = complete(self.base, self.model, key=self.key)
+                text = reply.get("choices", [{}])[0].get("text", "") if status == 200 else ""
+                if not text.strip():
+                    self.failures.append(f"HTTP {status}")
+            except OSError as error:  # the connection refused or cut: a failed request too
+                self.failures.append(type(error).__name__)
+            self._stop.wait(0.05)
+
+    def summary(self) -> str:
+        return f"{len(self.failures)} of {self.sent} requests to {self.model} failed"
+
+
+PER_SERVER = {to_camel(name) for name in ServerSettings.model_fields}
+
+
+def as_fleet(config: dict[str, Any], *models: tuple[str, str]) -> dict[str, Any]:
+    """`config` (`model` + `vllm`) serving `models` instead: (id, servedName) each, on every
+    host, each with the per-server settings `vllm` held."""
+    config = dict(config)
+    vllm = config[f"{PROJECT}:vllm"]
+    per_server = {key: value for key, value in vllm.items() if key in PER_SERVER}
+    config[f"{PROJECT}:vllm"] = {k: v for k, v in vllm.items() if k not in PER_SERVER}
+    config[f"{PROJECT}:model"] = {"cacheDir": config[f"{PROJECT}:model"]["cacheDir"]}
+    config[f"{PROJECT}:models"] = [
+        {"id": model_id, "servedName": name, **json.loads(json.dumps(per_server))}
+        for model_id, name in models
+    ]
+    return config

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lab import Lab
+from lab import HF_MODEL, HF_MORE_MODELS, Lab
 from lab.image import REQUIREMENTS
 from lab.stack import IMAGE_NAME, SERVED_NAME
 from stacks.plan.image import pinned_image
@@ -28,6 +28,7 @@ from tests.lab.deploying import (
     PREFIX,
     RAY_NODES,
     STATE,
+    as_fleet,
     complete,
     copy_report,
     default_lab_config,
@@ -36,6 +37,7 @@ from tests.lab.deploying import (
     host_sh,
     image_identity,
     lab_config,
+    models_listed,
     reachable_from_bastion,
 )
 from tests.lab.engine import NextUp, log_plan
@@ -47,6 +49,7 @@ pytestmark = pytest.mark.lab
 STANDIN_VERSION = "0.0.0+spark-vllm-lab-standin"  # what its /version says
 STANDIN_PACKAGE_VERSION = "0.0.0+spark.vllm.lab.standin"  # its metadata's (PEP 440 normalised)
 LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
+SECOND_MODEL = "tiny-chat-b"  # a second lab model (HF_MORE_MODELS), beside the first
 assert "ray==2.60.0" in REQUIREMENTS  # the lab image's Ray, which rayVersion must report
 
 
@@ -338,11 +341,17 @@ def test_the_seeds_topology_with_three_hosts(
     host_sh(
         lab, "spark1", f"mkdir -p {q(cache_dir)} && cp -a /root/.cache/huggingface/. {q(cache_dir)}"
     )
-    # mp: the lab stack's default executor (vllm.executor unset); ray: set.
+    # mp: the lab stack's default executor (vllm.executor unset); ray: set. With mp, two
+    # models behind the one endpoint (fixed fractions: several models need them).
     config = lab_config(lab) if executor == "ray" else default_lab_config(lab)
     for host in config["spark-vllm:hosts"]:
         host["stateDir"] = state_base
     config["spark-vllm:model"]["cacheDir"] = cache_dir
+    models = [SERVED_NAME]
+    if executor == "mp":
+        config["spark-vllm:vllm"]["gpuMemoryUtilization"] = 0.15
+        config = as_fleet(config, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND_MODEL))
+        models.append(SECOND_MODEL)
     fabric = [lab.spec.host_fabric_ip(i) for i in range(3)]
     served_by = "ray-worker" if executor == "ray" else "vllm"
     # With mp, spark2 cannot reach spark3 over the fabric: the relay chain's hop between them
@@ -361,6 +370,10 @@ def test_the_seeds_topology_with_three_hosts(
             f"e2e up (seeds' topology, 3 hosts, executor {executor})", time.monotonic() - started
         )
         assert outputs["endpointUrl"] == f"http://{lab.spec.outside_far_ip}:8000/v1"
+        assert [m["servedName"] for m in outputs["models"]] == models
+        assert models_listed(outputs["endpointUrl"]) == models
+        for model in models[1:]:  # each model through the one endpoint, the official client
+            attacker.assert_the_openai_client_streams(outputs["endpointUrl"], API_KEY, model)
         status, reply = complete(outputs["endpointUrl"].removesuffix("/"), outputs["modelId"])
         assert status == 200 and reply["choices"][0]["text"].strip()
         # Every rank's node took part (the stand-in's text names them, rank 0's first).
@@ -369,7 +382,9 @@ def test_the_seeds_topology_with_three_hosts(
         # The first worker's copies relay to both workers (one stream through spark2 to
         # spark3, not one per worker from the head); spark3's own steps find it there.
         steps = {entry.name: entry.outputs for entry in mocks.state_entries()}
-        for kind, step in (("image", "image-{}-sync"), ("weights", "weights-{}-copy")):
+        copies = [("image", "image-{}-sync"), ("weights", "weights-{}-copy")]
+        copies += [("weights", "weights-s1-{}-copy")] if len(models) > 1 else []
+        for kind, step in copies:
             relayed = copy_report(steps[step.format("spark2")], kind)["relayed"]
             assert relayed == (1 if hop_blocked else 2), (kind, relayed)
         if not hop_blocked:

@@ -1,0 +1,155 @@
+"""Several models on one cluster, for real: the committed lab stack (mp, both hosts, through the
+bastion) serving one model, then its next `pulumi up`s: a second model added, its flags
+changed, switched for a third, a memory budget that cannot fit, and the model removed. A client
+asks the first model for completions through every run and counts the requests that failed
+(goal: 0); each row's plan, wall time and downtime of /v1/models go to the day-two table."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from lab import HF_MODEL, HF_MORE_MODELS, Lab
+from lab.stack import PROJECT, SERVED_NAME
+from tests.lab import attacker
+from tests.lab.day_two import Stack, deployed, next_up
+from tests.lab.deploying import (
+    API_KEY,
+    PREFIX,
+    RequestLoop,
+    as_fleet,
+    default_lab_config,
+    deploy,
+    host_sh,
+    models_listed,
+)
+from tests.lab.engine import NextUp
+from tests.lab.timings import record_figure, record_timing
+
+pytestmark = pytest.mark.lab
+
+SECOND, THIRD = "tiny-chat-b", "tiny-chat-c"
+# The hosts share this machine's memory: small fixed fractions leave room for three servers.
+SHARE = 0.15
+# What every change to the fleet plans beside the changed model's own resources: the routes
+# (and the head's record of the slots) and the front's reload; with a server added or removed,
+# the ports each host's guard keeps and preflight checks.
+ROUTES = {"front-config", "front-reload"}
+PORTS = {"firewall-spark1-guard", "firewall-spark2-guard", "spark1-preflight", "spark2-preflight"}
+
+
+def one_model(lab: Lab) -> dict[str, Any]:
+    """The committed lab stack (`model` + `vllm`) with a fixed fraction instead of `auto`."""
+    config = default_lab_config(lab)
+    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "gpuMemoryUtilization": SHARE}
+    return config
+
+
+def fleet(lab: Lab, *models: tuple[str, str], **second: Any) -> dict[str, Any]:
+    """The same stack with `models`: (id, servedName) each, on every host; `second` changes
+    the second entry's settings."""
+    config = as_fleet(one_model(lab), *models)
+    if len(models) > 1:
+        config[f"{PROJECT}:models"][1].update(second)
+    return config
+
+
+@pytest.fixture(scope="module")
+def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
+    lab = lab_factory("fleet", hosts=2, topology="bastion")
+    started = time.monotonic()
+    with deployed(lab, one_model(lab)) as stack:
+        record_timing(
+            "several models: first up (one model, bastion, mp)", time.monotonic() - started
+        )
+        yield stack
+    lab.down()
+
+
+def changed_while_serving(stack: Stack, scenario: str, config: dict[str, Any]) -> NextUp:
+    """The next `pulumi up` while a client asks the first model for completions: not one of
+    them may fail."""
+    with RequestLoop(stack.endpoint, SERVED_NAME) as loop:
+        run = next_up(stack, scenario, config)
+    record_figure(f"several models: {scenario}", loop.summary())
+    assert loop.sent > 10 and loop.failures == [], loop.summary()
+    return run
+
+
+def listed(stack: Stack) -> list[str]:
+    return models_listed(stack.endpoint)
+
+
+def own(run: NextUp, slot: str) -> dict[str, str]:
+    """The run's steps on resources of server `slot` (`s1`...)."""
+    mine = (f"weights-{slot}", f"memory-{slot}", f"vllm-{slot}")
+    return {name: op for name, op in run.changed().items() if name.startswith(mine)}
+
+
+def others(run: NextUp, slot: str) -> set[str]:
+    return set(run.changed()) - set(own(run, slot))
+
+
+def containers(stack: Stack, host: str) -> set[str]:
+    names = host_sh(stack.lab, host, "docker ps --format '{{.Names}}'")
+    return {n for n in names.split() if n.startswith(f"{PREFIX}-vllm")}
+
+
+def test_a_second_model_is_added_beside_the_first(stack: Stack) -> None:
+    run = changed_while_serving(
+        stack, "add a model", fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
+    )
+    assert set(own(run, "s1").values()) == {"create"}, run.changed()
+    assert others(run, "s1") == ROUTES | PORTS, run.changed()
+    assert listed(stack) == [SERVED_NAME, SECOND]
+    for model in (SERVED_NAME, SECOND):  # the official client, one endpoint, each model
+        attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, model)
+    for host in ("spark1", "spark2"):
+        assert containers(stack, host) == {f"{PREFIX}-vllm", f"{PREFIX}-vllm-s1"}
+    names = [m["servedName"] for m in stack.outputs["models"]]
+    assert names == [SERVED_NAME, SECOND] and stack.outputs["modelId"] == SERVED_NAME
+
+
+def test_changing_one_models_flags_replaces_only_its_server(stack: Stack) -> None:
+    config = fleet(
+        stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND), maxModelLen=1024
+    )
+    run = changed_while_serving(stack, "change one model's flags", config)
+    assert own(run, "s1") == {
+        "vllm-s1-container": "replace",
+        "vllm-s1-spark2": "replace",
+        "vllm-s1-ready": "replace",
+    }
+    assert others(run, "s1") == ROUTES  # /v1/models shows its new context length
+
+
+def test_switching_one_model_for_another_keeps_its_slot(stack: Stack) -> None:
+    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[1], THIRD), maxModelLen=1024)
+    run = changed_while_serving(stack, "switch one model for another", config)
+    assert set(own(run, "s1").values()) <= {"update", "replace"}, run.changed()
+    assert others(run, "s1") == ROUTES, run.changed()
+    assert listed(stack) == [SERVED_NAME, THIRD]
+    attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, THIRD)
+
+
+def test_a_budget_that_does_not_fit_is_refused_before_anything_changes(stack: Stack) -> None:
+    config = fleet(
+        stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[1], THIRD), gpuMemoryUtilization=0.9
+    )
+    run = NextUp(stack.state)
+    with pytest.raises(Exception, match=r"models\[1\].gpuMemoryUtilization: on spark1"):
+        deploy(stack.lab, run, config)
+    assert run.commands_run == 0 and run.changed() == {}
+    assert listed(stack) == [SERVED_NAME, THIRD]
+
+
+def test_removing_a_model_deletes_only_its_own(stack: Stack) -> None:
+    run = changed_while_serving(stack, "remove a model", fleet(stack.lab, (HF_MODEL, SERVED_NAME)))
+    assert set(own(run, "s1").values()) == {"delete"}, run.changed()
+    assert others(run, "s1") == ROUTES | PORTS, run.changed()
+    for host in ("spark1", "spark2"):
+        assert containers(stack, host) == {f"{PREFIX}-vllm"}
+    assert listed(stack) == [SERVED_NAME]
