@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from stacks.plan.nodes import DeploymentPlan, NodePlan, cluster_listen_ports
+from stacks.plan.nodes import DeploymentPlan, NodePlan, cluster_listen_ports, servers_on
 
 CONTAINER_FIREWALL_DIR = "/spark-vllm/firewall"  # the host's <state>/firewall: the marker
 HOST_ROOT = "/host"  # the guard's read-only view of the host's root (its iptables)
@@ -37,7 +37,7 @@ def guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     server's own port, which listens on loopback anyway. Both executors' ports: a switch of
     executors then leaves the rules as they are while the old executor's containers still run
     (they are deleted at the end of that `up`)."""
-    ports = [p for server in plan.per_server for p in server_guarded_ports(server, node)]
+    ports = [p for server in servers_on(plan, node) for p in server_guarded_ports(server, node)]
     return list(dict.fromkeys(ports))
 
 
@@ -67,9 +67,9 @@ def guard_markers(plan: DeploymentPlan, node: NodePlan) -> list[tuple[str, str]]
     """Every marker the guard on `node` keeps, and its digest: MARKER_NAME first (slot 0's,
     which the firewall step waits for; the whole rules' when no server holds slot 0), then
     each other server's."""
-    by_slot = sorted(plan.per_server, key=lambda server: server.server.index)
+    by_slot = sorted(servers_on(plan, node), key=lambda server: server.server.index)
     markers = [(marker_name(server), rules_digest(server, node)) for server in by_slot]
-    if markers[0][0] != MARKER_NAME:
+    if not markers or markers[0][0] != MARKER_NAME:
         words = [chain_name(plan), node.fabric_interface, *guarded_ports(plan, node)]
         markers.insert(0, (MARKER_NAME, hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]))
     return markers

@@ -96,17 +96,21 @@ class NodePlan:
 class DeploymentPlan:
     """The deployment on its nodes. Its server-scoped properties (`served`, `server_port`, the
     vLLM container's name...) describe one server of the fleet, the first unless `serving`
-    chose another."""
+    chose another; a plan `serving` made also has only that server's hosts as its `nodes`."""
 
     config: StackConfig
     deployment_id: str  # "<project>/<stack>", stamped on containers as a label
-    nodes: tuple[NodePlan, ...]
+    nodes: tuple[NodePlan, ...]  # every host, or with `serving` the server's own
     servers: tuple[ServerSlot, ...]  # one per fleet entry, in the order written
     position: int = 0  # which of `servers` the server-scoped properties describe
+    cluster: tuple[NodePlan, ...] = ()  # every host (set by plan_deployment)
 
     def serving(self, server: ServerSlot) -> DeploymentPlan:
-        """This plan, its server-scoped properties describing `server`."""
-        return replace(self, position=self.servers.index(server))
+        """The plan of `server` alone: its properties, and its hosts as `nodes` (the head, which
+        runs the server, among them: StackConfig keeps it so)."""
+        hosts = set(server.model.hosts)
+        own = tuple(n for n in self.cluster if n.name in hosts)
+        return replace(self, position=self.servers.index(server), nodes=own)
 
     @property
     def server(self) -> ServerSlot:
@@ -356,10 +360,10 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     """preflight.sh's flags for `node`: the ports and container names it must find free, and
     the memory, disk and GPUs it must find."""
     cfg = plan.config
-    servers = plan.per_server
+    servers = servers_on(plan, node)
     listened = [port for server in servers for port in cluster_listen_ports(server, node)]
     single_ports = [port for port in dict.fromkeys(listened) if ":" not in port]
-    served = [str(cfg.vllm.port), *(str(server.server_port) for server in servers)]
+    served = [str(cfg.vllm.port), *(str(server.server_port) for server in plan.per_server)]
     ports = [*served, *single_ports] if node.is_head else single_ports
     containers = own_container_names(plan, node)
     # With several servers on a node each one's memory check runs once the ones before it
@@ -375,7 +379,7 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
         # With `auto` the memory check derives the fraction later; preflight checks the floor.
         "memory_fraction": (
             fraction
-            if cfg.preflight.unified_memory and fraction != "auto" and len(servers) == 1
+            if cfg.preflight.unified_memory and fraction != "auto" and len(plan.servers) == 1
             else 0
         ),
         "min_free_disk_bytes": int(cfg.preflight.min_free_disk_gib * GIB),
@@ -388,6 +392,11 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
         "known_bad": known_bad_flag(cfg),
         "allow_known_bad": "yes" if cfg.preflight.allow_known_bad else "no",
     }
+
+
+def servers_on(plan: DeploymentPlan, node: NodePlan) -> list[DeploymentPlan]:
+    """The plans of the servers that run on `node` (a rank of theirs, or the server itself)."""
+    return [server for server in plan.per_server if node.name in server.served.hosts]
 
 
 def serving_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
@@ -405,7 +414,7 @@ def own_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """Every container of this deployment on `node`: another deployment's container of the same
     name is refused by preflight, naming that deployment."""
     ray = plan.container_name("ray-head" if node.is_head else "ray-worker")
-    servers = [server.container_name("vllm") for server in plan.per_server]
+    servers = [server.container_name("vllm") for server in servers_on(plan, node)]
     names = [ray, *servers, plan.container_name("firewall")]
     return [*names, plan.container_name("front")] if node.is_head else names
 
@@ -575,7 +584,9 @@ def plan_deployment(
         for host in config.hosts
     )
     servers = assign_slots(config.fleet, {})
-    return DeploymentPlan(config=config, deployment_id=deployment_id, nodes=nodes, servers=servers)
+    return DeploymentPlan(
+        config=config, deployment_id=deployment_id, nodes=nodes, servers=servers, cluster=nodes
+    )
 
 
 def placed(plan: DeploymentPlan, recorded: Mapping[str, int]) -> DeploymentPlan:

@@ -153,3 +153,24 @@ def test_removing_a_model_deletes_only_its_own(stack: Stack) -> None:
     for host in ("spark1", "spark2"):
         assert containers(stack, host) == {f"{PREFIX}-vllm"}
     assert listed(stack) == [SERVED_NAME]
+
+
+def test_a_model_on_the_head_alone_runs_nothing_on_the_worker(stack: Stack) -> None:
+    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
+    config[f"{PROJECT}:models"][1].update({"hosts": ["spark1"], "tensorParallelSize": 1})
+    run = changed_while_serving(stack, "add a model on the head alone", config)
+    assert own(run, "s1") == {
+        "weights-s1-fetch": "create",
+        "memory-s1-check": "create",
+        "vllm-s1-container": "create",
+        "vllm-s1-ready": "create",
+    }
+    # The worker's guard and preflight keep their ports (the lab checks no unified memory, so
+    # no fraction changes either).
+    assert others(run, "s1") == ROUTES | {"firewall-spark1-guard", "spark1-preflight"}, (
+        run.changed()
+    )
+    assert containers(stack, "spark1") == {f"{PREFIX}-vllm", f"{PREFIX}-vllm-s1"}
+    assert containers(stack, "spark2") == {f"{PREFIX}-vllm"}
+    assert listed(stack) == [SERVED_NAME, SECOND]
+    attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)

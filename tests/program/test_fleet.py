@@ -145,13 +145,14 @@ CASES = [
      "models[0].tensorParallelSize: is required"),
     ("an empty entry list is no list", lambda c: {**as_models(c), "models": []},
      "model.id: is required"),
-    # What this release deploys: every model on every host, several with mp and a fixed
+    # What this release deploys: each model's server on the head, several with mp and a fixed
     # fraction each (the checks above hold first).
-    ("a second model on some hosts", lambda c: two_models(c),
-     "models[1].hosts: this release deploys every model on every host"),
-    ("one model on some hosts", lambda c: with_first(as_models(c), hosts=["spark1"],
-                                                     tensorParallelSize=1),
-     "models[0].hosts: this release deploys every model on every host"),
+    ("a model whose hosts leave out the head", lambda c: two_models(c),
+     "models[1].hosts: this release runs every model's server on the head (spark1), its other "
+     "ranks on the other hosts listed; add spark1 to hosts"),
+    ("a host no model is placed on", lambda c: with_first(as_models(c), hosts=["spark1"],
+                                                          tensorParallelSize=1),
+     "hosts[1]: no model is placed on spark2; list it in a model's hosts, or remove it"),
     ("an image of its own", lambda c: with_first(as_models(c), image={"ref": "other/vllm:1"}),
      "models[0].image: this release serves every model from image.ref"),
     ("several models, one with Ray",
@@ -195,7 +196,7 @@ def test_replicas_share_a_name_and_the_budget_counts_each_node_apart(
                "gpuMemoryUtilization": 0.35}  # fmt: skip
     config = as_models(config, {**replica, "hosts": ["spark1"]}, {**replica, "hosts": ["spark2"]})
     with_first(config, gpuMemoryUtilization=0.5)
-    with pytest.raises(ConfigError, match=r"models\[1\].hosts: this release deploys every model"):
+    with pytest.raises(ConfigError, match=r"models\[2\].hosts: this release runs every model's"):
         parsed(config)  # only the release's own limit stops it
 
 

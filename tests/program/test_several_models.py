@@ -292,3 +292,62 @@ def test_slots_stay_where_the_head_recorded_them(
     fleet_models = [served_as(n) for n in names]
     record = {f"{n}@spark1": k for n, k in recorded.items()}
     assert [s.index for s in assign_slots(fleet_models, record)] == expected
+
+
+def beside_on_the_head(make_config: ConfigFactory, hosts: int) -> dict:
+    """A big model across every host and a small one on the head alone."""
+    config = fleet(make_config, hosts, ("qwen",))
+    config["models"][0]["gpuMemoryUtilization"] = 0.5
+    config["models"].append(
+        {"id": "org/embed", "servedName": "embed", "hosts": ["spark1"], "tensorParallelSize": 1,
+         "gpuMemoryUtilization": 0.2}
+    )  # fmt: skip
+    return config
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_a_model_on_the_head_alone_runs_nothing_on_the_workers(
+    make_config: ConfigFactory, hosts: int
+) -> None:
+    plan, graph = graph_of(beside_on_the_head(make_config, hosts))
+    mine = sorted(e.name for e in graph if e.component.endswith("-s1"))
+    assert mine == ["memory-s1-check", "vllm-s1-container", "vllm-s1-ready", "weights-s1-fetch"]
+    server = graph.by_name["vllm-s1-container"].spec
+    assert isinstance(server, ContainerSpec) and server.node.name == "spark1"
+    assert flags(server.command, "--nnodes") == ["1"]
+    assert flags(server.command, "--expect-ips") == ["10.241.0.11"]
+    assert flags(server.command, "--gpus") == ["1"]
+    assert "--peers" in server.command and flags(server.command, "--peers") == [""]
+    check = graph.by_name["memory-s1-check"].spec
+    assert isinstance(check, StepSpec)
+    assert "spark2" not in flags(shlex.split(check.create), "--nodes")[0]
+    # The workers keep no port, marker or container name of it.
+    for worker in (f"spark{i}" for i in range(2, hosts + 1)):
+        guard = graph.by_name[f"firewall-{worker}-guard"].spec
+        assert isinstance(guard, ContainerSpec)
+        assert "--markers" not in guard.command
+        assert "29535:29566" not in flags(guard.command, "--tcp-ports")[0]
+    head_guard = graph.by_name["firewall-spark1-guard"].spec
+    assert isinstance(head_guard, ContainerSpec)
+    assert "29535:29566" in flags(head_guard.command, "--tcp-ports")[0].split(",")
+    assert "127.0.0.1:8002" in front_config(plan)
+
+
+def test_adding_a_model_on_the_head_leaves_the_workers_as_they_were(
+    make_config: ConfigFactory,
+) -> None:
+    before = fleet(make_config, 2, ("qwen",))
+    before["models"][0]["gpuMemoryUtilization"] = 0.5
+    planned, deleted = up_then_preview(before, beside_on_the_head(make_config, 2))
+    assert planned == {
+        "weights-s1-fetch": "create",
+        "memory-s1-check": "create",
+        "vllm-s1-container": "create",
+        "vllm-s1-ready": "create",
+        **ROUTES,
+        "firewall-spark1-guard": "replace",  # the head's ports
+        "spark1-preflight": "update",
+        # One model became two: each server's memory check replaces preflight's fraction.
+        "spark2-preflight": "update",
+    }
+    assert deleted == []
