@@ -22,6 +22,7 @@ from components.memory import ServerMemory
 from components.ray_cluster import RayCluster
 from components.vllm_server import VllmServer
 from components.weights import ModelWeights
+from stacks.config import ConfigError
 from stacks.known_hosts import write_known_hosts
 from stacks.plan import hardware, hosts, server
 from stacks.plan.graph import MEMORY, VLLM, WEIGHTS, GraphFacts, plan_graph
@@ -68,9 +69,11 @@ class Deployment:
             # ready (time to first token, tokens/s). `modelId` stays for existing consumers.
             "models": pulumi.Output.all(
                 *(
-                    pulumi.Output.all(s.readiness.stdout, m.sizing).apply(
-                        functools.partial(_model_output, each)
-                    )
+                    pulumi.Output.all(
+                        s.readiness.stdout,
+                        m.sizing,
+                        s.benchmark.stdout if s.benchmark is not None else None,
+                    ).apply(functools.partial(_model_output, each))
                     for each, s, m in zip(plan.per_server, self.servers, self.memories, strict=True)
                 )
             ),
@@ -125,7 +128,10 @@ def build_deployment(settings: Settings) -> Deployment:
         for node in plan.nodes
     }
     # Each model in the slot the head recorded for it: its resources' names and ports stay.
-    plan = placed(plan, facts[plan.head.name].slots)
+    try:
+        plan = placed(plan, facts[plan.head.name].slots)
+    except ConfigError as error:  # a slot left by removals whose ports collide
+        raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
     bundle = scripts_bundle()
     mounts_tokens = {name: facts[name].token(hosts.mounts_step(name)) for name in facts}
     graph = plan_graph(plan, GraphFacts(bundle.digest, entry_scripts(), mounts_tokens))
@@ -174,8 +180,12 @@ def build_deployment(settings: Settings) -> Deployment:
 
 
 def _model_output(plan: DeploymentPlan, done: list[Any]) -> dict[str, Any]:
-    """One entry of the `models` output, from its server's readiness and memory check."""
-    return server.model_output(plan, done[0], done[1])
+    """One entry of the `models` output, from its server's readiness, memory check and (with
+    vllm.benchmark) its benchmark."""
+    output = server.model_output(plan, done[0], done[1])
+    if done[2] is not None:
+        output["benchmark"] = server.parse_benchmark(done[2])
+    return output
 
 
 def _warn_hardware(hosts: dict[str, Host]) -> None:

@@ -841,21 +841,14 @@ def _memory_budget_fits(cfg: StackConfig) -> None:
 
 
 def _one_server_for_now(cfg: StackConfig) -> None:
-    """What this release deploys: every model from image.ref, its server on the head (its
-    other ranks on the other hosts it lists); several models with executor mp and a fixed
-    gpuMemoryUtilization each (each server's memory check runs once the one before it
-    started). The checks above already hold `models` to what servers on any hosts need."""
+    """What this release deploys: every model from image.ref, on the hosts it lists, each host
+    serving some model; several models with executor mp and a fixed gpuMemoryUtilization each
+    (each server's memory check runs once the one before it started)."""
     for model in cfg.fleet:
         if model.image != cfg.image:
             raise ConfigError(
                 f"{model.model_key}.image: this release serves every model from image.ref; set "
                 "the image there"
-            )
-        if cfg.head.name not in model.hosts:
-            raise ConfigError(
-                f"{model.model_key}.hosts: this release runs every model's server on the head "
-                f"({cfg.head.name}), its other ranks on the other hosts listed; add "
-                f"{cfg.head.name} to hosts"
             )
     placed = {host for model in cfg.fleet for host in model.hosts}
     for index, host in enumerate(cfg.hosts):

@@ -6,6 +6,7 @@ plan reads one shape. Pure functions of the typed config: table-tested without P
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -133,6 +134,7 @@ class ServerSlot:
 
     index: int
     model: ServedModel
+    record_key: str  # what the head records its slot under (slot_keys)
 
     def named(self, base: str) -> str:
         return base if self.index == 0 else f"{base}-s{self.index}"
@@ -145,33 +147,43 @@ class ServerSlot:
 
     @property
     def key(self) -> str:
-        return slot_key(self.model)
+        return self.record_key
 
 
-def slot_key(model: ServedModel) -> str:
-    """What a slot is recorded under on the head: the served name and its hosts (replicas share
-    a name, never their hosts)."""
-    return f"{model.served_name}@{','.join(model.hosts)}"
+def slot_keys(fleet: Sequence[ServedModel]) -> list[str]:
+    """What each model's slot is recorded under on the head: its served name; replicas (entries
+    sharing one) add their hosts, sorted (hosts differ between replicas)."""
+    counts = Counter(m.served_name for m in fleet)
+    return [
+        m.served_name
+        if counts[m.served_name] == 1
+        else f"{m.served_name}@{','.join(sorted(m.hosts))}"
+        for m in fleet
+    ]
 
 
 def assign_slots(
     fleet: Sequence[ServedModel], recorded: Mapping[str, int]
 ) -> tuple[ServerSlot, ...]:
     """Each model's slot, in the fleet's order: the one recorded on the head for it (the front's
-    routes, written with them), else the lowest slot no other model holds. So adding or removing
-    a model never moves another one, and a model switched in an entry (a new served name) takes
-    the lowest free slot, which is the old model's when nothing else is added with it: its
-    fixed-name containers are then replaced, deleted first, so the old server's memory is free
-    before the new one starts. Without a record (one model, or the first change to several),
-    the models take slots in the order written."""
-    taken = {recorded[slot_key(m)] for m in fleet if slot_key(m) in recorded}
+    routes, written with them); else a slot a model that left the fleet held, lowest first (a
+    model switched in an entry takes the slot it frees: its fixed-name containers are then
+    replaced, deleted first, so the old server's memory is free before the new one starts);
+    else the lowest slot never used. Adding or removing a model never moves another one.
+    Without a record (one model, or the first change to several) the models take slots in the
+    order written."""
+    keys = slot_keys(fleet)
+    kept = {recorded[key] for key in keys if key in recorded}
+    freed = sorted(set(recorded.values()) - kept)
+    used = set(recorded.values())
     slots: list[ServerSlot] = []
-    for model in fleet:
-        key = slot_key(model)
+    for model, key in zip(fleet, keys, strict=True):
         if key in recorded:
-            slots.append(ServerSlot(recorded[key], model))
-            continue
-        free = next(k for k in range(len(fleet) + len(taken)) if k not in taken)
-        taken.add(free)
-        slots.append(ServerSlot(free, model))
+            index = recorded[key]
+        elif freed:
+            index = freed.pop(0)
+        else:
+            index = next(k for k in range(len(fleet) + len(used)) if k not in used)
+        used.add(index)
+        slots.append(ServerSlot(index, model, key))
     return tuple(slots)

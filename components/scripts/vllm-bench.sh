@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# On the head, once the server is ready (vllm.benchmark): vLLM's own load generator (`vllm bench
+# On the server's node, once it is ready (vllm.benchmark): vLLM's own load generator (`vllm bench
 # serve`, in the serving image) inside the server's container against vLLM's port, one
 # concurrency after another. The key reaches it as OPENAI_API_KEY from the mounted key file, in
 # the container only. Prints one `benchmark: {json}` line per concurrency (bench_summary.py).
 #   vllm-bench.sh --host H --container C --key-file F --port P --served-name N --model ID --revision R
 #     --concurrencies 1,4 --input-tokens I --output-tokens O --requests-per-stream K
 #     --timeout-seconds S --trust-remote-code yes|no --tokenizer-mode MODE_OR_EMPTY
+#     [--server-host IP]   (where vLLM listens: the head's loopback, or a worker's fabric IP)
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host container key-file port served-name model revision concurrencies input-tokens \
@@ -33,7 +34,7 @@ for concurrency in "${concurrencies[@]}"; do
   # The time limit inside the container: a client killed here would leave the load running.
   if ! out="$(timeout $(( left + 30 )) docker exec "$ARG_CONTAINER" timeout -k 10 "$left" sh -c \
       'key="$1"; shift; OPENAI_API_KEY="$(cat "$key")" exec vllm bench serve "$@"' sh "$ARG_KEY_FILE" \
-      --backend openai --base-url "http://127.0.0.1:$ARG_PORT" --endpoint /v1/completions \
+      --backend openai --base-url "http://${ARG_SERVER_HOST:-127.0.0.1}:$ARG_PORT" --endpoint /v1/completions \
       --model "$ARG_SERVED_NAME" --tokenizer "$tokenizer" "${tokenizer_flags[@]}" \
       --dataset-name random \
       --random-input-len "$ARG_INPUT_TOKENS" --random-output-len "$ARG_OUTPUT_TOKENS" \

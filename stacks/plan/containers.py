@@ -143,19 +143,20 @@ def ray_container(
 def vllm_container(
     plan: DeploymentPlan, mounts_token: str, scripts: EntryScripts, sizing: ServerSizing
 ) -> ContainerSpec:
-    """The server on the head: the launcher (vllm-launcher.sh) waits for Ray's GPUs and
-    reads the API key from a mounted directory, then runs `vllm serve` sized by `sizing` (the
+    """The server on its node (the head, or a worker for a model on workers only): the
+    launcher (vllm-launcher.sh) waits for Ray's GPUs and reads the API key from a mounted
+    directory, then runs `vllm serve` sized by `sizing` (the
     configured memory, or what the memory check derived)."""
     spec = _service(
         plan,
-        plan.head,
+        plan.server_node,
         "vllm",
         ("bash", "-c", scripts.launcher, "vllm-launcher"),
         tuple(vllm_launcher_args(plan, sizing)),
         mounts_token,
         scripts,
     )
-    api_key = Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True)
+    api_key = Mount(plan.server_key_dir, CONTAINER_API_KEY_DIR, read_only=True)
     return replace(spec, mounts=(*spec.mounts, api_key))
 
 

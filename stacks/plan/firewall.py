@@ -45,7 +45,7 @@ def server_guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """The ports of the plan's server (its slot's) and of Ray on `node`."""
     ports = [*cluster_listen_ports(plan, node, uses_ray=True)]
     ports += [p for p in cluster_listen_ports(plan, node, uses_ray=False) if p not in ports]
-    if node.is_head:
+    if plan.runs_server(node):
         ports.append(str(plan.server_port))
     return ports
 

@@ -62,8 +62,8 @@ class Route:
 
 def routes_of(plan: DeploymentPlan) -> tuple[Route, ...]:
     """One route per served name, in the fleet's order (the first is where a request without
-    `model` goes); entries sharing a name are its replicas. Each server listens on the head's
-    loopback at its slot's port."""
+    `model` goes); entries sharing a name are its replicas. Each server listens at its slot's
+    port on the head's loopback, or on its worker's fabric IP."""
     servers: dict[str, list[DeploymentPlan]] = {}
     for server in plan.per_server:
         servers.setdefault(server.served.served_name, []).append(server)
@@ -72,7 +72,9 @@ def routes_of(plan: DeploymentPlan) -> tuple[Route, ...]:
             name,
             replicas[0].served.id,
             replicas[0].served.settings.max_model_len,
-            tuple((r.server.named("vllm"), f"127.0.0.1:{r.server_port}") for r in replicas),
+            tuple(
+                (r.server.named("vllm"), f"{r.server_address}:{r.server_port}") for r in replicas
+            ),
         )
         for name, replicas in servers.items()
     )

@@ -544,10 +544,16 @@ def _vllm(
     front: str,
     front_reload: str,
 ) -> str:
-    """The plan's server on the head (joined to Ray, or with mp to a headless vLLM on every
-    worker), then its readiness wait, through the front (its name: returned)."""
-    head, sizing = plan.head, server_sizing(plan)
+    """The plan's server on its node (joined to Ray, or with mp to a headless vLLM on each of
+    its other hosts), then its readiness wait, through the front (its name: returned). A
+    server on a worker gets the key file there."""
+    node, sizing = plan.server_node, server_sizing(plan)
     component = plan.server.named(VLLM)
+    if not node.is_head:
+        own_key = server.api_key_file(plan, component)
+        scripts = (scripts_of(node.name),)
+        entries.append(Planned(own_key.name, component, own_key, node.name, after=scripts))
+        key_file = own_key.name
     # mp: each worker's ranks first; they wait (bounded) for the head's rendezvous. The server
     # then joins them, and carries their IDs: a replaced worker replaces the server too
     # (deleted first, as a delete-before-replace base takes its dependents down), so a new
@@ -555,7 +561,7 @@ def _vllm(
     # server alone does not replace them: they rejoin the next one by themselves (their
     # launcher restarts them when the rendezvous they joined is gone).
     headless: list[str] = []
-    for worker in plan.workers if joined is None else []:
+    for worker in plan.ranks[1:] if joined is None else []:
         name = f"{component}-{worker.name}"
         spec = headless_container(
             plan, worker, facts.mounts_tokens[worker.name], facts.entry_scripts, sizing
@@ -565,14 +571,14 @@ def _vllm(
         headless.append(name)
     cluster = (joined,) if joined is not None else tuple(headless)
     # With Ray, what the head's containers start after comes before the cluster it joins.
-    started = () if joined is not None else gates.of(head)
+    started = () if joined is not None else gates.of(node)
     container = f"{component}-container"
     entries.append(
         Planned(
             container,
             component,
-            vllm_container(plan, facts.mounts_tokens[head.name], facts.entry_scripts, sizing),
-            head.name,
+            vllm_container(plan, facts.mounts_tokens[node.name], facts.entry_scripts, sizing),
+            node.name,
             after=(*started, *cluster, key_file, *weights_ready),
             # The cluster it joined: any Ray container replaced (a new head, or a worker
             # recreated after a refresh found it gone) replaces the wait, and the server; with
@@ -591,7 +597,7 @@ def _vllm(
             ready.name,
             component,
             ready,
-            head.name,
+            ready.node.name,
             after=(*containers, front_reload),
             triggers=containers,
         )
@@ -603,7 +609,7 @@ def _vllm(
             benchmark.name,
             component,
             benchmark,
-            head.name,
+            benchmark.node.name,
             after=(ready.name,),
             triggers=(container,),
         )

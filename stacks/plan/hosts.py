@@ -22,7 +22,13 @@ from stacks.plan.front import (
     routes_of,
 )
 from stacks.plan.image import image_history_file
-from stacks.plan.nodes import OWNER_FILE, DeploymentPlan, NodePlan, preflight_flags
+from stacks.plan.nodes import (
+    OWNER_FILE,
+    DeploymentPlan,
+    NodePlan,
+    keeps_slot_record,
+    preflight_flags,
+)
 from stacks.plan.steps import (
     BUNDLE_MARKER,
     Receipt,
@@ -194,12 +200,12 @@ def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
     `pulumi preview` shows what a change does to it."""
     head, path = plan.head, f"{front_dir(plan)}/{FRONT_CONFIG_NAME}"
     files = [(path, front_config(plan))]
-    routes = routes_of(plan)
-    if len(plan.servers) > 1:
-        # /v1/models, and the record of each server's slot (read back as a fact on every run,
-        # so a model keeps its slot while others come and go). Before the configuration: a
-        # reload reads them.
-        files.insert(0, (f"{front_dir(plan)}/{MODELS_FILE_NAME}", models_document(routes)))
+    if len(plan.servers) > 1:  # /v1/models: read when the configuration is loaded
+        models = models_document(routes_of(plan))
+        files.insert(0, (f"{front_dir(plan)}/{MODELS_FILE_NAME}", models))
+    if keeps_slot_record(plan):
+        # Each server's slot, read back as a fact on every run, so a model keeps its slot
+        # while others come and go.
         files.insert(0, (slots_file(head), slots_record(plan)))
     step = f"{name}-config"
     return StepSpec(

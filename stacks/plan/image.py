@@ -171,7 +171,10 @@ IMAGE_FACTS_PREFIX = "spark-vllm-image-facts "
 def image_facts(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
     """The image run once on `node` before any container starts from it: its architecture
     against the host's, vllm and ray present (a Ray at least what vLLM requires), and on the
-    head, vllm.extraArgs against the image's own `vllm serve --help` (image-facts.sh)."""
+    head, every model's extraArgs against the image's own `vllm serve --help` (image-facts.sh)."""
+    fleet = plan.config.fleet
+    extra_args = [arg for model in fleet for arg in model.settings.extra_args]
+    kv_cache = any(model.settings.kv_cache for model in fleet)
     return StepSpec(
         name=f"{name}-{node.name}-facts",
         node=node,
@@ -180,13 +183,14 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
             "image-facts.sh",
             image=PINNED_IMAGE.text,
             ref=plan.config.image.ref,
-            # Only the head serves: a worker's check does not depend on (or re-run for) them.
-            extra_args=json.dumps(list(plan.served.settings.extra_args) if node.is_head else []),
+            # Every model's flags, checked once on the head: a worker's check does not depend
+            # on (or re-run for) them.
+            extra_args=json.dumps(extra_args if node.is_head else []),
             check_flags="yes" if node.is_head else "no",
             executor=plan.served.settings.executor,
             timeout_seconds=IMAGE_FACTS_SECONDS,
             # Only when set: a stack without it keeps the step's command as it was.
-            **({"kv_cache": "yes"} if node.is_head and plan.served.settings.kv_cache else {}),
+            **({"kv_cache": "yes"} if node.is_head and kv_cache else {}),
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
     )

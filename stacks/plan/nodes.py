@@ -19,6 +19,7 @@ from stacks.config import (
     RAY_CLIENT_SERVER_PORT,
     HostConfig,
     StackConfig,
+    check_ports,
     default_state_dir,
 )
 from stacks.fleet import ServedModel, ServerSlot, assign_slots
@@ -104,10 +105,11 @@ class DeploymentPlan:
     servers: tuple[ServerSlot, ...]  # one per fleet entry, in the order written
     position: int = 0  # which of `servers` the server-scoped properties describe
     cluster: tuple[NodePlan, ...] = ()  # every host (set by plan_deployment)
+    recorded: bool = False  # the head holds a record of the slots (stacks/fleet.py)
 
     def serving(self, server: ServerSlot) -> DeploymentPlan:
-        """The plan of `server` alone: its properties, and its hosts as `nodes` (the head, which
-        runs the server, among them: StackConfig keeps it so)."""
+        """The plan of `server` alone: its properties, and its hosts as `nodes` (`head` stays
+        the cluster's: where the front, the fetch and the checks run)."""
         hosts = set(server.model.hosts)
         own = tuple(n for n in self.cluster if n.name in hosts)
         return replace(self, position=self.servers.index(server), nodes=own)
@@ -117,13 +119,28 @@ class DeploymentPlan:
         return self.servers[self.position]
 
     @property
+    def server_node(self) -> NodePlan:
+        """Where the plan's server runs (its API, rank 0): the head when among its hosts, else
+        the first of them."""
+        return next((n for n in self.nodes if n.is_head), self.nodes[0])
+
+    @property
+    def ranks(self) -> tuple[NodePlan, ...]:
+        """The server's nodes in node-rank order (mp): its own node, then the others."""
+        server = self.server_node
+        return (server, *(n for n in self.nodes if n.name != server.name))
+
+    def runs_server(self, node: NodePlan) -> bool:
+        return node.name == self.server_node.name
+
+    @property
     def per_server(self) -> tuple[DeploymentPlan, ...]:
         """This plan once for each server, in the fleet's order."""
         return tuple(self.serving(server) for server in self.servers)
 
     @property
     def head(self) -> NodePlan:
-        return next(n for n in self.nodes if n.is_head)
+        return next(n for n in self.cluster or self.nodes if n.is_head)
 
     @property
     def workers(self) -> tuple[NodePlan, ...]:
@@ -173,11 +190,11 @@ class DeploymentPlan:
     @property
     def rendezvous(self) -> str:
         """mp: where every node's ranks meet (vLLM's --master-addr and --master-port)."""
-        return f"{self.head.fabric_ip}:{self.master_port}"
+        return f"{self.server_node.fabric_ip}:{self.master_port}"
 
     def node_rank(self, node: NodePlan) -> int:
-        """mp: the head is node rank 0, the workers follow in hosts order."""
-        return [self.head, *self.workers].index(node)
+        """mp: the server's node is node rank 0, its other hosts follow in hosts order."""
+        return [n.name for n in self.ranks].index(node.name)
 
     def container_name(
         self,
@@ -207,9 +224,17 @@ class DeploymentPlan:
 
     @property
     def server_address(self) -> str:
-        """vLLM's own `--host`: loopback only. Its key check covers /v1 only; the front, on
-        `vllm.port`, admits nothing without the key (stacks/plan/front.py)."""
-        return "127.0.0.1"
+        """vLLM's own `--host`: loopback on the head; a server on a worker, its fabric IP (the
+        front reaches it there; the firewall admits the port on loopback and the fabric only).
+        Its key check covers /v1 only; the front, on `vllm.port`, admits nothing without the
+        key (stacks/plan/front.py)."""
+        node = self.server_node
+        return "127.0.0.1" if node.is_head else node.fabric_ip
+
+    @property
+    def server_key_dir(self) -> str:
+        """The API key's directory where the server runs (the head's: `api_key_dir`)."""
+        return f"{self.server_node.state_dir}/secrets"
 
     @property
     def endpoint_url(self) -> str:
@@ -363,8 +388,8 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     servers = servers_on(plan, node)
     listened = [port for server in servers for port in cluster_listen_ports(server, node)]
     single_ports = [port for port in dict.fromkeys(listened) if ":" not in port]
-    served = [str(cfg.vllm.port), *(str(server.server_port) for server in plan.per_server)]
-    ports = [*served, *single_ports] if node.is_head else single_ports
+    served = [str(s.server_port) for s in plan.per_server if s.runs_server(node)]
+    ports = [*([str(cfg.vllm.port)] if node.is_head else []), *served, *single_ports]
     containers = own_container_names(plan, node)
     # With several servers on a node each one's memory check runs once the ones before it
     # started (graph.py): then it sees what they took. Preflight checks only the floor.
@@ -402,9 +427,9 @@ def servers_on(plan: DeploymentPlan, node: NodePlan) -> list[DeploymentPlan]:
 def serving_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """This deployment's Ray and vLLM containers on `node`, with either executor (a switch of
     executors finds the other one's still running: its delete comes last): what a restart of
-    the server gives back memory from. Ray's containers are slot 0's: the one server Ray can
-    drive (StackConfig keeps executor ray to a fleet of one)."""
-    if plan.server.index > 0:
+    the server gives back memory from. Ray's containers belong to a fleet of one (the one
+    server Ray can drive: StackConfig keeps it so), whatever its slot."""
+    if plan.server.index > 0 and len(plan.servers) > 1:
         return [plan.container_name("vllm")]
     ray = plan.container_name("ray-head" if node.is_head else "ray-worker")
     return [ray, plan.container_name("vllm")]
@@ -481,7 +506,7 @@ def vllm_launcher_args(
     `--expect-ips` lists every node with either executor: the memory check reads it from the
     running server to know where that server's memory is given back on a restart.
     """
-    node = node or plan.head
+    node = node or plan.server_node
     flags = [
         "--executor",
         plan.served.settings.executor,
@@ -494,17 +519,17 @@ def vllm_launcher_args(
         "--scripts",
         CONTAINER_SCRIPTS_DIR,
     ]
-    if node.is_head:
+    if plan.runs_server(node):
         flags += ["--key-file", CONTAINER_API_KEY_FILE]
     if not plan.uses_ray:
-        peers = plan.workers if node.is_head else (plan.head,)
+        peers = plan.ranks[1:] if plan.runs_server(node) else (plan.server_node,)
         flags += [
             "--rendezvous",
             plan.rendezvous,
             "--peers",
             ",".join(f"{p.name}={p.fabric_ip}" for p in peers),
         ]
-        if node.is_head:
+        if plan.runs_server(node):
             port = plan.server_port
             flags += ["--health-url", f"http://{plan.server_address}:{port}/health"]
     return [*flags, "--", *vllm_serve_args(plan, sizing, node)]
@@ -519,7 +544,7 @@ def vllm_serve_args(
     docs, parallelism_scaling.md)."""
     served = plan.served
     settings = served.settings
-    node = node or plan.head
+    node = node or plan.server_node
     args = [
         served.id,
         "--served-model-name",
@@ -545,11 +570,11 @@ def vllm_serve_args(
             "--node-rank",
             str(plan.node_rank(node)),
             "--master-addr",
-            plan.head.fabric_ip,
+            plan.server_node.fabric_ip,
             "--master-port",
             str(plan.master_port),
         ]
-        if not node.is_head:
+        if not plan.runs_server(node):
             args.append("--headless")
     if settings.max_model_len is not None:
         args += ["--max-model-len", str(settings.max_model_len)]
@@ -590,8 +615,18 @@ def plan_deployment(
 
 
 def placed(plan: DeploymentPlan, recorded: Mapping[str, int]) -> DeploymentPlan:
-    """`plan` with each server in the slot the head recorded for it (stacks/fleet.py)."""
-    return replace(plan, servers=assign_slots(plan.config.fleet, recorded), position=0)
+    """`plan` with each server in the slot the head recorded for it (stacks/fleet.py). A slot
+    beyond the fleet's size (left by removals) has its ports checked as the config's were."""
+    servers = assign_slots(plan.config.fleet, recorded)
+    check_ports(plan.config, max(s.index for s in servers) + 1)
+    return replace(plan, servers=servers, position=0, recorded=bool(recorded))
+
+
+def keeps_slot_record(plan: DeploymentPlan) -> bool:
+    """The head records the slots once a stack had several models (or a model moved off slot
+    0), and from then on with every change: a stale record would give a switched model a slot
+    still in use. A stack that only ever served one model writes none (and plans as before)."""
+    return len(plan.servers) > 1 or plan.recorded or any(s.index for s in plan.servers)
 
 
 def unpinned_endpoints(plan: DeploymentPlan) -> list[str]:
@@ -640,7 +675,7 @@ def cluster_listen_ports(
     first = plan.master_port + 1
     vllm_ports = f"{first}:{first + MP_PORT_SPAN - 1}"
     if not (plan.uses_ray if uses_ray is None else uses_ray):
-        return [str(plan.master_port), vllm_ports] if node.is_head else [vllm_ports]
+        return [str(plan.master_port), vllm_ports] if plan.runs_server(node) else [vllm_ports]
     ray = plan.config.ray
     ports = list(ray.node_port_flags.values())
     if node.is_head:

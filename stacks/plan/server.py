@@ -43,36 +43,53 @@ def _wait(
     stdin: Stdin | None = None,
 ) -> StepSpec:
     """A bounded wait on the head for `container`; on a timeout, its diagnostics: every node's
-    log (the server's too once it runs) and its image, weights and memory checks."""
+    log (the server's too once it runs) and its image, weights and memory checks. A server on
+    a worker is awaited there, its diagnostics that node's own (only the head holds the
+    fabric key that reaches the others)."""
+    node = plan.server_node if container == "vllm" else plan.head
+    if node.is_head:
+        where: dict[str, str] = {
+            "nodes": log_specs(plan, include_vllm=container == "vllm"),
+            "node_checks": node_check_specs(plan),
+            **fabric_flags(plan),
+        }
+    else:
+        where = {
+            "nodes": f"{node.name}|-|{plan.container_name('vllm')}",
+            "node_checks": f"{node.name}|-|{node.bin_dir}",
+        }
     flags: dict[str, str | float] = {
         "container": plan.container_name(container),
         "container_scripts": CONTAINER_SCRIPTS_DIR,
         **awaited,
-        "nodes": log_specs(plan, include_vllm=container == "vllm"),
-        "node_checks": node_check_specs(plan),
+        "nodes": where["nodes"],
+        "node_checks": where["node_checks"],
         "image": PINNED_IMAGE.text,
         **(model or {}),
-        **fabric_flags(plan),
+        **{k: v for k, v in where.items() if k not in ("nodes", "node_checks")},
     }
     return StepSpec(
         name=step,
-        node=plan.head,
-        create=script_call(plan.head, script, **flags),
+        node=node,
+        create=script_call(node, script, **flags),
         stdin=stdin,
         timeouts=Timeouts(create=seconds // 60 + 5),
     )
 
 
 def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
-    """The API key (stdin) written to the file the server's launcher reads; nothing is logged."""
+    """The API key (stdin) written to the file the server's launcher reads (on the head; with
+    a server on a worker, there: `server_key_dir`); nothing is logged."""
+    node = plan.head if plan.server_node.is_head else plan.server_node
+    file = plan.api_key_file if node.is_head else f"{plan.server_key_dir}/api-key"
     return undoable(
         plan,
         f"{name}-api-key",
-        plan.head,
+        node,
         "api-key-file.sh",
         ("write", "remove"),
-        {"file": plan.api_key_file},
-        (check("files", plan.api_key_file),),
+        {"file": file},
+        (check("files", file),),
         stdin="api-key",
         quiet="none",
     )
@@ -87,11 +104,11 @@ def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
     wanted = plan.config.vllm.benchmark
     if wanted is None:
         return None
-    served, cfg = plan.served, plan.config
+    served = plan.served
     flags: dict[str, str | float] = {
         "container": plan.container_name("vllm"),
         "key_file": CONTAINER_API_KEY_FILE,
-        "port": cfg.vllm.server_port,
+        "port": plan.server_port,
         "served_name": served.served_name,
         "model": served.id,
         "revision": served.revision,
@@ -104,10 +121,13 @@ def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
         "trust_remote_code": "yes" if trusts_remote_code(served.settings.extra_args) else "no",
         "tokenizer_mode": extra_arg_value(served.settings.extra_args, "--tokenizer-mode") or "",
     }
+    if not plan.server_node.is_head:  # a server on a worker listens on its fabric IP
+        flags["server_host"] = plan.server_address
+    node = plan.server_node
     return StepSpec(
         name=f"{name}-benchmark",
-        node=plan.head,
-        create=script_call(plan.head, "vllm-bench.sh", **flags),
+        node=node,
+        create=script_call(node, "vllm-bench.sh", **flags),
         timeouts=Timeouts(create=wanted.timeout_minutes + 2),
     )
 
@@ -135,9 +155,19 @@ def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     """The served model answers a real completion (the API key on stdin), within the timeout."""
     cfg = plan.config
     seconds = cfg.timeouts.vllm_ready_seconds
+    # Through the front, as a client: the whole route, the key included. A server on a
+    # worker is probed there, directly (with the key: vLLM checks it on /v1).
+    through_front = plan.server_node.is_head
+    probe: dict[str, str | float] = (
+        {
+            "port": cfg.vllm.port,
+            **({} if cfg.vllm.listen == "all" else {"probe_host": plan.probe_address}),
+        }
+        if through_front
+        else {"port": plan.server_port, "probe_host": plan.server_address}
+    )
     awaited: dict[str, str | float] = {
-        "port": cfg.vllm.port,
-        **({} if cfg.vllm.listen == "all" else {"probe_host": plan.probe_address}),
+        **probe,
         "served_name": plan.served.served_name,
         "timeout_seconds": seconds,
         "progress_seconds": cfg.timeouts.vllm_progress_seconds,
@@ -146,7 +176,7 @@ def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:
         "expect_transport": "ib" if plan.expects_rdma else "none",
         "executor": plan.served.settings.executor,
         # mp: where the nodes meet; the diagnostics check each node's way there.
-        **({} if plan.uses_ray else {"rendezvous": plan.rendezvous}),
+        **({} if plan.uses_ray or not through_front else {"rendezvous": plan.rendezvous}),
     }
     served = plan.served
     snapshot = {"model": served.id, "revision": served.revision, "cache_dir": cfg.model.cache_dir}

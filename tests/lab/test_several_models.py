@@ -21,10 +21,12 @@ from tests.lab.deploying import (
     PREFIX,
     RequestLoop,
     as_fleet,
+    complete,
     default_lab_config,
     deploy,
     host_sh,
     models_listed,
+    reachable_from_bastion,
 )
 from tests.lab.engine import NextUp
 from tests.lab.timings import record_figure, record_timing
@@ -174,3 +176,53 @@ def test_a_model_on_the_head_alone_runs_nothing_on_the_worker(stack: Stack) -> N
     assert containers(stack, "spark2") == {f"{PREFIX}-vllm"}
     assert listed(stack) == [SERVED_NAME, SECOND]
     attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)
+
+
+def test_a_model_moved_to_the_worker_serves_there_behind_the_front(stack: Stack) -> None:
+    """The second model's entry now lists the worker alone: its server moves there (its slot
+    kept: replaced, deleted first), listens on the worker's fabric IP, and answers through
+    the front on the head."""
+    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
+    config[f"{PROJECT}:models"][1].update({"hosts": ["spark2"], "tensorParallelSize": 1})
+    changed_while_serving(stack, "move a model to the worker", config)
+    assert containers(stack, "spark1") == {f"{PREFIX}-vllm"}
+    assert containers(stack, "spark2") == {f"{PREFIX}-vllm", f"{PREFIX}-vllm-s1"}
+    assert listed(stack) == [SERVED_NAME, SECOND]
+    attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)
+    # Its port is not open on the management network (the bastion's), only on the fabric.
+    assert not reachable_from_bastion(stack.lab, stack.lab.spec.host_mgmt_ip(1), 8002)
+
+
+def served_by(stack: Stack, host: str, address: str, port: int) -> int:
+    """How many requests the server at `address:port` on `host` answered (its /metrics)."""
+    metrics = host_sh(stack.lab, host, f"curl -s http://{address}:{port}/metrics")
+    found = [line for line in metrics.splitlines() if line.startswith("vllm:request_success_total")]
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in found)
+
+
+def test_replicas_are_balanced_and_one_stopped_costs_no_request(stack: Stack) -> None:
+    """The second model on each host alone, under one name: the front balances the two, and
+    once one is stopped the other answers every request."""
+    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
+    entry = {**config[f"{PROJECT}:models"][1], "tensorParallelSize": 1}
+    config[f"{PROJECT}:models"][1:] = [
+        {**entry, "hosts": ["spark1"]},
+        {**entry, "hosts": ["spark2"]},
+    ]
+    changed_while_serving(stack, "a second replica", config)
+    assert listed(stack) == [SERVED_NAME, SECOND]
+    fabric_ip = stack.lab.spec.host_fabric_ip(1)
+    on_head = ("spark1", "127.0.0.1", 8002)
+    on_worker = ("spark2", fabric_ip, 8003)
+    before = [served_by(stack, *where) for where in (on_head, on_worker)]
+    for _ in range(20):
+        assert complete(stack.endpoint, SECOND)[0] == 200
+    after = [served_by(stack, *where) for where in (on_head, on_worker)]
+    shares = [a - b for a, b in zip(after, before, strict=True)]
+    assert sum(shares) == 20 and min(shares) >= 5, shares  # both served (leastconn)
+    record_figure("several models: replicas, 20 requests", f"{shares[0]} + {shares[1]}")
+    host_sh(stack.lab, "spark2", f"docker stop -t 2 {PREFIX}-vllm-s2")
+    with RequestLoop(stack.endpoint, SECOND) as loop:
+        time.sleep(8)
+    record_figure("several models: one replica stopped", loop.summary())
+    assert loop.sent > 20 and loop.failures == [], loop.summary()

@@ -12,7 +12,6 @@ import pytest
 from pydantic.alias_generators import to_camel
 
 from stacks.config import (
-    ConfigError,
     ImageConfig,
     ServedModelConfig,
     ServerSettings,
@@ -147,9 +146,10 @@ CASES = [
      "model.id: is required"),
     # What this release deploys: each model's server on the head, several with mp and a fixed
     # fraction each (the checks above hold first).
-    ("a model whose hosts leave out the head", lambda c: two_models(c),
-     "models[1].hosts: this release runs every model's server on the head (spark1), its other "
-     "ranks on the other hosts listed; add spark1 to hosts"),
+    ("several models, one sized auto on a worker",
+     lambda c: two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
+                          gpuMemoryUtilization="auto"),
+     "models[1].gpuMemoryUtilization: with several models each one needs its own fraction"),
     ("a host no model is placed on", lambda c: with_first(as_models(c), hosts=["spark1"],
                                                           tensorParallelSize=1),
      "hosts[1]: no model is placed on spark2; list it in a model's hosts, or remove it"),
@@ -191,13 +191,13 @@ def test_replicas_share_a_name_and_the_budget_counts_each_node_apart(
 ) -> None:
     """One servedName twice with one id: replicas, no error from the names. Their shares
     are each node's own: 0.5 on spark1 and 0.5 on spark2 fit."""
-    config = make_config(hosts=2)
+    config = make_config(hosts=2, executor="mp")
     replica = {"id": "BAAI/bge-m3", "servedName": "embed", "tensorParallelSize": 1,
                "gpuMemoryUtilization": 0.35}  # fmt: skip
     config = as_models(config, {**replica, "hosts": ["spark1"]}, {**replica, "hosts": ["spark2"]})
     with_first(config, gpuMemoryUtilization=0.5)
-    with pytest.raises(ConfigError, match=r"models\[2\].hosts: this release runs every model's"):
-        parsed(config)  # only the release's own limit stops it
+    replicas = [m for m in parsed(config).fleet if m.served_name == "embed"]
+    assert [m.hosts for m in replicas] == [("spark1",), ("spark2",)]
 
 
 BUDGET = [

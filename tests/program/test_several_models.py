@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import copy
 import shlex
+from dataclasses import replace
 
 import pytest
 
-from stacks.config import ImageConfig, ServerSettings
+from stacks.config import ImageConfig, ServerSettings, parse_stack_config
 from stacks.fleet import ServedModel, assign_slots
 from stacks.plan import graph as g
 from stacks.plan.containers import ContainerSpec
 from stacks.plan.front import front_config
+from stacks.plan.hosts import write_front_config
+from stacks.plan.nodes import placed, plan_deployment
 from stacks.plan.steps import StepSpec
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
@@ -142,7 +145,7 @@ def test_the_head_records_each_servers_slot_and_the_models_list(
     words = shlex.split(create.create)
     written = {words[i + 4]: words[i + 2] for i, w in enumerate(words[:-4]) if w == "printf"}
     record = next(text for path, text in written.items() if path.endswith("/front/slots.tmp"))
-    assert record == "0 qwen@spark1,spark2\n1 embed@spark1,spark2\n2 coder@spark1,spark2\n"
+    assert record == "0 qwen\n1 embed\n2 coder\n"
     models = next(text for path, text in written.items() if path.endswith("/models.json.tmp"))
     assert [m in models for m in NAMES] == [True] * 3
 
@@ -281,7 +284,8 @@ SLOTS = [
     (["a", "c"], {"a": 0, "b": 1, "c": 2}, [0, 2]),  # b removed: c keeps 2
     (["a", "c", "d"], {"a": 0, "c": 2}, [0, 2, 1]),  # then d takes the lowest free one
     (["a", "x"], {"a": 0, "b": 1}, [0, 1]),  # b switched for x: x takes b's slot
-    (["x", "y", "a"], {"a": 0, "b": 1}, [1, 2, 0]),
+    (["x", "y", "a"], {"a": 0, "b": 1}, [1, 2, 0]),  # a freed slot first, then a new one
+    (["b", "d"], {"b": 1, "c": 2}, [1, 2]),  # c switched for d: its slot, not the lower 0
 ]
 
 
@@ -290,8 +294,13 @@ def test_slots_stay_where_the_head_recorded_them(
     names: list[str], recorded: dict[str, int], expected: list[int]
 ) -> None:
     fleet_models = [served_as(n) for n in names]
-    record = {f"{n}@spark1": k for n, k in recorded.items()}
-    assert [s.index for s in assign_slots(fleet_models, record)] == expected
+    assert [s.index for s in assign_slots(fleet_models, recorded)] == expected
+
+
+def test_replicas_are_recorded_by_name_and_hosts() -> None:
+    replicas = [served_as("e"), replace(served_as("e"), hosts=("spark2", "spark1"))]
+    slots = assign_slots([served_as("a"), *replicas], {"a": 0, "e@spark1": 2})
+    assert [(s.index, s.key) for s in slots] == [(0, "a"), (2, "e@spark1"), (1, "e@spark1,spark2")]
 
 
 def beside_on_the_head(make_config: ConfigFactory, hosts: int) -> dict:
@@ -351,3 +360,70 @@ def test_adding_a_model_on_the_head_leaves_the_workers_as_they_were(
         "spark2-preflight": "update",
     }
     assert deleted == []
+
+
+def replicas(make_config: ConfigFactory) -> dict:
+    """One model on each host alone, under one served name: two replicas."""
+    config = fleet(make_config, 2, ("embed",))
+    first = {**config["models"][0], "tensorParallelSize": 1, "gpuMemoryUtilization": 0.3}
+    config["models"] = [{**first, "hosts": ["spark1"]}, {**first, "hosts": ["spark2"]}]
+    return config
+
+
+def test_a_replica_on_a_worker_serves_there_behind_the_front(make_config: ConfigFactory) -> None:
+    """Its server listens on the worker's fabric IP (the front reaches it there; the worker's
+    firewall keeps the port to loopback and the fabric), with the key file on the worker, and
+    is awaited there, probed directly with the key."""
+    plan, graph = graph_of(replicas(make_config))
+    server = graph.by_name["vllm-s1-container"].spec
+    assert isinstance(server, ContainerSpec) and server.node.name == "spark2"
+    assert flags(server.command, "--host") == ["10.241.0.12"]
+    assert flags(server.command, "--nnodes") == ["1"]
+    assert "--headless" not in server.command and "--key-file" in server.command
+    key_dir = next(m.source for m in server.mounts if m.target == "/run/spark-vllm")
+    assert key_dir.startswith("/home/aurora/") and key_dir.endswith("/secrets")
+    key = graph.by_name["vllm-s1-api-key"]
+    assert key.node == "spark2" and "vllm-s1-api-key" in graph.by_name["vllm-s1-container"].after
+    ready = graph.by_name["vllm-s1-ready"]
+    assert ready.node == "spark2"
+    assert isinstance(ready.spec, StepSpec)
+    words = shlex.split(ready.spec.create)
+    assert flags(words, "--port") == ["8002"] and flags(words, "--probe-host") == ["10.241.0.12"]
+    assert not [w for w in words if w.startswith("--fabric-key")]
+    # Nothing of the replica on the head but its route; on the worker, its port is guarded.
+    guard = graph.by_name["firewall-spark2-guard"].spec
+    assert isinstance(guard, ContainerSpec)
+    assert "8002" in flags(guard.command, "--tcp-ports")[0].split(",")
+    assert not [e for e in graph if e.name.startswith("vllm-s1-spark")]
+    config = front_config(plan)
+    assert "127.0.0.1:8001" in config and "10.241.0.12:8002" in config
+    assert "balance leastconn" in config  # two replicas of one name: balanced, health-checked
+
+
+def test_a_slot_left_beyond_the_fleet_has_its_ports_checked(make_config: ConfigFactory) -> None:
+    """After removals a lone model can sit in slot 2: its ports (serverPort + 2) are checked
+    against the published one at plan time, keyed."""
+    config = fleet(make_config, 2, ("coder",))
+    config["vllm"] = {**config["vllm"], "port": 8003}
+    parsed = parse_stack_config({k: v for k, v in config.items() if k not in SECRETS})
+    plan = plan_deployment(parsed, "spark-vllm/dev", None)
+    with pytest.raises(
+        ValueError, match=r"vllm.serverPort \+ 2 \(server 3\): 8003 is also vllm.port"
+    ):
+        placed(plan, {"coder": 2})
+
+
+def test_a_lone_model_in_another_slot_keeps_the_record(make_config: ConfigFactory) -> None:
+    """Once recorded, the slots are written with every change, one model left included: a
+    stale record would give a switched model a slot still in use."""
+    from stacks.config import parse_stack_config
+    from stacks.plan.nodes import placed, plan_deployment
+
+    parsed = parse_stack_config(
+        {k: v for k, v in fleet(make_config, 2, ("coder",)).items() if k not in SECRETS}
+    )
+    plan = placed(plan_deployment(parsed, "spark-vllm/dev", None), {"qwen": 0, "coder": 2})
+    create = write_front_config(plan, "front").create
+    assert "2 coder" in create and "/front/slots.tmp" in create
+    never = plan_deployment(parsed, "spark-vllm/dev", None)  # never had several: no record
+    assert "/front/slots" not in write_front_config(never, "front").create
