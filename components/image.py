@@ -35,7 +35,7 @@ class ImageDistribution(pulumi.ComponentResource):
         self.pinned = walk.value(PINNED_IMAGE.name)
         # Each node runs the image once before anything starts from it (image-facts.sh).
         self.facts = walk.step(image_facts_of(plan.head.name)).stdout.apply(image.parse_image_facts)
-        if plan.uses_ray:
+        if plan.runs_ray:
             self.facts.apply(_warn_about_ray)
         self.held = {
             node.name: walk.step(retained_on(node.name)).stdout.apply(image.parse_retained)

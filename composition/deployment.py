@@ -95,7 +95,7 @@ def build_deployment(settings: Settings) -> Deployment:
     config = settings.config
     plan = plan_deployment(config, settings.deployment_id, settings.known_hosts)
     _refuse_unpinned(plan)
-    if not plan.uses_ray and config.ray.customized:
+    if not plan.runs_ray and config.ray.customized:
         pulumi.log.warn(
             "ray: "
             + ", ".join(config.ray.customized)

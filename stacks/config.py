@@ -842,8 +842,9 @@ def _memory_budget_fits(cfg: StackConfig) -> None:
 
 def _one_server_for_now(cfg: StackConfig) -> None:
     """What this release deploys: every model from image.ref, on the hosts it lists, each host
-    serving some model; several models with executor mp and a fixed gpuMemoryUtilization each
-    (each server's memory check runs once the one before it started)."""
+    serving some model; several models with a fixed gpuMemoryUtilization each (each server's
+    memory check runs once the one before it started), at most one of them with Ray (two Ray
+    models sharing a node are refused above), on every host."""
     for model in cfg.fleet:
         if model.image != cfg.image:
             raise ConfigError(
@@ -859,11 +860,13 @@ def _one_server_for_now(cfg: StackConfig) -> None:
             )
     if len(cfg.fleet) == 1:
         return
+    every_host = {h.name for h in cfg.hosts}
     for model in cfg.fleet:
-        if model.settings.executor != "mp":
+        if model.settings.executor == "ray" and set(model.hosts) != every_host:
             raise ConfigError(
-                f"{model.settings_key}.executor: several models are served with executor mp "
-                "in this release (Ray drives one model per cluster here); set executor: mp"
+                f"{model.settings_key}.executor: beside other models, a Ray model runs on "
+                "every host in this release (its cluster spans them); leave its hosts unset, "
+                "or set executor: mp"
             )
         if model.settings.gpu_memory_utilization == "auto":
             raise ConfigError(

@@ -95,7 +95,8 @@ def flag_problems(extra_args: list[str], known: set[str], vllm: str) -> list[str
 
 def main() -> int:
     extra_args, check_flags = json.loads(sys.argv[1]), sys.argv[2] == "yes"
-    executor = sys.argv[3] if len(sys.argv) > 3 else "ray"
+    # The executors the models use: `ray`, `mp`, or both (`ray,mp`: a Ray model beside others).
+    executors = set((sys.argv[3] if len(sys.argv) > 3 else "ray").split(","))
     kv_cache = len(sys.argv) > 4 and sys.argv[4] == "yes"
     dist = provider_of("vllm")
     vllm = dist.version if dist is not None else None
@@ -115,7 +116,7 @@ def main() -> int:
     problems = []
     if vllm is None:
         problems.append("image.ref: has no `vllm` command (no installed package provides it)")
-    if executor != "ray":
+    if "ray" not in executors:
         pass  # vLLM's mp executor needs no Ray
     elif ray is None:
         problems.append(
@@ -136,7 +137,7 @@ def main() -> int:
                     f"image.ref: vllm {vllm} has no --kv-cache-memory-bytes: vllm.kvCache "
                     "needs vLLM 0.10.2 or newer (or leave vllm.kvCache unset)"
                 )
-            if executor == "mp" and not {"--nnodes", "--headless"} <= known:
+            if "mp" in executors and not {"--nnodes", "--headless"} <= known:
                 problems.append(
                     f"image.ref: vllm {vllm} has no --nnodes/--headless: vllm.executor mp "
                     "needs vLLM 0.11.1 or newer (or use executor ray)"

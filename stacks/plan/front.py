@@ -188,12 +188,13 @@ def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: 
 def backend_lines(index: int, route: Route, named: bool) -> list[str]:
     """A route's servers, balanced between replicas, and a JSON 503 in vLLM's shape when none
     is up (naming the model when several share the front). Health-checked (vLLM's /health)
-    where the front chooses: several routes or replicas. One server alone is not (no choice to
-    make, and each check is a line in vLLM's access log): a refused connection is the 503."""
+    where the front chooses: between replicas. One server alone is not (no choice to make, each
+    check is a line in vLLM's access log, and a check that times out on a busy head would
+    mark a serving model down: the lab saw one such 503): a refused connection is the 503."""
     model = f"The model `{route.served_name}`"
     down = f"{model} has no server up" if named else "The server is not up"
     unavailable = f"{model} is unavailable" if named else "The server is unavailable"
-    checked = named or len(route.servers) > 1
+    checked = len(route.servers) > 1
     checks = [
         "    option httpchk GET /health",
         "    http-check expect status 200",

@@ -218,10 +218,21 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
     firewalled = _firewall(plan, entries, facts, image_ready, check)
     key_file, front, front_reload = _front(plan, entries, facts, check)
     gates = _Gates(firewalled, _compile_cache(plan, entries, image_ready), check)
-    # Ray drives one server (StackConfig keeps it to a fleet of one): the first.
-    joined = _ray(plan, entries, facts, gates) if plan.runs_ray else None
+    # Ray drives one server (vLLM's Ray executor takes each node's whole GPU: StackConfig
+    # allows one Ray model, on every host); the others are mp servers beside it.
+    driver = next((each for each in servers if each.uses_ray), None)
+    joined = _ray(driver, entries, facts, gates) if driver is not None else None
+    first_joined = joined if servers[0].uses_ray else None
     ready = _vllm(
-        servers[0], entries, facts, gates, weights_ready[0], joined, key_file, front, front_reload
+        servers[0],
+        entries,
+        facts,
+        gates,
+        weights_ready[0],
+        first_joined,
+        key_file,
+        front,
+        front_reload,
     )
     # Each further server's memory is checked once the one before it is ready: vLLM measures
     # what a GPU has free when it starts, and two servers starting at once on one GPU would
@@ -234,7 +245,7 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
             facts,
             replace(gates, check=check),
             fetched,
-            None,
+            joined if later_server.uses_ray else None,
             key_file,
             front,
             front_reload,
@@ -505,7 +516,8 @@ class _Gates:
 
 
 def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates: _Gates) -> str:
-    """A container per node with Ray as its main process, then a bounded join wait."""
+    """A container per node with Ray as its main process, then a bounded join wait (`plan`:
+    the Ray model's server's, whose firewall marker the containers' gate reads)."""
     names = []
     for node in plan.nodes:
         spec = ray_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)

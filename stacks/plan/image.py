@@ -187,7 +187,7 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
             # on (or re-run for) them.
             extra_args=json.dumps(extra_args if node.is_head else []),
             check_flags="yes" if node.is_head else "no",
-            executor=plan.served.settings.executor,
+            executor=",".join(dict.fromkeys(m.settings.executor for m in fleet)),
             timeout_seconds=IMAGE_FACTS_SECONDS,
             # Only when set: a stack without it keeps the step's command as it was.
             **({"kv_cache": "yes"} if node.is_head and kv_cache else {}),

@@ -427,9 +427,10 @@ def servers_on(plan: DeploymentPlan, node: NodePlan) -> list[DeploymentPlan]:
 def serving_container_names(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     """This deployment's Ray and vLLM containers on `node`, with either executor (a switch of
     executors finds the other one's still running: its delete comes last): what a restart of
-    the server gives back memory from. Ray's containers belong to a fleet of one (the one
-    server Ray can drive: StackConfig keeps it so), whatever its slot."""
-    if plan.server.index > 0 and len(plan.servers) > 1:
+    the server gives back memory from. Among several models Ray's containers are the Ray
+    model's (its ranks run in them), and only its."""
+    others_slot = plan.server.index > 0 or plan.runs_ray  # Ray's containers are another's
+    if len(plan.servers) > 1 and not plan.uses_ray and others_slot:
         return [plan.container_name("vllm")]
     ray = plan.container_name("ray-head" if node.is_head else "ray-worker")
     return [ray, plan.container_name("vllm")]

@@ -226,3 +226,19 @@ def test_replicas_are_balanced_and_one_stopped_costs_no_request(stack: Stack) ->
         time.sleep(8)
     record_figure("several models: one replica stopped", loop.summary())
     assert loop.sent > 20 and loop.failures == [], loop.summary()
+
+
+def test_a_ray_model_beside_an_mp_model(stack: Stack) -> None:
+    """The replicas give way to a model with executor ray on every host (its Ray cluster is
+    created for it) beside the first, mp model, which keeps serving."""
+    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[1], THIRD), executor="ray")
+    config[f"{PROJECT}:ray"] = {"objectStoreMemoryBytes": 200_000_000}  # the hosts share memory
+    run = changed_while_serving(stack, "a Ray model beside an mp model", config)
+    created = {name for name, op in run.changed().items() if op == "create"}
+    assert {"ray-head", "ray-spark2", "ray-joined"} <= created, run.changed()
+    assert not {n for n in run.changed() if n in ("vllm-container", "vllm-spark2", "vllm-ready")}
+    assert listed(stack) == [SERVED_NAME, THIRD]
+    attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, THIRD)
+    for host, ray in (("spark1", "ray-head"), ("spark2", "ray-worker")):
+        names = host_sh(stack.lab, host, "docker ps --format '{{.Names}}'").split()
+        assert f"{PREFIX}-{ray}" in names and f"{PREFIX}-vllm-s2" not in names, names

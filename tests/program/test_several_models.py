@@ -427,3 +427,30 @@ def test_a_lone_model_in_another_slot_keeps_the_record(make_config: ConfigFactor
     assert "2 coder" in create and "/front/slots.tmp" in create
     never = plan_deployment(parsed, "spark-vllm/dev", None)  # never had several: no record
     assert "/front/slots" not in write_front_config(never, "front").create
+
+
+def test_a_ray_model_beside_an_mp_model(make_config: ConfigFactory) -> None:
+    """One Ray model (on every host: its cluster spans them) beside an mp model: the cluster
+    is the Ray model's (its containers' gate reads its marker, its memory check counts them),
+    the mp server meets its own ranks, and the image is checked for both executors."""
+    config = fleet(make_config, 2, ("qwen", "coder"))
+    config["models"][1]["executor"] = "ray"
+    _, graph = graph_of(config)
+    assert {"ray-head", "ray-spark2", "ray-joined"} <= set(graph.by_name)
+    labels = dict(graph.by_name["vllm-s1-container"].id_labels)
+    assert list(labels.values()) == [("ray-joined",)]
+    assert dict(graph.by_name["vllm-container"].id_labels) != labels  # mp: its headless rank
+    assert "vllm-spark2" in graph.by_name and "vllm-s1-spark2" not in graph.by_name
+    ray_worker = graph.by_name["ray-spark2"].spec
+    assert isinstance(ray_worker, ContainerSpec)
+    gate = ray_worker.entrypoint[ray_worker.entrypoint.index("firewall-gate") + 1 :]
+    assert gate[0].endswith("/applied-s1")
+    checks = {
+        name: flags(shlex.split(graph.by_name[name].spec.create), "--nodes")[0]  # type: ignore[union-attr]
+        for name in ("memory-check", "memory-s1-check")
+    }
+    assert "spark-vllm-ray" not in checks["memory-check"]
+    assert "spark-vllm-ray-head" in checks["memory-s1-check"]
+    facts = graph.by_name["image-spark1-facts"].spec
+    assert isinstance(facts, StepSpec)
+    assert flags(shlex.split(facts.create), "--executor") == ["mp,ray"]
