@@ -342,6 +342,9 @@ class FrontConfig(ConfigModel):
     (stacks/plan/front.py)."""
 
     image: FrontImageConfig = Field(default_factory=FrontImageConfig)
+    # The front's own Prometheus metrics (HAProxy's exporter), on the head's loopback only: for
+    # a Prometheus on the head, or an `ssh -L` tunnel; never on the network.
+    metrics_port: Port = 8404
 
 
 # A served name is what clients put in `model`, and a word in the front's configuration.
@@ -890,6 +893,7 @@ def check_ports(cfg: StackConfig, slots: int) -> None:
         "vllm.port": cfg.vllm.port,
         "vllm.serverPort": cfg.vllm.server_port,
         "vllm.masterPort": cfg.vllm.master_port,
+        "front.metricsPort": cfg.front.metrics_port,
     }
     queues = [(cfg.vllm.master_port + 1, cfg.vllm.master_port + MP_PORT_SPAN, "vllm.masterPort")]
     for k in range(1, slots):

@@ -84,7 +84,8 @@ def front_config(plan: DeploymentPlan) -> str:
     """haproxy.cfg for the plan's routes (router_config)."""
     bearer = f"{CONTAINER_API_KEY_DIR}/{BEARER_FILE_NAME}"
     models = f"{CONTAINER_FRONT_DIR}/{MODELS_FILE_NAME}"
-    return router_config(front_bind(plan), bearer, routes_of(plan), models)
+    metrics = f"127.0.0.1:{plan.config.front.metrics_port}"
+    return router_config(front_bind(plan), bearer, routes_of(plan), models, metrics)
 
 
 def error_body(status: int, kind: str, message: str) -> str:
@@ -98,7 +99,13 @@ def haproxy_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: str) -> str:
+def router_config(
+    bind: str,
+    bearer: str,
+    routes: Sequence[Route],
+    models_file: str,
+    metrics_bind: str | None = None,
+) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
     the first route (vLLM treats `model` as optional); /v1/models is `models_file`, the list
@@ -154,6 +161,16 @@ def router_config(bind: str, bearer: str, routes: Sequence[Route], models_file: 
         "    http-request return status 401 content-type application/json"
         f" string {unauthorized} hdr www-authenticate Bearer unless has_key",
     ]
+    if metrics_bind is not None:
+        # HAProxy's Prometheus exporter (built in: Debian's 2.6, the official images' USE_PROMEX)
+        # on loopback only: requests, errors, queue and response times per backend (model).
+        lines[lines.index("frontend api") : lines.index("frontend api")] = [
+            "frontend metrics",
+            f"    bind {metrics_bind}",
+            "    no log",
+            "    http-request use-service prometheus-exporter if { path /metrics }",
+            "    http-request return status 404",
+        ]
     if not routing:
         # One model: every request to its server, which answers for its name itself (vLLM's
         # 404 for another); the configuration does not name it, so a new name leaves the

@@ -389,7 +389,8 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     listened = [port for server in servers for port in cluster_listen_ports(server, node)]
     single_ports = [port for port in dict.fromkeys(listened) if ":" not in port]
     served = [str(s.server_port) for s in plan.per_server if s.runs_server(node)]
-    ports = [*([str(cfg.vllm.port)] if node.is_head else []), *served, *single_ports]
+    front = [str(cfg.vllm.port), str(cfg.front.metrics_port)] if node.is_head else []
+    ports = [*front, *served, *single_ports]
     containers = own_container_names(plan, node)
     # With several servers on a node each one's memory check runs once the ones before it
     # started (graph.py): then it sees what they took. Preflight checks only the floor.

@@ -190,6 +190,20 @@ def test_the_api_key_is_enforced(deployed: Deployment, endpoint: str) -> None:
     assert complete(endpoint, deployed.outputs["modelId"], key="wrong")[0] == 401
 
 
+def test_the_fronts_metrics_stay_on_the_heads_loopback(deployed: Deployment) -> None:
+    """HAProxy's Prometheus exporter (front.metricsPort) answers on the head's loopback, with
+    the requests the tests above sent, and is not open to the management network."""
+    lab = deployed.lab
+    metrics = host_sh(lab, "spark1", "curl -s http://127.0.0.1:8404/metrics")
+    served = re.findall(
+        r'^haproxy_backend_http_responses_total\{proxy="model_0",code="2xx"\} (\S+)$',
+        metrics,
+        re.MULTILINE,
+    )
+    assert served and float(served[0]) > 0, metrics[-1500:]
+    assert not reachable_from_bastion(lab, lab.spec.host_mgmt_ip(0), 8404)
+
+
 def test_every_route_wants_the_key_and_the_openai_client_streams(
     deployed: Deployment, endpoint: str
 ) -> None:

@@ -106,7 +106,7 @@ def test_the_head_starts_after_the_worker_and_the_wait_after_both(mp: Evaluation
 def test_preflight_and_firewall_cover_the_rendezvous_not_rays_ports(mp: Evaluation) -> None:
     head = mp.named("spark1-preflight").inputs["create"]
     worker = mp.named("spark2-preflight").inputs["create"]
-    assert "--ports 8000,8001,29501 " in head
+    assert "--ports 8000,8404,8001,29501 " in head
     assert "--ports '' " in worker
 
     def guarded(host: str) -> str:

@@ -345,7 +345,10 @@ def test_ray_ports_are_fixed_and_checked_by_preflight(make_config: ConfigFactory
     for flag in ("--node-manager-port=6380", "--min-worker-port=10002",
                  "--max-worker-port=10999"):  # fmt: skip
         assert flag in head
-    assert "--ports 8000,8001,6379,10001,6380,6381" in ev.named("spark1-preflight").inputs["create"]
+    assert (
+        "--ports 8000,8404,8001,6379,10001,6380,6381"
+        in ev.named("spark1-preflight").inputs["create"]
+    )
     assert "--ports 6380,6381,6382" in ev.named("spark2-preflight").inputs["create"]
 
 

@@ -29,12 +29,15 @@ class Haproxy:
         binary = shutil.which("haproxy")
         if binary is None:
             unavailable("Debian's haproxy package (lab/install-deps.sh) is not installed")
-        self.port = free_port()
+        self.port, self.metrics_port = free_port(), free_port()
         bearer, models = workdir / "bearer", workdir / "models.json"
         bearer.write_text(f"Bearer {KEY}\n")
         models.write_text(models_document(routes))
         config = workdir / "haproxy.cfg"
-        config.write_text(router_config(f"127.0.0.1:{self.port}", str(bearer), routes, str(models)))
+        metrics = f"127.0.0.1:{self.metrics_port}"
+        config.write_text(
+            router_config(f"127.0.0.1:{self.port}", str(bearer), routes, str(models), metrics)
+        )
         check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
         self.log = workdir / "haproxy.log"
@@ -142,3 +145,15 @@ def test_one_endpoint_routes_each_model_to_its_servers(
         "The model `beta` is unavailable",
     ), down
     assert complete(url, "alpha")[0] == 200
+
+    # The router's own metrics (HAProxy's Prometheus exporter) on its loopback port, without
+    # the key (the port is never published): requests per backend, one backend per model.
+    status, raw = http("GET", f"http://127.0.0.1:{front.metrics_port}/metrics")
+    assert status == 200, raw[:300]
+    text = raw.decode()
+    served = re.findall(
+        r'^haproxy_backend_http_responses_total\{proxy="model_(\d)",code="2xx"\} (\S+)$',
+        text,
+        re.MULTILINE,
+    )
+    assert {index for index, count in served if float(count) > 0} == {"0", "1"}, served
