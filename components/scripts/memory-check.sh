@@ -7,7 +7,8 @@
 # on (its launcher's --expect-ips) when it restarts.
 #   memory-check.sh --host HEAD --nodes "name|dest|bin|containers|fabricip<newline>..." --image NAME --gpus yes|no
 #                   --drop-page-cache yes|no --utilization F|auto --margin-fraction F
-#                   --min-margin-bytes N --server-container NAME [--fabric-key F --fabric-known-hosts F]
+#                   --min-margin-bytes N --server-container NAME [--server-dest ssh://...]
+#                   [--fabric-key F --fabric-known-hosts F]   (--server-dest: a server on a worker)
 #                   [--kv-cache auto|BYTES --snapshot DIR --tensor-parallel N --pipeline-parallel N
 #                    --max-model-len N --kv-cache-dtype D --reserve-bytes N]   (vllm.kvCache)
 # Prints `spark-vllm-memory-sizing {json}` as its last line; with --kv-cache, its `kvCache` holds
@@ -19,8 +20,16 @@ require host nodes image gpus drop-page-cache utilization margin-fraction min-ma
 
 GIB=1073741824
 running_utilization=0 running_ips=""
-if [ "$(container_state "$ARG_SERVER_CONTAINER")" = running ]; then
-  server_args="$(docker inspect --format '{{json .Args}}' "$ARG_SERVER_CONTAINER")"
+# The server's arguments when it runs: here, or on its worker (over the fabric).
+server_inspect=(docker inspect --format '{{.State.Status}} {{json .Args}}' "$ARG_SERVER_CONTAINER")
+if [ -n "${ARG_SERVER_DEST:-}" ]; then
+  # Bounded: fabric_ssh's connect timeout and keepalives, and the inspect's own timeout there.
+  server_seen="$(fabric_ssh "$ARG_SERVER_DEST" "timeout 60 $(words "${server_inspect[@]}")" 2>/dev/null || true)"
+else
+  server_seen="$(timeout 60 "${server_inspect[@]}" 2>/dev/null || true)"
+fi
+if [ "${server_seen%% *}" = running ]; then
+  server_args="${server_seen#* }"
   # arg_after FLAG: the value after FLAG in the server's arguments (a JSON list of strings).
   arg_after() { grep -o "\"$1\",\"[^\"]*\"" <<<"$server_args" | head -n 1 | cut -d'"' -f4 || true; }
   running_utilization="$(arg_after --gpu-memory-utilization)"

@@ -223,6 +223,8 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
     driver = next((each for each in servers if each.uses_ray), None)
     joined = _ray(driver, entries, facts, gates) if driver is not None else None
     first_joined = joined if servers[0].uses_ray else None
+    # What Ray's containers waited for (a server joining them already comes after it).
+    ray_checked = (gates.check,)
     ready = _vllm(
         servers[0],
         entries,
@@ -233,6 +235,7 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
         key_file,
         front,
         front_reload,
+        ray_checked,
     )
     # Each further server's memory is checked once the one before it is ready: vLLM measures
     # what a GPU has free when it starts, and two servers starting at once on one GPU would
@@ -249,6 +252,7 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
             key_file,
             front,
             front_reload,
+            ray_checked,
         )
     return DeploymentGraph(tuple(entries))
 
@@ -555,6 +559,7 @@ def _vllm(
     key_file: str,
     front: str,
     front_reload: str,
+    ray_checked: tuple[str, ...] = (),
 ) -> str:
     """The plan's server on its node (joined to Ray, or with mp to a headless vLLM on each of
     its other hosts), then its readiness wait, through the front (its name: returned). A
@@ -584,6 +589,9 @@ def _vllm(
     cluster = (joined,) if joined is not None else tuple(headless)
     # With Ray, what the head's containers start after comes before the cluster it joins.
     started = () if joined is not None else gates.of(node)
+    if joined is not None and gates.check not in ray_checked:
+        # Ray's containers waited for another server's check: this one waits for its own.
+        started = (gates.check,)
     container = f"{component}-container"
     entries.append(
         Planned(

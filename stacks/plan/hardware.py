@@ -87,6 +87,10 @@ def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
         "margin_fraction": AUTO_MARGIN_FRACTION,
         "min_margin_bytes": AUTO_MIN_MARGIN_BYTES,
         "server_container": plan.container_name("vllm"),
+        # A server on a worker: its arguments are read there.
+        **(
+            {} if plan.server_node.is_head else {"server_dest": plan.server_node.fabric_destination}
+        ),
         **fabric_flags(plan),
         **kv_cache_flags(plan),
     }

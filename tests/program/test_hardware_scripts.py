@@ -83,6 +83,9 @@ FAKE_DOCKER = """#!/usr/bin/env bash
 case "$1" in
   inspect)
     case "$*" in
+      *State.Status*json\\ .Args*)  # the server's state and arguments at once (memory-check.sh)
+        [ "${@: -1}" = spark-vllm-vllm ] || exit 1
+        echo 'running ["--expect-ips","10.0.0.1,127.0.0.1","--gpu-memory-utilization","0.5"]' ;;
       *State.Status*) [ "${@: -1}" = spark-vllm-vllm ] && echo running || exit 1 ;;
       *json\\ .Args*)
         echo '["--expect-ips","10.0.0.1,127.0.0.1","--gpu-memory-utilization","0.5"]' ;;

@@ -389,6 +389,10 @@ def test_a_replica_on_a_worker_serves_there_behind_the_front(make_config: Config
     assert isinstance(ready.spec, StepSpec)
     words = shlex.split(ready.spec.create)
     assert flags(words, "--port") == ["8002"] and flags(words, "--probe-host") == ["10.241.0.12"]
+    # Its memory check reads the running server's arguments on the worker, over the fabric.
+    check = graph.by_name["memory-s1-check"].spec
+    assert isinstance(check, StepSpec)
+    assert flags(shlex.split(check.create), "--server-dest") == ["ssh://aurora@10.241.0.12:22"]
     assert not [w for w in words if w.startswith("--fabric-key")]
     # Nothing of the replica on the head but its route; on the worker, its port is guarded.
     guard = graph.by_name["firewall-spark2-guard"].spec
@@ -439,6 +443,8 @@ def test_a_ray_model_beside_an_mp_model(make_config: ConfigFactory) -> None:
     assert {"ray-head", "ray-spark2", "ray-joined"} <= set(graph.by_name)
     labels = dict(graph.by_name["vllm-s1-container"].id_labels)
     assert list(labels.values()) == [("ray-joined",)]
+    # Ray's containers waited for the first server's check: the Ray server waits for its own.
+    assert "memory-s1-check" in graph.by_name["vllm-s1-container"].after
     assert dict(graph.by_name["vllm-container"].id_labels) != labels  # mp: its headless rank
     assert "vllm-spark2" in graph.by_name and "vllm-s1-spark2" not in graph.by_name
     ray_worker = graph.by_name["ray-spark2"].spec
