@@ -145,10 +145,6 @@ class ServerSlot:
     def master_port(self, base: int) -> int:
         return base + self.index * (MP_PORT_SPAN + 1)
 
-    @property
-    def key(self) -> str:
-        return self.record_key
-
 
 def slot_keys(fleet: Sequence[ServedModel]) -> list[str]:
     """What each model's slot is recorded under on the head: its served name; replicas (entries

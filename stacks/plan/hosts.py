@@ -235,4 +235,4 @@ def slots_file(head: NodePlan) -> str:
 
 def slots_record(plan: DeploymentPlan) -> str:
     """One `SLOT KEY` line per server (components/facts.py reads it back)."""
-    return "".join(f"{s.index} {s.key}\n" for s in plan.servers)
+    return "".join(f"{s.index} {s.record_key}\n" for s in plan.servers)

@@ -47,26 +47,22 @@ def _wait(
     a worker is awaited there, its diagnostics that node's own (only the head holds the
     fabric key that reaches the others)."""
     node = plan.server_node if container == "vllm" else plan.head
+    reach: dict[str, str] = {}
     if node.is_head:
-        where: dict[str, str] = {
-            "nodes": log_specs(plan, include_vllm=container == "vllm"),
-            "node_checks": node_check_specs(plan),
-            **fabric_flags(plan),
-        }
+        nodes, checks = log_specs(plan, include_vllm=container == "vllm"), node_check_specs(plan)
+        reach = fabric_flags(plan)
     else:
-        where = {
-            "nodes": f"{node.name}|-|{plan.container_name('vllm')}",
-            "node_checks": f"{node.name}|-|{node.bin_dir}",
-        }
+        nodes = f"{node.name}|-|{plan.container_name('vllm')}"
+        checks = f"{node.name}|-|{node.bin_dir}"
     flags: dict[str, str | float] = {
         "container": plan.container_name(container),
         "container_scripts": CONTAINER_SCRIPTS_DIR,
         **awaited,
-        "nodes": where["nodes"],
-        "node_checks": where["node_checks"],
+        "nodes": nodes,
+        "node_checks": checks,
         "image": PINNED_IMAGE.text,
         **(model or {}),
-        **{k: v for k, v in where.items() if k not in ("nodes", "node_checks")},
+        **reach,
     }
     return StepSpec(
         name=step,

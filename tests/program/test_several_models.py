@@ -300,7 +300,11 @@ def test_slots_stay_where_the_head_recorded_them(
 def test_replicas_are_recorded_by_name_and_hosts() -> None:
     replicas = [served_as("e"), replace(served_as("e"), hosts=("spark2", "spark1"))]
     slots = assign_slots([served_as("a"), *replicas], {"a": 0, "e@spark1": 2})
-    assert [(s.index, s.key) for s in slots] == [(0, "a"), (2, "e@spark1"), (1, "e@spark1,spark2")]
+    assert [(s.index, s.record_key) for s in slots] == [
+        (0, "a"),
+        (2, "e@spark1"),
+        (1, "e@spark1,spark2"),
+    ]
 
 
 def beside_on_the_head(make_config: ConfigFactory, hosts: int) -> dict:
