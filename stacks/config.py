@@ -845,9 +845,8 @@ def _memory_budget_fits(cfg: StackConfig) -> None:
 
 def _one_server_for_now(cfg: StackConfig) -> None:
     """What this release deploys: every model from image.ref, on the hosts it lists, each host
-    serving some model; several models with a fixed gpuMemoryUtilization each (each server's
-    memory check runs once the one before it started), at most one of them with Ray (two Ray
-    models sharing a node are refused above), on every host."""
+    serving some model; at most one of them with Ray (two Ray models sharing a node are refused
+    above), on every host."""
     for model in cfg.fleet:
         if model.image != cfg.image:
             raise ConfigError(
@@ -870,12 +869,6 @@ def _one_server_for_now(cfg: StackConfig) -> None:
                 f"{model.settings_key}.executor: beside other models, a Ray model runs on "
                 "every host in this release (its cluster spans them); leave its hosts unset, "
                 "or set executor: mp"
-            )
-        if model.settings.gpu_memory_utilization == "auto":
-            raise ConfigError(
-                f"{model.settings_key}.gpuMemoryUtilization: with several models each one "
-                "needs its own fraction in this release (`auto` sizes one server to what the "
-                "node has free); set a fraction such as 0.4"
             )
 
 

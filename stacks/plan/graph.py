@@ -260,7 +260,7 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
 def _host(plan: DeploymentPlan, node: NodePlan, facts: GraphFacts) -> list[Planned]:
     scripts = hosts.install_scripts(plan, node.name, node, facts.scripts_digest)
     # A new bundle re-runs the preflight: its checks live in the scripts.
-    return [
+    steps = [
         Planned(scripts.name, node.name, scripts, node.name),
         Planned(
             preflight_of(node.name),
@@ -271,6 +271,10 @@ def _host(plan: DeploymentPlan, node: NodePlan, facts: GraphFacts) -> list[Plann
             triggers=(scripts.name,),
         ),
     ]
+    shares = hosts.write_memory_shares(plan, node.name) if node.is_head else None
+    if shares is not None:
+        steps.append(Planned(shares.name, node.name, shares, node.name, after=(scripts.name,)))
+    return steps
 
 
 def _fabric(plan: DeploymentPlan, entries: list[Planned]) -> dict[str, str]:
@@ -402,10 +406,12 @@ def _head_to_workers(
 
 def _memory(plan: DeploymentPlan, entries: list[Planned], after: Sequence[str]) -> str:
     """Measured on every node once the image and the weights are there, before the plan's
-    server starts (the first server's: before anything of ours starts)."""
+    server starts (the first server's: before anything of ours starts); beside others once
+    the fleet's shares are on the head."""
     component = plan.server.named(MEMORY)
     check = hardware.memory_check(plan, component)
-    entries.append(Planned(check.name, component, check, plan.head.name, after=tuple(after)))
+    shares = (f"{plan.head.name}-shares",) if len(plan.servers) > 1 else ()
+    entries.append(Planned(check.name, component, check, plan.head.name, after=(*after, *shares)))
     return check.name
 
 

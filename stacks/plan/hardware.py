@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stacks.fleet import MIN_AUTO_SHARE, SERVER_OVERHEAD_SHARE
 from stacks.plan.fabric import fabric_flags
 from stacks.plan.later import PINNED_IMAGE, WEIGHTS_COMMIT
 from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, serving_container_names
@@ -101,6 +102,36 @@ def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
         # One CUDA query per node (the image run once with the GPUs), bounded to 3 min each.
         timeouts=Timeouts(create=4 * len(plan.nodes) + 2),
     )
+
+
+# The fleet's memory shares on the head, beside the scripts (<state>/front/shares): each memory
+# check reads the servers after its own there. Read from the file, not from the check's command
+# line: a model added or resized after a server re-runs nothing of that server.
+SHARES_FILE_NAME = "shares"
+SHARES_HEADER = "spark-vllm-shares"
+
+
+def shares_file(plan: DeploymentPlan) -> str:
+    return f"{plan.head.state_dir}/front/{SHARES_FILE_NAME}"
+
+
+def memory_shares(plan: DeploymentPlan) -> str:
+    """What memory-check.sh keeps free for the servers after the one it sizes: a header with
+    what a server takes beside its fraction and the least share of an `auto` one, then every
+    server in the fleet's order (the order their checks run in), a line each:
+    `servedName|container|dest|share|host,host` (its container where it serves, read there to
+    learn whether it runs and with what fraction; its gpuMemoryUtilization; its hosts)."""
+    lines = [f"{SHARES_HEADER} {SERVER_OVERHEAD_SHARE} {MIN_AUTO_SHARE}\n"]
+    for each in plan.per_server:
+        node = each.server_node
+        lines.append(
+            f"{each.served.served_name}|{each.container_name('vllm')}|"
+            f"{'-' if node.is_head else node.fabric_destination}|"
+            f"{each.served.settings.gpu_memory_utilization}|"
+            + ",".join(n.name for n in each.nodes)
+            + "\n"
+        )
+    return "".join(lines)
 
 
 def kv_cache_flags(plan: DeploymentPlan) -> dict[str, str | int]:

@@ -21,6 +21,7 @@ from stacks.plan.front import (
     models_document,
     routes_of,
 )
+from stacks.plan.hardware import memory_shares, shares_file
 from stacks.plan.image import image_history_file
 from stacks.plan.nodes import (
     OWNER_FILE,
@@ -216,6 +217,23 @@ def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
         ),
         receipts=(Receipt(step, head, tuple(check("files", f) for f, _ in files)),),
         delete=owned(plan, head, "rm -f " + " ".join(shlex.quote(f) for f, _ in files)),
+    )
+
+
+def write_memory_shares(plan: DeploymentPlan, name: str) -> StepSpec | None:
+    """The fleet's memory shares on the head, read by each server's memory check (none with
+    one server). A step of its own, whole on the command line: a model added, removed or
+    resized updates it, and no check's command."""
+    if len(plan.servers) < 2:
+        return None
+    head, path = plan.head, shares_file(plan)
+    step = f"{name}-shares"
+    return StepSpec(
+        name=step,
+        node=head,
+        create=f"mkdir -p {shlex.quote(front_dir(plan))} && {_written(path, memory_shares(plan))}",
+        receipts=(Receipt(step, head, (check("files", path),)),),
+        delete=owned(plan, head, f"rm -f {shlex.quote(path)}"),
     )
 
 

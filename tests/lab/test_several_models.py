@@ -34,26 +34,30 @@ from tests.lab.timings import record_figure, record_timing
 pytestmark = pytest.mark.lab
 
 SECOND, THIRD = "tiny-chat-b", "tiny-chat-c"
-# The hosts share this machine's memory: small fixed fractions leave room for three servers.
+# The first model keeps the committed lab stack's `auto`; the others get small fixed fractions
+# (the hosts share this machine's memory).
 SHARE = 0.15
 # What every change to the fleet plans beside the changed model's own resources: the routes
 # (and the head's record of the slots) and the front's reload; with a server added or removed,
 # the ports each host's guard keeps and preflight checks.
 ROUTES = {"front-config", "front-reload"}
 PORTS = {"firewall-spark1-guard", "firewall-spark2-guard", "spark1-preflight", "spark2-preflight"}
+# The fleet's memory shares on the head, which the first (`auto`) model's check reads: written
+# whenever the fleet changes, and that check left as it was.
+SHARES = {"spark1-shares"}
 
 
 def one_model(lab: Lab) -> dict[str, Any]:
-    """The committed lab stack (`model` + `vllm`) with a fixed fraction instead of `auto`."""
-    config = default_lab_config(lab)
-    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "gpuMemoryUtilization": SHARE}
-    return config
+    """The committed lab stack (`model` + `vllm`, gpuMemoryUtilization auto)."""
+    return default_lab_config(lab)
 
 
 def fleet(lab: Lab, *models: tuple[str, str], **second: Any) -> dict[str, Any]:
-    """The same stack with `models`: (id, servedName) each, on every host; `second` changes
-    the second entry's settings."""
+    """The same stack with `models`: (id, servedName) each, on every host, the first `auto`,
+    the others SHARE; `second` changes the second entry's settings."""
     config = as_fleet(one_model(lab), *models)
+    for entry in config[f"{PROJECT}:models"][1:]:
+        entry["gpuMemoryUtilization"] = SHARE
     if len(models) > 1:
         config[f"{PROJECT}:models"][1].update(second)
     return config
@@ -105,7 +109,8 @@ def test_a_second_model_is_added_beside_the_first(stack: Stack) -> None:
         stack, "add a model", fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
     )
     assert set(own(run, "s1").values()) == {"create"}, run.changed()
-    assert others(run, "s1") == ROUTES | PORTS, run.changed()
+    assert others(run, "s1") == ROUTES | PORTS | SHARES, run.changed()
+    assert run.changed()["spark1-shares"] == "create"
     assert listed(stack) == [SERVED_NAME, SECOND]
     for model in (SERVED_NAME, SECOND):  # the official client, one endpoint, each model
         attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, model)
@@ -132,7 +137,7 @@ def test_switching_one_model_for_another_keeps_its_slot(stack: Stack) -> None:
     config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[1], THIRD), maxModelLen=1024)
     run = changed_while_serving(stack, "switch one model for another", config)
     assert set(own(run, "s1").values()) <= {"update", "replace"}, run.changed()
-    assert others(run, "s1") == ROUTES, run.changed()
+    assert others(run, "s1") == ROUTES | SHARES, run.changed()
     assert listed(stack) == [SERVED_NAME, THIRD]
     attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, THIRD)
 
@@ -151,7 +156,7 @@ def test_a_budget_that_does_not_fit_is_refused_before_anything_changes(stack: St
 def test_removing_a_model_deletes_only_its_own(stack: Stack) -> None:
     run = changed_while_serving(stack, "remove a model", fleet(stack.lab, (HF_MODEL, SERVED_NAME)))
     assert set(own(run, "s1").values()) == {"delete"}, run.changed()
-    assert others(run, "s1") == ROUTES | PORTS, run.changed()
+    assert others(run, "s1") == ROUTES | PORTS | SHARES, run.changed()
     for host in ("spark1", "spark2"):
         assert containers(stack, host) == {f"{PREFIX}-vllm"}
     assert listed(stack) == [SERVED_NAME]
@@ -169,7 +174,7 @@ def test_a_model_on_the_head_alone_runs_nothing_on_the_worker(stack: Stack) -> N
     }
     # The worker's guard and preflight keep their ports (the lab checks no unified memory, so
     # no fraction changes either).
-    assert others(run, "s1") == ROUTES | {"firewall-spark1-guard", "spark1-preflight"}, (
+    assert others(run, "s1") == ROUTES | SHARES | {"firewall-spark1-guard", "spark1-preflight"}, (
         run.changed()
     )
     assert containers(stack, "spark1") == {f"{PREFIX}-vllm", f"{PREFIX}-vllm-s1"}

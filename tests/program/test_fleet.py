@@ -144,12 +144,7 @@ CASES = [
      "models[0].tensorParallelSize: is required"),
     ("an empty entry list is no list", lambda c: {**as_models(c), "models": []},
      "model.id: is required"),
-    # What this release deploys: each model's server on the head, several with mp and a fixed
-    # fraction each (the checks above hold first).
-    ("several models, one sized auto on a worker",
-     lambda c: two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
-                          gpuMemoryUtilization="auto"),
-     "models[1].gpuMemoryUtilization: with several models each one needs its own fraction"),
+    # What this release deploys (the checks above hold first).
     ("a host no model is placed on", lambda c: with_first(as_models(c), hosts=["spark1"],
                                                           tensorParallelSize=1),
      "hosts[1]: no model is placed on spark2; list it in a model's hosts, or remove it"),
@@ -159,10 +154,6 @@ CASES = [
      lambda c: two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
                           executor="ray", gpuMemoryUtilization=0.3),
      "models[1].executor: beside other models, a Ray model runs on every host in this release"),
-    ("several models, one sized auto",
-     lambda c: two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
-                          hosts=None, tensorParallelSize=2, gpuMemoryUtilization="auto"),
-     "models[1].gpuMemoryUtilization: with several models each one needs its own fraction"),
     ("several servers' ports past the last port",
      lambda c: {**two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
                              hosts=None, tensorParallelSize=2, gpuMemoryUtilization=0.3),

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 from tests.program.test_scripts import SCRIPTS, run
@@ -109,7 +110,14 @@ def memory(
     fabric_ip: str = "127.0.0.1",
     bin_dir: Path = SCRIPTS,
     kv_cache: dict[str, str] | None = None,
+    shares: list[str] | None = None,
 ) -> tuple[int, str, str]:
+    if shares is not None:  # the fleet's shares beside the scripts: a header, a server a line
+        bin_dir = tmp_path / "state" / "bin"
+        shutil.copytree(SCRIPTS, bin_dir, dirs_exist_ok=True)
+        (tmp_path / "state" / "front").mkdir(exist_ok=True)
+        lines = ["spark-vllm-shares 0.05 0.05", *shares]
+        (tmp_path / "state" / "front" / "shares").write_text("".join(f"{x}\n" for x in lines))
     nodes = f"spark1|-|{bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{fabric_ip}"
     flags = {
         "nodes": nodes, "image": "sha256:" + "a" * 64, "gpus": "no", "drop-page-cache": "no",
@@ -120,7 +128,10 @@ def memory(
     env = fake_bin(tmp_path, docker=docker or "#!/usr/bin/env bash\nexit 1\n")
     (tmp_path / "meminfo").write_text(MEMINFO)
     env["SPARK_VLLM_MEMINFO"] = str(tmp_path / "meminfo")
-    done = run("memory-check.sh", "--host", "spark1", *args, env=env)
+    done = subprocess.run(
+        ["bash", str(bin_dir / "memory-check.sh"), "--host", "spark1", *args],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
     return done.returncode, done.stdout, done.stderr
 
 
@@ -234,3 +245,103 @@ def test_kv_cache_bytes_that_do_not_fit_beside_the_weights_are_refused(tmp_path:
     )
     assert "lower vllm.kvCache or set it to auto" in second
     assert memory(tmp_path, "0.4", kv_cache=kv_flags(snap, str(30 * GIB)))[0] == 0
+
+
+# --- memory: an `auto` server before others on its nodes --------------------------------------
+
+
+def later_docker(running: dict[str, str]) -> str:
+    """docker: the later servers named in `running` run at that --gpu-memory-utilization; no
+    other container of ours runs."""
+    cases = "".join(
+        f"""      *{name}) echo 'running ["--gpu-memory-utilization","{share}"]' ;;\n"""
+        for name, share in running.items()
+    )
+    return f"""#!/usr/bin/env bash
+[ "$1" = inspect ] || exit 1
+case "$*" in
+{cases}      *) exit 1 ;;
+esac
+"""
+
+
+OWN_SHARE = "chat-a|spark-vllm-vllm|-|auto|spark1"
+
+
+def later(name: str, share: str, slot: int = 1, nodes: str = "spark1,spark2") -> str:
+    return f"{name}|spark-vllm-vllm-s{slot}|-|{share}|{nodes}"
+
+
+def test_auto_leaves_a_later_fixed_share_free_on_its_nodes(tmp_path: Path) -> None:
+    """40 GiB available of 100: the margin (5), and 0.2 + 0.05 beside it for the model that
+    starts after this one, leave 0.10; a later model on another node leaves this one all."""
+    status, out, err = memory(tmp_path, "auto", shares=[OWN_SHARE, later("chat-b", "0.2")])
+    assert status == 0, err
+    assert sizing(out)["gpuMemoryUtilization"] == "0.10"
+    assert "memory: chat-b (0.2) comes after this server on spark1: not running yet" in err
+    status, out, err = memory(
+        tmp_path, "auto", shares=[OWN_SHARE, later("chat-b", "0.2", nodes="spark2")]
+    )
+    assert (status, sizing(out)["gpuMemoryUtilization"]) == (0, "0.35"), err
+    # A server before this one in the fleet's order started first: what it holds is not free.
+    earlier = later("chat-0", "0.2", slot=3)
+    status, out, err = memory(tmp_path, "auto", shares=[earlier, OWN_SHARE])
+    assert (status, sizing(out)["gpuMemoryUtilization"]) == (0, "0.35"), err
+
+
+def test_a_fixed_fraction_leaves_room_for_the_later_models_too(tmp_path: Path) -> None:
+    """A fixed server before others is refused when the later ones could not start beside it
+    (before anything of it starts), naming them; shares that do not list this server (a
+    stack going back to one model) leave nothing."""
+    status, _, err = memory(tmp_path, "0.3", shares=[OWN_SHARE, later("chat-b", "0.1")])
+    assert status == 1
+    assert (
+        "spark1: 0.30 x 100.0 GiB = 30.0 GiB asked, 40.0 GiB free (meminfo), 15.0 GiB kept for "
+        "chat-b (0.1, not running yet); the highest value that fits every node is 0.25"
+    ) in err
+    assert memory(tmp_path, "0.25", shares=[OWN_SHARE, later("chat-b", "0.1")])[0] == 0
+    assert memory(tmp_path, "0.4", shares=[later("chat-b", "0.1")])[0] == 0
+
+
+def test_autos_split_what_is_left_in_the_fleets_order(tmp_path: Path) -> None:
+    """Two later models: a fixed 0.1 (and its 0.05) and an `auto` one (its 0.05 beside it) keep
+    20 GiB; this server and the later `auto` one share the 15 GiB left past the margin."""
+    status, out, err = memory(
+        tmp_path,
+        "auto",
+        shares=[OWN_SHARE, later("chat-b", "0.1"), later("chat-c", "auto", slot=2)],
+    )
+    assert status == 0, err
+    assert sizing(out)["gpuMemoryUtilization"] == "0.07"
+
+
+def test_a_later_server_that_runs_is_not_counted_twice(tmp_path: Path) -> None:
+    """A re-run (this server's flags changed): the later server's 0.2 is already out of what is
+    free, so nothing more is kept for it; a fraction raised since (0.3 from 0.2) keeps only the
+    difference; a running later `auto` one keeps its own and shares nothing."""
+    docker = later_docker({"spark-vllm-vllm-s1": "0.2", "spark-vllm-vllm-s2": "0.3"})
+    status, out, err = memory(
+        tmp_path, "auto", docker=docker, shares=[OWN_SHARE, later("chat-b", "0.2")]
+    )
+    assert (status, sizing(out)["gpuMemoryUtilization"]) == (0, "0.35"), err
+    assert "memory: chat-b (0.2) comes after this server on spark1: running at 0.2" in err
+    status, out, err = memory(
+        tmp_path, "auto", docker=docker, shares=[OWN_SHARE, later("chat-b", "0.3")]
+    )
+    assert (status, sizing(out)["gpuMemoryUtilization"]) == (0, "0.25"), err
+    status, out, err = memory(
+        tmp_path, "auto", docker=docker, shares=[OWN_SHARE, later("chat-c", "auto", slot=2)]
+    )
+    assert (status, sizing(out)["gpuMemoryUtilization"]) == (0, "0.35"), err
+
+
+def test_auto_with_no_room_beside_the_later_models_names_them(tmp_path: Path) -> None:
+    status, _, err = memory(tmp_path, "auto", shares=[OWN_SHARE, later("chat-b", "0.32")])
+    assert status == 1
+    first, second = err.strip().splitlines()[-2:]
+    assert first == (
+        "spark-vllm: spark1: memory-check: vllm.gpuMemoryUtilization auto: too little memory "
+        "free for the server: spark1: 40.0 GiB free of 100.0 GiB (margin 5.0 GiB, 37.0 GiB "
+        "kept for chat-b (0.32, not running yet))"
+    )
+    assert "other processes or containers hold the memory" in second

@@ -14,6 +14,7 @@ import pytest
 from stacks.config import ImageConfig, ServerSettings, parse_stack_config
 from stacks.fleet import ServedModel, assign_slots
 from stacks.plan import graph as g
+from stacks.plan import hardware
 from stacks.plan.containers import ContainerSpec
 from stacks.plan.front import front_config
 from stacks.plan.hosts import write_front_config
@@ -160,6 +161,9 @@ def up_then_preview(before: dict, after: dict) -> tuple[dict[str, str], list[str
 # a server added or removed changes the ports the guards keep (their rules stay in the kernel
 # meanwhile, nothing that serves restarts) and the ports and names preflight checks.
 ROUTES = {"front-config": "update", "front-reload": "update"}
+# The fleet's memory shares on the head (each memory check reads the servers after its own):
+# rewritten when a server comes, goes or changes its share, name or hosts.
+SHARES = {"spark1-shares": "update"}
 PORTS = {
     "firewall-spark1-guard": "replace",
     "firewall-spark2-guard": "replace",
@@ -180,7 +184,7 @@ def test_adding_a_model_creates_only_its_own(make_config: ConfigFactory) -> None
         "vllm-s2-container",
         "vllm-s2-ready",
     }
-    assert {n: s for n, s in planned.items() if s != "create"} == {**ROUTES, **PORTS}
+    assert {n: s for n, s in planned.items() if s != "create"} == {**ROUTES, **PORTS, **SHARES}
     assert deleted == []
 
 
@@ -193,6 +197,7 @@ def test_removing_a_model_deletes_only_its_own_and_the_others_keep_their_slots(
     assert planned == {
         **ROUTES,
         **PORTS,
+        **SHARES,
         **{n: "delete" for n in planned if planned[n] == "delete"},
     }
     assert sorted(deleted) == sorted(
@@ -237,6 +242,7 @@ def test_switching_one_model_for_another_keeps_its_slot(make_config: ConfigFacto
         "vllm-s1-spark2": "replace",
         "vllm-s1-ready": "replace",
         **ROUTES,
+        **SHARES,
     }
     replaced = [
         r for r in preview.registrations if r.name in ("vllm-s1-container", "vllm-s1-spark2")
@@ -254,7 +260,8 @@ def test_a_second_model_leaves_the_first_as_it_was(make_config: ConfigFactory) -
                                "gpuMemoryUtilization": 0.3})  # fmt: skip
     planned, deleted = up_then_preview(before, after)
     untouched = [n for n in planned if not n.startswith(("weights-s1", "memory-s1", "vllm-s1"))]
-    assert {n: planned[n] for n in untouched} == {**ROUTES, **PORTS}
+    # The shares are new: one model became two.
+    assert {n: planned[n] for n in untouched} == {**ROUTES, **PORTS, "spark1-shares": "create"}
     assert deleted == []
 
 
@@ -265,7 +272,7 @@ def test_a_model_added_first_in_the_list_takes_a_free_slot(make_config: ConfigFa
     planned, deleted = up_then_preview(before, after)
     created = sorted(n for n, step in planned.items() if step == "create")
     assert created and all(n.startswith(("weights-s2", "memory-s2", "vllm-s2")) for n in created)
-    assert {n: s for n, s in planned.items() if s != "create"} == {**ROUTES, **PORTS}
+    assert {n: s for n, s in planned.items() if s != "create"} == {**ROUTES, **PORTS, **SHARES}
     assert deleted == []
 
 
@@ -358,6 +365,7 @@ def test_adding_a_model_on_the_head_leaves_the_workers_as_they_were(
         "vllm-s1-container": "create",
         "vllm-s1-ready": "create",
         **ROUTES,
+        "spark1-shares": "create",
         "firewall-spark1-guard": "replace",  # the head's ports
         "spark1-preflight": "update",
         # One model became two: each server's memory check replaces preflight's fraction.
@@ -464,3 +472,59 @@ def test_a_ray_model_beside_an_mp_model(make_config: ConfigFactory) -> None:
     facts = graph.by_name["image-spark1-facts"].spec
     assert isinstance(facts, StepSpec)
     assert flags(shlex.split(facts.create), "--executor") == ["mp,ray"]
+
+
+def test_the_fleets_shares_are_on_the_head_before_any_memory_check(
+    make_config: ConfigFactory,
+) -> None:
+    """Every server in the fleet's order (where each serves, its share, its hosts), written
+    beside the head's scripts before the first memory check; memory-check.sh reads them there
+    (the servers after its own keep their shares free): no check's command names them."""
+    config = beside_on_the_head(make_config, 3)
+    config["models"][0]["gpuMemoryUtilization"] = "auto"
+    config["models"].append(
+        {"id": "org/coder", "servedName": "coder", "hosts": ["spark3"], "tensorParallelSize": 1,
+         "gpuMemoryUtilization": "auto"}
+    )  # fmt: skip
+    plan, graph = graph_of(config)
+    shares = graph.by_name["spark1-shares"].spec
+    assert isinstance(shares, StepSpec)
+    written = hardware.memory_shares(plan)
+    assert shlex.quote(written) in shares.create
+    assert hardware.shares_file(plan) == f"{plan.head.bin_dir.removesuffix('/bin')}/front/shares"
+    dest = plan.cluster[2].fabric_destination
+    assert written.splitlines() == [
+        "spark-vllm-shares 0.05 0.05",
+        "qwen|spark-vllm-vllm|-|auto|spark1,spark2,spark3",
+        "embed|spark-vllm-vllm-s1|-|0.2|spark1",
+        f"coder|spark-vllm-vllm-s2|{dest}|auto|spark3",
+    ]
+    for check in ("memory-check", "memory-s1-check", "memory-s2-check"):
+        assert "spark1-shares" in graph.by_name[check].after
+        spec = graph.by_name[check].spec
+        assert isinstance(spec, StepSpec) and "shares" not in spec.create
+    one, one_graph = graph_of(fleet(make_config, 2, NAMES[:1]))
+    assert "spark1-shares" not in one_graph.by_name
+
+
+def test_a_model_added_after_an_auto_one_leaves_it_as_it_was(make_config: ConfigFactory) -> None:
+    """The shares are rewritten; the auto model's check, server and everything else of it are
+    not planned (its fraction stays what it was sized to; the new model's own check decides
+    whether it fits beside it)."""
+    before = beside_on_the_head(make_config, 2)
+    before["models"][0]["gpuMemoryUtilization"] = "auto"
+    after = copy.deepcopy(before)
+    after["models"].append(
+        {"id": "org/coder", "servedName": "coder", "hosts": ["spark2"], "tensorParallelSize": 1,
+         "gpuMemoryUtilization": 0.1}
+    )  # fmt: skip
+    planned, deleted = up_then_preview(before, after)
+    mine = ("weights-s2", "memory-s2", "vllm-s2")
+    others = {n: s for n, s in planned.items() if not n.startswith(mine)}
+    assert others == {
+        **ROUTES,
+        "spark1-shares": "update",
+        "firewall-spark2-guard": "replace",
+        "spark2-preflight": "update",
+    }
+    assert deleted == []
