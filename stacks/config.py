@@ -846,7 +846,7 @@ def _memory_budget_fits(cfg: StackConfig) -> None:
 def _one_server_for_now(cfg: StackConfig) -> None:
     """What this release deploys: every model from image.ref, on the hosts it lists, each host
     serving some model; at most one of them with Ray (two Ray models sharing a node are refused
-    above), on every host."""
+    above), its hosts the head's Ray cluster."""
     for model in cfg.fleet:
         if model.image != cfg.image:
             raise ConfigError(
@@ -862,13 +862,13 @@ def _one_server_for_now(cfg: StackConfig) -> None:
             )
     if len(cfg.fleet) == 1:
         return
-    every_host = {h.name for h in cfg.hosts}
+    head = cfg.head.name
     for model in cfg.fleet:
-        if model.settings.executor == "ray" and set(model.hosts) != every_host:
+        if model.settings.executor == "ray" and head not in model.hosts:
             raise ConfigError(
-                f"{model.settings_key}.executor: beside other models, a Ray model runs on "
-                "every host in this release (its cluster spans them); leave its hosts unset, "
-                "or set executor: mp"
+                f"{model.settings_key}.hosts: a Ray model runs on the head ({head}), where "
+                "Ray's head and the model's server (its driver) run; add it to hosts, or set "
+                "executor: mp"
             )
 
 

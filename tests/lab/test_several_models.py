@@ -244,6 +244,25 @@ def test_a_ray_model_beside_an_mp_model(stack: Stack) -> None:
     assert not {n for n in run.changed() if n in ("vllm-container", "vllm-spark2", "vllm-ready")}
     assert listed(stack) == [SERVED_NAME, THIRD]
     attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, THIRD)
-    for host, ray in (("spark1", "ray-head"), ("spark2", "ray-worker")):
+    # It took the slot the replicas freed first (1): its driver on the head, its ranks in Ray.
+    for host, ray, driver in (("spark1", "ray-head", True), ("spark2", "ray-worker", False)):
         names = host_sh(stack.lab, host, "docker ps --format '{{.Names}}'").split()
-        assert f"{PREFIX}-{ray}" in names and f"{PREFIX}-vllm-s2" not in names, names
+        assert f"{PREFIX}-{ray}" in names, names
+        assert (f"{PREFIX}-vllm-s1" in names) is driver, names
+
+
+def test_the_ray_model_shrinks_to_the_head(stack: Stack) -> None:
+    """The Ray model's entry now lists the head alone: its cluster is the head's node (the
+    worker's Ray container goes), the mp model across both hosts keeps serving."""
+    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[1], THIRD), executor="ray")
+    config[f"{PROJECT}:models"][1].update({"hosts": ["spark1"], "tensorParallelSize": 1})
+    config[f"{PROJECT}:ray"] = {"objectStoreMemoryBytes": 200_000_000}
+    run = changed_while_serving(stack, "a Ray model shrunk to the head", config)
+    assert run.changed().get("ray-spark2") == "delete", run.changed()
+    assert not {n for n in run.changed() if n in ("vllm-container", "vllm-spark2", "vllm-ready")}
+    assert listed(stack) == [SERVED_NAME, THIRD]
+    attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, THIRD)
+    worker = host_sh(stack.lab, "spark2", "docker ps --format '{{.Names}}'").split()
+    assert f"{PREFIX}-ray-worker" not in worker and f"{PREFIX}-vllm" in worker, worker
+    head = host_sh(stack.lab, "spark1", "docker ps --format '{{.Names}}'").split()
+    assert {f"{PREFIX}-ray-head", f"{PREFIX}-vllm-s1", f"{PREFIX}-vllm"} <= set(head), head

@@ -150,10 +150,11 @@ CASES = [
      "hosts[1]: no model is placed on spark2; list it in a model's hosts, or remove it"),
     ("an image of its own", lambda c: with_first(as_models(c), image={"ref": "other/vllm:1"}),
      "models[0].image: this release serves every model from image.ref"),
-    ("a Ray model on some hosts beside another",
+    ("a Ray model without the head beside another",
      lambda c: two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
                           executor="ray", gpuMemoryUtilization=0.3),
-     "models[1].executor: beside other models, a Ray model runs on every host in this release"),
+     "models[1].hosts: a Ray model runs on the head (spark1), where Ray's head and the model's "
+     "server (its driver) run"),
     ("several servers' ports past the last port",
      lambda c: {**two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
                              hosts=None, tensorParallelSize=2, gpuMemoryUtilization=0.3),

@@ -474,6 +474,28 @@ def test_a_ray_model_beside_an_mp_model(make_config: ConfigFactory) -> None:
     assert flags(shlex.split(facts.create), "--executor") == ["mp,ray"]
 
 
+def test_a_ray_model_on_some_hosts_beside_an_mp_model(make_config: ConfigFactory) -> None:
+    """A Ray model on the head and one worker, an mp model on a third host alone: Ray's cluster
+    is those two nodes (its join wait expects them), the third node runs no Ray container (its
+    guard keeps both executors' ports, as for any mp server: guarded_ports)."""
+    config = fleet(make_config, 3, ("qwen", "coder"))
+    config["models"][0].update(
+        {"executor": "ray", "hosts": ["spark1", "spark2"], "tensorParallelSize": 2}
+    )
+    config["models"][1].update({"hosts": ["spark3"], "tensorParallelSize": 1})
+    _, graph = graph_of(config)
+    assert {"ray-head", "ray-spark2", "ray-joined"} <= set(graph.by_name)
+    assert "ray-spark3" not in graph.by_name
+    wait = graph.by_name["ray-joined"].spec
+    assert isinstance(wait, StepSpec)
+    words = shlex.split(wait.create)
+    assert flags(words, "--expect-ips") == ["10.241.0.11,10.241.0.12"]
+    assert flags(words, "--gpus") == ["2"]
+    server = graph.by_name["vllm-s1-container"].spec
+    assert isinstance(server, ContainerSpec) and server.node.name == "spark3"
+    assert flags(server.command, "--distributed-executor-backend") == ["mp"]
+
+
 def test_the_fleets_shares_are_on_the_head_before_any_memory_check(
     make_config: ConfigFactory,
 ) -> None:
@@ -503,7 +525,7 @@ def test_the_fleets_shares_are_on_the_head_before_any_memory_check(
         assert "spark1-shares" in graph.by_name[check].after
         spec = graph.by_name[check].spec
         assert isinstance(spec, StepSpec) and "shares" not in spec.create
-    one, one_graph = graph_of(fleet(make_config, 2, NAMES[:1]))
+    _, one_graph = graph_of(fleet(make_config, 2, NAMES[:1]))
     assert "spark1-shares" not in one_graph.by_name
 
 
