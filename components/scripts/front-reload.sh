@@ -3,7 +3,9 @@
 # master (-W) re-executes itself on SIGUSR2; the old workers stop listening and finish their
 # requests, streams included. A configuration HAProxy refuses is not loaded: the old one serves.
 # A front that started after the file was written runs it already (and one just started may not
-# handle the signal yet): nothing to do.
+# handle the signal yet): nothing to do. The last configuration the front ran is kept beside the
+# file (`.good`): a refused one is replaced by it at once, so a restart of the front (a reboot,
+# Docker's restart policy) never reads a configuration HAProxy refused.
 #   front-reload.sh --host H --container C --file HOST_PATH --config CONTAINER_PATH --digest D
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
@@ -12,6 +14,9 @@ state="$(timeout 30 docker inspect -f '{{.State.Status}} {{.State.StartedAt}}' "
   || fail "cannot read the front's container $ARG_CONTAINER: ${state##*$'\n'}" \
     "Docker on the head did not answer, or the container is gone (pulumi up --refresh makes it again)"
 status="${state%% *}"
+good="$ARG_FILE.good"
+# keep_good: the file the front runs now, kept whole for a later refusal to fall back to.
+keep_good() { cp -p "$ARG_FILE" "$good.tmp" && mv -f "$good.tmp" "$good"; }
 if [ "$status" != running ]; then  # restarting, exited, created: it reads the file when it starts
   echo "the front is $status: it reads configuration $ARG_DIGEST when it starts"
   exit 0
@@ -19,14 +24,20 @@ fi
 started="$(date -d "${state#* }" +%s.%N 2>/dev/null || echo 0)"
 written="$(stat -c %.9Y "$ARG_FILE" 2>/dev/null || echo 0)"
 if awk -v started="$started" -v written="$written" 'BEGIN { exit !(started >= written) }'; then
+  keep_good
   echo "the front started with configuration $ARG_DIGEST"
   exit 0
 fi
 if ! out="$(timeout 60 docker exec "$ARG_CONTAINER" haproxy -c -q -f "$ARG_CONFIG" 2>&1)"; then
-  fail "HAProxy refuses the front's new configuration: $(printf '%s' "$out" | tail -n 5)" \
+  restored="it stays on disk (no earlier configuration was kept)"
+  if [ -f "$good" ] && cp -p "$good" "$ARG_FILE.tmp" && mv -f "$ARG_FILE.tmp" "$ARG_FILE"; then
+    restored="the one it runs was put back on disk"
+  fi
+  fail "HAProxy refuses the front's new configuration ($restored): $(printf '%s' "$out" | tail -n 5)" \
     "a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"
 fi
 out="$(timeout 30 docker kill -s USR2 "$ARG_CONTAINER" 2>&1)" \
   || fail "the front did not take the signal to reload: ${out##*$'\n'}" \
     "Docker on the head did not answer; run 'pulumi up' again"
+keep_good
 echo "front reloaded: configuration $ARG_DIGEST"

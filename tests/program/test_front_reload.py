@@ -144,7 +144,25 @@ def test_a_configuration_haproxy_refuses_is_not_loaded(front: tuple) -> None:
     done = reload(config, extra["env"])
     assert done.returncode == 1
     assert done.stderr.startswith("spark-vllm: spark1: ") and "HAProxy refuses" in done.stderr
+    assert "no earlier configuration was kept" in done.stderr
     assert get(f"{url}/") == "a0\n"  # the previous configuration serves
+
+
+def test_a_refused_configuration_is_not_left_for_the_next_start(front: tuple) -> None:
+    """Once a configuration was loaded, it is kept: a refused one after it is replaced on disk
+    by it at once (a restart of the front would otherwise read what HAProxy refused)."""
+    config, url, servers, extra = front
+    extra["configure"](servers[1])
+    assert reload(config, extra["env"]).returncode == 0
+    loaded = config.read_text()
+    config.write_text(loaded.replace("balance leastconn", "balance nonsense"))
+    done = reload(config, extra["env"])
+    assert done.returncode == 1 and "the one it runs was put back on disk" in done.stderr
+    assert config.read_text() == loaded
+    deadline = time.monotonic() + 10
+    while get(f"{url}/") != "b0\n":  # what was loaded before serves on
+        assert time.monotonic() < deadline, "the loaded configuration is not serving"
+        time.sleep(0.1)
 
 
 def test_a_front_that_is_not_running_reads_it_when_it_starts(front: tuple) -> None:
