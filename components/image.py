@@ -6,8 +6,9 @@ import pulumi
 
 from components.graph import Walk
 from stacks.plan import image
-from stacks.plan.graph import IMAGE, IMAGE_PULL, image_facts_of, retained_on
+from stacks.plan.graph import IMAGE, image_facts_of, image_pull_of, retained_on
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
+from stacks.plan.nodes import ImageStream
 from stacks.plan.ray_versions import ray_layout_warning
 
 
@@ -24,22 +25,26 @@ class ImageDistribution(pulumi.ComponentResource):
     facts: pulumi.Output[dict[str, str]]  # what the image carries (vllm, ray, python, machine)
     held: dict[str, pulumi.Output[list[str]]]  # by node: the images it keeps, newest first
 
-    def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("spark-vllm:index:ImageDistribution", IMAGE, None, opts)
+    def __init__(self, walk: Walk, stream: ImageStream, opts: pulumi.ResourceOptions | None = None):
+        component = stream.named(IMAGE)  # image.ref's: `image`; an entry's own: `image-s<k>`
+        super().__init__("spark-vllm:index:ImageDistribution", component, None, opts)
         plan = walk.plan
-        walk.build(IMAGE, parent=self)
-        pulled = walk.pulled(IMAGE_PULL)
-        self.image_id = walk.value(IMAGE_ID.name)
+        walk.build(component, parent=self)
+        pulled = walk.pulled(image_pull_of(stream))
+        self.image_id = walk.value(stream.later(IMAGE_ID).name)
         self.repo_digest = pulled.repo_digest
         pulumi.Output.all(pulled.name, pulled.repo_digest).apply(_warn_if_unpinned)
-        self.pinned = walk.value(PINNED_IMAGE.name)
+        self.pinned = walk.value(stream.later(PINNED_IMAGE).name)
         # Each node runs the image once before anything starts from it (image-facts.sh).
-        self.facts = walk.step(image_facts_of(plan.head.name)).stdout.apply(image.parse_image_facts)
-        if plan.runs_ray:
+        facts = walk.step(image_facts_of(plan.head.name, component)).stdout
+        self.facts = facts.apply(image.parse_image_facts)
+        if any(model.settings.executor == "ray" for model in stream.models):
             self.facts.apply(_warn_about_ray)
         self.held = {
-            node.name: walk.step(retained_on(node.name)).stdout.apply(image.parse_retained)
-            for node in plan.nodes
+            node.name: walk.step(retained_on(node.name, component)).stdout.apply(
+                image.parse_retained
+            )
+            for node in stream.nodes
         }
         self.register_outputs(
             {

@@ -158,7 +158,9 @@ def build_deployment(settings: Settings) -> Deployment:
     }
     _warn_hardware(host_components)
     trust = FabricTrust(walk)
-    image = ImageDistribution(walk)
+    # image.ref's, then each image an entry names (its own component: image-s<k>).
+    images = [ImageDistribution(walk, stream) for stream in plan.image_streams]
+    image = images[0]
     slots = plan.servers
     for slot in slots:
         ModelWeights(walk, slot.named(WEIGHTS))

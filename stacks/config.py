@@ -632,7 +632,7 @@ class StackConfig(ConfigModel):
             _benchmark_fits_the_context,
             _ray_servers_apart,
             _memory_budget_fits,
-            _one_server_for_now,
+            _placement_deployable,
         ):
             check(self)
         return self
@@ -843,16 +843,10 @@ def _memory_budget_fits(cfg: StackConfig) -> None:
         raise ConfigError(problem)
 
 
-def _one_server_for_now(cfg: StackConfig) -> None:
-    """What this release deploys: every model from image.ref, on the hosts it lists, each host
-    serving some model; at most one of them with Ray (two Ray models sharing a node are refused
+def _placement_deployable(cfg: StackConfig) -> None:
+    """What this release deploys: every model on the hosts it lists, each host serving some
+    model; at most one of them with Ray (two Ray models sharing a node are refused
     above), its hosts the head's Ray cluster."""
-    for model in cfg.fleet:
-        if model.image != cfg.image:
-            raise ConfigError(
-                f"{model.model_key}.image: this release serves every model from image.ref; set "
-                "the image there"
-            )
     placed = {host for model in cfg.fleet for host in model.hosts}
     for index, host in enumerate(cfg.hosts):
         if host.name not in placed:

@@ -4,7 +4,9 @@ ones, so the disk holds a bounded number of images and a rollback to a kept one 
 
     python3 image_retain.py --host H --history FILE --pinned NAME --keep-previous N
 
-Only names of spark-vllm's own pinned repository that this history recorded are ever removed,
+Only names of spark-vllm's own pinned repository that this history recorded are ever removed
+(the pinned name's: image.ref's `spark-vllm.invalid/image`, an entry's own image's
+`spark-vllm.invalid/image-m<slot>`, each with a history of its own),
 and only with `docker image rm --no-prune`: Docker refuses while a container (running or not)
 uses the image, which is then kept and tried again on the next run; an image that still has
 another name (the head's pulled ref) keeps its data. Prints one line: `spark-vllm-images` and
@@ -16,11 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
 
-PINNED_REPOSITORY = "spark-vllm.invalid/image:"  # stacks/plan/image.py PINNED_REPOSITORY
+# stacks/plan/image.py pinned_image: PINNED_REPOSITORY, or an image stream's own beside it.
+PINNED_REPOSITORY = re.compile(r"spark-vllm\.invalid/image(-m[0-9]+)?:")
 PREFIX = "spark-vllm-images "
 RM_SECONDS = 240
 
@@ -37,13 +41,20 @@ def retention(
     return keep, [name for name in ordered if name not in keep]
 
 
-def read_history(path: str) -> list[str]:
+def repository_of(name: str) -> str | None:
+    """`spark-vllm.invalid/image:` (or `...image-m1:`) for one of our pinned names, else None."""
+    found = PINNED_REPOSITORY.match(name)
+    return found.group(0) if found else None
+
+
+def read_history(path: str, repository: str) -> list[str]:
+    """The recorded names of `repository` alone (no other name is ever removed)."""
     try:
         with open(path, encoding="utf-8") as lines:
             names = [line.strip() for line in lines]
     except FileNotFoundError:
         return []
-    return [name for name in names if name.startswith(PINNED_REPOSITORY)]
+    return [name for name in names if name.startswith(repository)]
 
 
 def write_history(path: str, names: Sequence[str]) -> None:
@@ -78,10 +89,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--pinned", required=True)
     parser.add_argument("--keep-previous", type=int, required=True)
     args = parser.parse_args(argv)
-    if not args.pinned.startswith(PINNED_REPOSITORY) or args.keep_previous < 0:
+    repository = repository_of(args.pinned)
+    if repository is None or args.keep_previous < 0:
         print(f"spark-vllm: {args.host}: image retain: bad arguments {argv}", file=sys.stderr)
         return 2
-    keep, doomed = retention(read_history(args.history), args.pinned, args.keep_previous)
+    history = read_history(args.history, repository)
+    keep, doomed = retention(history, args.pinned, args.keep_previous)
     outcome = {name: remove(name) for name in doomed}
     in_use = [name for name, result in outcome.items() if result == "in use"]
     # An image Docker would not remove stays in the history: the next run tries again.

@@ -54,6 +54,7 @@ from stacks.plan.later import (
 )
 from stacks.plan.nodes import (
     DeploymentPlan,
+    ImageStream,
     NodePlan,
     checked_sizing,
     server_sizing,
@@ -87,14 +88,18 @@ def link_of(worker: str) -> str:
     return f"{FABRIC}-{worker}-link"
 
 
-def image_facts_of(node: str) -> str:
+def image_facts_of(node: str, component: str = IMAGE) -> str:
     """The image's check on `node` (its stdout: what the image carries)."""
-    return f"{IMAGE}-{node}-facts"
+    return f"{component}-{node}-facts"
 
 
-def retained_on(node: str) -> str:
+def retained_on(node: str, component: str = IMAGE) -> str:
     """`node`'s image history step (its stdout: the images it keeps, image.parse_retained)."""
-    return f"{IMAGE}-{node}-retain"
+    return f"{component}-{node}-retain"
+
+
+def image_pull_of(stream: ImageStream) -> str:
+    return f"{stream.named(IMAGE)}-pull"
 
 
 @dataclass(frozen=True)
@@ -118,9 +123,14 @@ def later_sources(plan: DeploymentPlan) -> dict[str, Source]:
         for later in (GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES):
             derive = functools.partial(_sizing_field, later.name)
             sizing[later.of_slot(slot.index).name] = Source(check, "stdout", derive)
+    images = {}
+    for stream in plan.image_streams:
+        pull = image_pull_of(stream)
+        images[stream.later(IMAGE_ID).name] = Source(pull, "image_id", str)
+        pinned = functools.partial(image.pinned_image, key=stream.key)
+        images[stream.later(PINNED_IMAGE).name] = Source(pull, "image_id", pinned)
     return {
-        IMAGE_ID.name: Source(IMAGE_PULL, "image_id", str),
-        PINNED_IMAGE.name: Source(IMAGE_PULL, "image_id", image.pinned_image),
+        **images,
         FRONT_IMAGE_ID.name: Source(FRONT_PULL, "image_id", str),
         **manifest,
         **sizing,
@@ -210,14 +220,16 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
     for node in plan.nodes:
         entries += _host(plan, node, facts)
     links = _fabric(plan, entries)
-    image_ready = _image(plan, entries, links)
+    synced: dict[str, str] = {}  # by worker: the last image copy to it so far
+    streams = {s.key: _image(plan, entries, links, s, synced) for s in plan.image_streams}
+    image_ready = streams[""]
     servers = plan.per_server
     copied: dict[str, str] = {}  # by worker: the last weights copy to it so far
     weights_ready = [_weights(each, entries, image_ready, copied) for each in servers]
-    check = _memory(servers[0], entries, weights_ready[0])
+    check = _memory(servers[0], entries, weights_ready[0], streams)
     firewalled = _firewall(plan, entries, facts, image_ready, check)
     key_file, front, front_reload = _front(plan, entries, facts, check)
-    gates = _Gates(firewalled, _compile_cache(plan, entries, image_ready), check)
+    gates = _Gates(firewalled, _compile_cache(plan, entries, image_ready), check, streams)
     # Ray drives one server (vLLM's Ray executor takes each node's whole GPU: StackConfig
     # allows one Ray model, on every host); the others are mp servers beside it.
     driver = next((each for each in servers if each.uses_ray), None)
@@ -241,7 +253,7 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
     # what a GPU has free when it starts, and two servers starting at once on one GPU would
     # each count the other's memory as free.
     for later_server, fetched in zip(servers[1:], weights_ready[1:], strict=True):
-        check = _memory(later_server, entries, (*fetched, ready))
+        check = _memory(later_server, entries, (*fetched, ready), streams)
         ready = _vllm(
             later_server,
             entries,
@@ -320,35 +332,46 @@ def _fabric(plan: DeploymentPlan, entries: list[Planned]) -> dict[str, str]:
     return links
 
 
-def _image(plan: DeploymentPlan, entries: list[Planned], links: dict[str, str]) -> dict[str, str]:
-    """Pulled on the head, copied to every worker once every link was tested, checked on every
-    node: by node, the step after which it has the image."""
-    head = plan.head
-    pull = IMAGE_PULL
-    entries.append(
-        Planned(pull, IMAGE, image.image_pull(plan), head.name, after=(preflight_of(head.name),))
-    )
-    record = image.record_image(plan, IMAGE)
-    entries.append(Planned(record.name, IMAGE, record, head.name, after=(pull,)))
+def _image(
+    plan: DeploymentPlan,
+    entries: list[Planned],
+    links: dict[str, str],
+    stream: ImageStream,
+    copied: dict[str, str],
+) -> dict[str, str]:
+    """Pulled on the head, copied to the stream's workers once every link was tested (after
+    the image copied there before it: one transfer at a time per link, and one stage per image
+    on the worker), checked on each of its nodes: by node, the step after which it has the
+    image. `copied`: by worker, the last image copy to it so far (updated)."""
+    head, component = plan.head, stream.named(IMAGE)
+    pull = image_pull_of(stream)
+    pulled = image.image_pull(plan, stream)
+    entries.append(Planned(pull, component, pulled, head.name, after=(preflight_of(head.name),)))
+    record = image.record_image(plan, component, stream)
+    entries.append(Planned(record.name, component, record, head.name, after=(pull,)))
 
     def ready_for(worker: NodePlan) -> tuple[str, ...]:
-        return (record.name, preflight_of(worker.name), *links.values())
+        before = (copied[worker.name],) if worker.name in copied else ()
+        return (record.name, preflight_of(worker.name), *links.values(), *before)
 
+    # Its copies and their relay chain cover its nodes alone.
+    carried = replace(plan, nodes=stream.nodes)
     synced = {head.name: record.name}
     for worker, spec, after in _head_to_workers(
-        plan, lambda w: image.sync_image(plan, IMAGE, w), ready_for
+        carried, lambda w: image.sync_image(carried, component, w, stream), ready_for
     ):
-        entries.append(Planned(spec.name, IMAGE, spec, head.name, after=after))
+        entries.append(Planned(spec.name, component, spec, head.name, after=after))
         synced[worker.name] = spec.name
+    copied.update({w: step for w, step in synced.items() if w != head.name})
     checked: dict[str, str] = {}
-    for node in plan.nodes:
-        spec = image.image_facts(plan, IMAGE, node)
-        entries.append(Planned(spec.name, IMAGE, spec, node.name, after=(synced[node.name],)))
+    for node in stream.nodes:
+        spec = image.image_facts(plan, component, node, stream)
+        entries.append(Planned(spec.name, component, spec, node.name, after=(synced[node.name],)))
         checked[node.name] = spec.name
     # Then each node's history of images: older ones than image.keepPrevious lose their name.
-    for node in plan.nodes:
-        spec = image.retain_images(plan, IMAGE, node)
-        entries.append(Planned(spec.name, IMAGE, spec, node.name, after=(checked[node.name],)))
+    for node in stream.nodes:
+        spec = image.retain_images(plan, component, node, stream)
+        entries.append(Planned(spec.name, component, spec, node.name, after=(checked[node.name],)))
     return checked
 
 
@@ -404,14 +427,24 @@ def _head_to_workers(
     ]
 
 
-def _memory(plan: DeploymentPlan, entries: list[Planned], after: Sequence[str]) -> str:
+def _memory(
+    plan: DeploymentPlan,
+    entries: list[Planned],
+    after: Sequence[str],
+    images: dict[str, dict[str, str]],
+) -> str:
     """Measured on every node once the image and the weights are there, before the plan's
     server starts (the first server's: before anything of ours starts); beside others once
-    the fleet's shares are on the head."""
+    the fleet's shares are on the head. A server on an image of its own: once that image is
+    on its nodes too (the probe runs it there for CUDA's figure)."""
     component = plan.server.named(MEMORY)
     check = hardware.memory_check(plan, component)
     shares = (f"{plan.head.name}-shares",) if len(plan.servers) > 1 else ()
-    entries.append(Planned(check.name, component, check, plan.head.name, after=(*after, *shares)))
+    key = plan.image_stream.key
+    own = tuple(images[key][n.name] for n in plan.nodes) if key else ()
+    entries.append(
+        Planned(check.name, component, check, plan.head.name, after=(*after, *shares, *own))
+    )
     return check.name
 
 
@@ -519,10 +552,13 @@ class _Gates:
     firewalled: dict[str, str]
     cache_ready: dict[str, str]
     check: str
+    images: dict[str, dict[str, str]]  # by image stream (its key), by node: checked there
 
-    def of(self, node: NodePlan) -> tuple[str, ...]:
+    def of(self, node: NodePlan, stream: str = "") -> tuple[str, ...]:
+        """`stream`: the image the container runs (image.ref's comes before the cache)."""
         rules = (self.firewalled[node.name],) if node.name in self.firewalled else ()
-        return (preflight_of(node.name), *rules, self.cache_ready[node.name], self.check)
+        own = (self.images[stream][node.name],) if stream else ()
+        return (preflight_of(node.name), *rules, self.cache_ready[node.name], *own, self.check)
 
 
 def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates: _Gates) -> str:
@@ -532,7 +568,7 @@ def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates:
     for node in plan.nodes:
         spec = ray_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)
         name = RAY_HEAD if node.is_head else f"{RAY}-{node.name}"
-        after = gates.of(node)
+        after = gates.of(node, plan.image_stream.key)
         head_name = RAY_HEAD
         entries.append(
             Planned(
@@ -543,7 +579,7 @@ def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates:
                 after=after if node.is_head else (*after, head_name),
                 # Workers joined this head: a replaced head must replace them too.
                 id_labels=() if node.is_head else ((RAY_HEAD_ID_LABEL, (head_name,)),),
-                image=PINNED_IMAGE,
+                image=plan.pinned_image,
             )
         )
         names.append(name)
@@ -589,12 +625,14 @@ def _vllm(
         spec = headless_container(
             plan, worker, facts.mounts_tokens[worker.name], facts.entry_scripts, sizing
         )
-        after = (*gates.of(worker), *weights_ready)
-        entries.append(Planned(name, component, spec, worker.name, after=after, image=PINNED_IMAGE))
+        after = (*gates.of(worker, plan.image_stream.key), *weights_ready)
+        entries.append(
+            Planned(name, component, spec, worker.name, after=after, image=plan.pinned_image)
+        )
         headless.append(name)
     cluster = (joined,) if joined is not None else tuple(headless)
     # With Ray, what the head's containers start after comes before the cluster it joins.
-    started = () if joined is not None else gates.of(node)
+    started = () if joined is not None else gates.of(node, plan.image_stream.key)
     if joined is not None and gates.check not in ray_checked:
         # Ray's containers waited for another server's check: this one waits for its own.
         started = (gates.check,)
@@ -612,7 +650,7 @@ def _vllm(
             id_labels=((RAY_CLUSTER_LABEL if joined is not None else MP_NODES_LABEL, cluster),),
             # A new key must restart vLLM; only its hash (still a secret) is in the config.
             secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
-            image=PINNED_IMAGE,
+            image=plan.pinned_image,
         )
     )
     containers = (container, *headless, front)

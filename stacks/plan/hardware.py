@@ -12,7 +12,7 @@ from typing import Any
 
 from stacks.fleet import MIN_AUTO_SHARE, SERVER_OVERHEAD_SHARE
 from stacks.plan.fabric import fabric_flags
-from stacks.plan.later import PINNED_IMAGE, WEIGHTS_COMMIT
+from stacks.plan.later import WEIGHTS_COMMIT
 from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, serving_container_names
 from stacks.plan.steps import StepSpec, Timeouts, script_call
 
@@ -81,7 +81,7 @@ def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
     )
     flags: dict[str, str | float] = {
         "nodes": nodes,
-        "image": PINNED_IMAGE.text,
+        "image": plan.pinned_image.text,
         "gpus": "yes" if cfg.docker.request_gpus else "no",
         "drop_page_cache": "yes" if cfg.preflight.drop_page_cache else "no",
         "utilization": str(plan.served.settings.gpu_memory_utilization),

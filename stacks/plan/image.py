@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
-from stacks.plan.nodes import DeploymentPlan, NodePlan
+from stacks.plan.nodes import DeploymentPlan, ImageStream, NodePlan
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call, words
 
 # Running the image once to list `vllm serve`'s flags imports vLLM (and torch): tens of seconds
@@ -28,8 +28,8 @@ class ImagePull:
     timeout_minutes: int
 
 
-def image_pull(plan: DeploymentPlan) -> ImagePull:
-    image = plan.config.image
+def image_pull(plan: DeploymentPlan, stream: ImageStream) -> ImagePull:
+    image = stream.image
     return ImagePull(
         ref=image.ref,
         platform=image.platform,
@@ -98,28 +98,31 @@ def front_image_pull(plan: DeploymentPlan) -> ImagePull:
 PINNED_REPOSITORY = "spark-vllm.invalid/image"
 
 
-def pinned_image(image_id: str) -> str:
-    """The serving image's name on every node (PINNED_REPOSITORY)."""
-    return f"{PINNED_REPOSITORY}:{image_id.replace(':', '-')}"
+def pinned_image(image_id: str, key: str = "") -> str:
+    """A serving image's name on every node (PINNED_REPOSITORY; an entry's own image in a
+    repository of its stream's (ImageStream.key): two refs of one image keep a name each, so
+    removing one stream never takes the other's name)."""
+    repository = f"{PINNED_REPOSITORY}-{key}" if key else PINNED_REPOSITORY
+    return f"{repository}:{image_id.replace(':', '-')}"
 
 
-def image_id_file(plan: DeploymentPlan) -> str:
-    return f"{plan.head.state_dir}/image-id"
+def image_id_file(plan: DeploymentPlan, stream: ImageStream) -> str:
+    return f"{plan.head.state_dir}/{stream.named('image-id')}"
 
 
-def record_image(plan: DeploymentPlan, name: str) -> StepSpec:
+def record_image(plan: DeploymentPlan, name: str, stream: ImageStream) -> StepSpec:
     """The pulled image's ID, written on the head (what the waits compare workers with), and
     its pinned name there; the delete takes the name off again (image-record.sh)."""
     head = plan.head
     step = f"{name}-head-record"
-    record_file = image_id_file(plan)
-    pinned = PINNED_IMAGE.text
+    record_file = image_id_file(plan, stream)
+    pinned = stream.later(PINNED_IMAGE).text
     unpin = script_call(
         head,
         "image-record.sh",
         "remove",
         pinned=pinned,
-        keep="yes" if plan.config.image.keep_on_destroy else "no",
+        keep="yes" if stream.image.keep_on_destroy else "no",
     )
     return StepSpec(
         name=step,
@@ -129,8 +132,8 @@ def record_image(plan: DeploymentPlan, name: str) -> StepSpec:
             "image-record.sh",
             "record",
             state_dir=head.state_dir,
-            image_id=IMAGE_ID.text,
-            ref=plan.config.image.ref,
+            image_id=stream.later(IMAGE_ID).text,
+            ref=stream.image.ref,
             pinned=pinned,
         ),
         receipts=(Receipt(step, head, (check("files", record_file), check("image", pinned))),),
@@ -138,14 +141,15 @@ def record_image(plan: DeploymentPlan, name: str) -> StepSpec:
     )
 
 
-def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, stream: ImageStream) -> StepSpec:
     """The head streams the image to `worker` over the fabric unless it has it already (by
     content, under its pinned name); the delete removes it there unless `image.keepOnDestroy`."""
     minutes = plan.config.timeouts.image_transfer_minutes
+    pinned = stream.later(PINNED_IMAGE).text
     flags: dict[str, str | float] = {
-        "image_id": IMAGE_ID.text,
-        "ref": plan.config.image.ref,
-        "pinned": PINNED_IMAGE.text,
+        "image_id": stream.later(IMAGE_ID).text,
+        "ref": stream.image.ref,
+        "pinned": pinned,
         "worker_bin": worker.bin_dir,  # what a cut copy left is staged beside it
         "timeout_minutes": minutes,
         "compress": "zstd",
@@ -159,20 +163,21 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
         worker,
         "image-sync.sh",
         flags,
-        check("image", PINNED_IMAGE.text),
+        check("image", pinned),
         minutes,
-        removable=not plan.config.image.keep_on_destroy,
+        removable=not stream.image.keep_on_destroy,
     )
 
 
 IMAGE_FACTS_PREFIX = "spark-vllm-image-facts "
 
 
-def image_facts(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
+def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, stream: ImageStream) -> StepSpec:
     """The image run once on `node` before any container starts from it: its architecture
     against the host's, vllm and ray present (a Ray at least what vLLM requires), and on the
-    head, every model's extraArgs against the image's own `vllm serve --help` (image-facts.sh)."""
-    fleet = plan.config.fleet
+    head, the extraArgs of every model it serves against the image's own `vllm serve --help`
+    (image-facts.sh). image.ref's serving none (every entry has its own) is checked as mp's."""
+    fleet = stream.models
     extra_args = [arg for model in fleet for arg in model.settings.extra_args]
     kv_cache = any(model.settings.kv_cache for model in fleet)
     return StepSpec(
@@ -181,13 +186,13 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
         create=script_call(
             node,
             "image-facts.sh",
-            image=PINNED_IMAGE.text,
-            ref=plan.config.image.ref,
+            image=stream.later(PINNED_IMAGE).text,
+            ref=stream.image.ref,
             # Every model's flags, checked once on the head: a worker's check does not depend
             # on (or re-run for) them.
             extra_args=json.dumps(extra_args if node.is_head else []),
             check_flags="yes" if node.is_head else "no",
-            executor=",".join(dict.fromkeys(m.settings.executor for m in fleet)),
+            executor=",".join(dict.fromkeys(m.settings.executor for m in fleet)) or "mp",
             timeout_seconds=IMAGE_FACTS_SECONDS,
             # Only when set: a stack without it keeps the step's command as it was.
             **({"kv_cache": "yes"} if node.is_head and kv_cache else {}),
@@ -229,16 +234,20 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
 IMAGES_PREFIX = "spark-vllm-images "
 
 
-def image_history_file(node: NodePlan) -> str:
-    """The pinned names of the images `node` was given, oldest first (image_retain.py)."""
-    return f"{node.state_dir}/image-history"
+def image_history_file(node: NodePlan, key: str = "") -> str:
+    """The pinned names of the images `node` was given, oldest first (image_retain.py), one
+    history per image stream (ImageStream.key)."""
+    return f"{node.state_dir}/image-history" + (f"-{key}" if key else "")
 
 
-def retain_images(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
+def retain_images(plan: DeploymentPlan, name: str, node: NodePlan, stream: ImageStream) -> StepSpec:
     """Once the image is on `node`: it joins the node's history, and images older than
     image.keepPrevious previous ones lose their pinned name (image_retain.py), so the disk holds
     a bounded number and a rollback to a kept one copies nothing. Re-runs when the image
-    changes; nothing to undo (the history goes with the scripts' delete)."""
+    changes; nothing to undo (image.ref's history goes with the scripts' delete; an entry's own
+    image's with this step, so adding one changes no scripts step)."""
+    history = image_history_file(node, stream.key)
+    forget = owned(plan, node, f"rm -f {shlex.quote(history)}") if stream.key else None
     return StepSpec(
         name=f"{name}-{node.name}-retain",
         node=node,
@@ -249,13 +258,14 @@ def retain_images(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
                 "--host",
                 node.name,
                 "--history",
-                image_history_file(node),
+                history,
                 "--pinned",
-                PINNED_IMAGE.text,
+                stream.later(PINNED_IMAGE).text,
                 "--keep-previous",
-                str(plan.config.image.keep_previous),
+                str(stream.image.keep_previous),
             ]
         ),
+        delete=forget,
         # Each removal is bounded (4 min): an image in use is refused at once.
         timeouts=Timeouts(create=15),
     )

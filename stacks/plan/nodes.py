@@ -18,6 +18,7 @@ from stacks.config import (
     MP_PORT_SPAN,
     RAY_CLIENT_SERVER_PORT,
     HostConfig,
+    ImageConfig,
     StackConfig,
     check_ports,
     default_state_dir,
@@ -25,7 +26,7 @@ from stacks.config import (
 from stacks.fleet import ServedModel, ServerSlot, assign_slots
 from stacks.known_hosts import find_host_key
 from stacks.plan.known_bad import known_bad_flag
-from stacks.plan.later import GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES, Later
+from stacks.plan.later import GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES, PINNED_IMAGE, Later
 
 GIB = 1024**3
 
@@ -167,6 +168,21 @@ class DeploymentPlan:
     def later(self, value: Later) -> Later:
         """`value` as the plan's server consumes it: its own slot's (its fetch, its check)."""
         return value.of_slot(self.server.index)
+
+    @property
+    def image_streams(self) -> tuple[ImageStream, ...]:
+        return image_streams(self)
+
+    @property
+    def image_stream(self) -> ImageStream:
+        """The image the plan's server runs: image.ref's, or its entry's own."""
+        ref = self.served.image.ref
+        return next(s for s in self.image_streams if s.image.ref == ref)
+
+    @property
+    def pinned_image(self) -> Later:
+        """The plan's server's image by its pinned name on every node (a later value)."""
+        return self.image_stream.later(PINNED_IMAGE)
 
     @property
     def runs_ray(self) -> bool:
@@ -418,6 +434,58 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
         "known_bad": known_bad_flag(cfg),
         "allow_known_bad": "yes" if cfg.preflight.allow_known_bad else "no",
     }
+
+
+@dataclass(frozen=True)
+class ImageStream:
+    """One serving image and its way to the nodes: pulled on the head, copied to the workers
+    that run it, checked and kept there. image.ref's (`slot` None: every node, where the
+    firewall's guard and the weights fetch run it too) keeps the names every stack had
+    (`image-pull`...); an entry's own image is named after the lowest server slot that runs it
+    (`image-m<slot>-pull`...), so replicas and models sharing one image share its copies."""
+
+    slot: int | None
+    image: ImageConfig
+    nodes: tuple[NodePlan, ...]  # the head (where it is pulled) and the hosts that run it
+    models: tuple[ServedModel, ...]  # the servers that run it, in the fleet's order
+
+    @property
+    def key(self) -> str:
+        """Empty for image.ref's, else `m<slot>`: in its names, files and pinned repository."""
+        return "" if self.slot is None else f"m{self.slot}"
+
+    def named(self, base: str) -> str:
+        return f"{base}-{self.key}" if self.key else base
+
+    def later(self, value: Later) -> Later:
+        if not self.key:
+            return value
+        component, _, field = value.name.partition(".")
+        return Later(f"{component}-{self.key}.{field}")
+
+
+def image_streams(plan: DeploymentPlan) -> tuple[ImageStream, ...]:
+    """image.ref's stream, then each other image an entry names, in the order of the lowest slot
+    that runs it. A stream's nodes: the head (it pulls) and the hosts of the models it serves."""
+    base = plan.config.image
+    by_ref: dict[str, list[ServerSlot]] = {}
+    for slot in sorted(plan.servers, key=lambda s: s.index):
+        if slot.model.image.ref != base.ref:
+            by_ref.setdefault(slot.model.image.ref, []).append(slot)
+    streams = [
+        ImageStream(
+            None,
+            base,
+            plan.cluster,
+            tuple(s.model for s in plan.servers if s.model.image.ref == base.ref),
+        )
+    ]
+    for ref, slots in by_ref.items():
+        hosts = {h for slot in slots for h in slot.model.hosts}
+        nodes = tuple(n for n in plan.cluster if n.is_head or n.name in hosts)
+        models = tuple(s.model for s in plan.servers if s.model.image.ref == ref)
+        streams.append(ImageStream(slots[0].index, slots[0].model.image, nodes, models))
+    return tuple(streams)
 
 
 def servers_on(plan: DeploymentPlan, node: NodePlan) -> list[DeploymentPlan]:

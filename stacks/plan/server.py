@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from stacks.plan.fabric import fabric_flags
 from stacks.plan.hardware import extra_arg_value
-from stacks.plan.later import PINNED_IMAGE
 from stacks.plan.nodes import (
     CONTAINER_API_KEY_FILE,
     CONTAINER_SCRIPTS_DIR,
@@ -60,7 +59,7 @@ def _wait(
         **awaited,
         "nodes": nodes,
         "node_checks": checks,
-        "image": PINNED_IMAGE.text,
+        "image": plan.pinned_image.text,
         **(model or {}),
         **reach,
     }
@@ -217,6 +216,7 @@ def model_output(plan: DeploymentPlan, readiness: str, sizing: Mapping[str, Any]
         "revision": served.revision,
         "nodes": list(served.hosts),
         "executor": served.settings.executor,
+        "image": served.image.ref,
         "gpuMemoryUtilization": share,
         **parse_readiness(readiness),
     }

@@ -34,6 +34,7 @@ from tests.lab.timings import record_figure, record_timing
 pytestmark = pytest.mark.lab
 
 SECOND, THIRD = "tiny-chat-b", "tiny-chat-c"
+LAB_IMAGE, OWN_IMAGE = "spark-vllm-lab:latest", "spark-vllm-lab:own"  # one image, two tags
 # The first model keeps the committed lab stack's `auto`; the others get small fixed fractions
 # (the hosts share this machine's memory).
 SHARE = 0.15
@@ -196,6 +197,29 @@ def test_a_model_moved_to_the_worker_serves_there_behind_the_front(stack: Stack)
     attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)
     # Its port is not open on the management network (the bastion's), only on the fabric.
     assert not reachable_from_bastion(stack.lab, stack.lab.spec.host_mgmt_ip(1), 8002)
+
+
+def test_a_model_from_its_own_image(stack: Stack) -> None:
+    """The model on the worker now runs its own image (the lab's image under another tag on the
+    head): that image is pulled, named and copied for it alone (the `image-m1` resources), its
+    server replaced onto it; nothing of the first model or of image.ref's changes."""
+    host_sh(stack.lab, "spark1", f"docker tag {LAB_IMAGE} {OWN_IMAGE}")
+    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
+    config[f"{PROJECT}:models"][1].update(
+        {"hosts": ["spark2"], "tensorParallelSize": 1, "image": {"ref": OWN_IMAGE}}
+    )
+    run = changed_while_serving(stack, "a model from its own image", config)
+    changed = run.changed()
+    streamed = {n: op for n, op in changed.items() if n.startswith("image-m1")}
+    assert set(streamed.values()) == {"create"} and "image-m1-spark2-sync" in streamed, changed
+    assert not {n for n in changed if n in ("vllm-container", "vllm-spark2", "vllm-ready")}
+    assert not {n for n in changed if n.startswith("image-") and not n.startswith("image-m1")}
+    assert changed["vllm-s1-container"] == "replace", changed
+    worker = host_sh(
+        stack.lab, "spark2", f"docker inspect -f '{{{{.Config.Image}}}}' {PREFIX}-vllm-s1"
+    )
+    assert worker.strip().startswith("spark-vllm.invalid/image-m1:"), worker
+    attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)
 
 
 def served_by(stack: Stack, host: str, address: str, port: int) -> int:

@@ -148,8 +148,6 @@ CASES = [
     ("a host no model is placed on", lambda c: with_first(as_models(c), hosts=["spark1"],
                                                           tensorParallelSize=1),
      "hosts[1]: no model is placed on spark2; list it in a model's hosts, or remove it"),
-    ("an image of its own", lambda c: with_first(as_models(c), image={"ref": "other/vllm:1"}),
-     "models[0].image: this release serves every model from image.ref"),
     ("a Ray model without the head beside another",
      lambda c: two_models(with_first(as_models(c), executor="mp", gpuMemoryUtilization=0.5),
                           executor="ray", gpuMemoryUtilization=0.3),

@@ -550,3 +550,98 @@ def test_a_model_added_after_an_auto_one_leaves_it_as_it_was(make_config: Config
         "spark2-preflight": "update",
     }
     assert deleted == []
+
+
+def own_image(make_config: ConfigFactory) -> dict:
+    """A model across both hosts from image.ref, and one on the worker alone from its own."""
+    config = fleet(make_config, 2, ("qwen",))
+    config["models"][0]["gpuMemoryUtilization"] = 0.5
+    config["models"].append(
+        {"id": "org/embed", "servedName": "embed", "hosts": ["spark2"], "tensorParallelSize": 1,
+         "gpuMemoryUtilization": 0.2, "image": {"ref": "vllm/vllm-openai:v0.34.0"},
+         "extraArgs": ["--task", "embed"]}
+    )  # fmt: skip
+    return config
+
+
+def test_a_model_with_its_own_image_gets_it_where_it_runs(make_config: ConfigFactory) -> None:
+    """Its image is pulled on the head, copied to its worker after image.ref's (one transfer
+    per link), checked on both (its flags on the head, against it alone), kept in a history of
+    its own, under a pinned name of its own; its containers, memory probe and waits run it."""
+    plan, graph = graph_of(own_image(make_config))
+    stream = plan.image_streams[1]
+    assert (stream.key, stream.image.ref) == ("m1", "vllm/vllm-openai:v0.34.0")
+    assert [e.name for e in graph.of("image-m1")] == [
+        "image-m1-pull",
+        "image-m1-head-record",
+        "image-m1-spark2-sync",
+        "image-m1-spark1-facts",
+        "image-m1-spark2-facts",
+        "image-m1-spark1-retain",
+        "image-m1-spark2-retain",
+    ]
+    assert "image-spark2-sync" in graph.by_name["image-m1-spark2-sync"].after
+    sources = g.later_sources(plan)
+    assert sources["image-m1.pinned"].resource == "image-m1-pull"
+    assert sources["image-m1.pinned"].derive("sha256:ab") == "spark-vllm.invalid/image-m1:sha256-ab"
+    server = graph.by_name["vllm-s1-container"]
+    assert server.image is not None and server.image.name == "image-m1.pinned"
+    assert "image-m1-spark2-facts" in server.after
+    assert graph.by_name["vllm-container"].image.name == "image.pinned"  # type: ignore[union-attr]
+
+    def words_of(name: str) -> list[str]:
+        spec = graph.by_name[name].spec
+        assert isinstance(spec, StepSpec)
+        return shlex.split(spec.create)
+
+    assert flags(words_of("memory-s1-check"), "--image") == ["@@image-m1.pinned@@"]
+    assert "image-m1-spark2-facts" in graph.by_name["memory-s1-check"].after
+    assert flags(words_of("vllm-s1-ready"), "--image") == ["@@image-m1.pinned@@"]
+    head_facts = words_of("image-m1-spark1-facts")
+    assert flags(head_facts, "--extra-args") == ['["--task", "embed"]']
+    assert "--task" not in flags(words_of("image-spark1-facts"), "--extra-args")[0]
+    history = flags(words_of("image-m1-spark2-retain"), "--history")[0]
+    assert history.endswith("/image-history-m1")
+    retain = graph.by_name["image-m1-spark2-retain"].spec
+    assert isinstance(retain, StepSpec) and retain.delete and "image-history-m1" in retain.delete
+
+
+def test_replicas_on_one_image_of_their_own_share_its_copies(make_config: ConfigFactory) -> None:
+    """Both replicas (slots 0 and 1) run one image of their own: one stream, named after slot
+    0, on both hosts; image.ref's is still pulled and copied (the firewall's guard runs it)."""
+    config = replicas(make_config)
+    for entry in config["models"]:
+        entry["image"] = {"ref": "vllm/vllm-openai:v0.34.0"}
+    plan, graph = graph_of(config)
+    assert [s.key for s in plan.image_streams] == ["", "m0"]
+    assert [n.name for n in plan.image_streams[1].nodes] == ["spark1", "spark2"]
+    assert plan.image_streams[0].models == ()
+    pulls = sorted(e.name for e in graph if e.name.startswith("image") and e.name.endswith("-pull"))
+    assert pulls == ["image-m0-pull", "image-pull"]
+    for name in ("vllm-container", "vllm-s1-container"):
+        assert graph.by_name[name].image.name == "image-m0.pinned"  # type: ignore[union-attr]
+    facts = graph.by_name["image-spark1-facts"].spec
+    assert isinstance(facts, StepSpec)
+    assert flags(shlex.split(facts.create), "--executor") == ["mp"]
+
+
+def test_adding_a_model_with_its_own_image_touches_nothing_of_the_others(
+    make_config: ConfigFactory,
+) -> None:
+    before = fleet(make_config, 2, ("qwen",))
+    before["models"][0]["gpuMemoryUtilization"] = 0.5
+    planned, deleted = up_then_preview(before, own_image(make_config))
+    created = {n for n, step in planned.items() if step == "create"}
+    assert {n for n in created if n.startswith("image")} == {
+        "image-m1-pull", "image-m1-head-record", "image-m1-spark2-sync",
+        "image-m1-spark1-facts", "image-m1-spark2-facts", "image-m1-spark1-retain",
+        "image-m1-spark2-retain",
+    }  # fmt: skip
+    untouched = {n: s for n, s in planned.items() if s != "create"}
+    assert untouched == {
+        **ROUTES,
+        "firewall-spark2-guard": "replace",  # the worker's new server port
+        "spark2-preflight": "update",
+        "spark1-preflight": "update",  # one model became two: memory checks own the fractions
+    }
+    assert deleted == []

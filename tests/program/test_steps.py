@@ -58,9 +58,12 @@ def every_step(plan: DeploymentPlan) -> list[StepSpec]:
     for worker in plan.workers:
         specs += [fabric.authorize_head_key(plan, "fabric", worker)]
         specs += [fabric.pin_worker_key(plan, "fabric", worker)]
-        specs += [known(image.sync_image(plan, "image", worker))]
+        specs += [known(image.sync_image(plan, "image", worker, plan.image_streams[0]))]
         specs += [known(weights.copy_weights(plan, "weights", worker))]
-    specs += [known(image.record_image(plan, "image")), weights.fetch_weights(plan, "weights")]
+    specs += [
+        known(image.record_image(plan, "image", plan.image_streams[0])),
+        weights.fetch_weights(plan, "weights"),
+    ]
     specs += [known(server.ray_wait(plan, "ray")), server.api_key_file(plan, "front")]
     specs += [hosts.write_front_config(plan, "front")]
     specs += [known(server.vllm_ready(plan, "vllm"))]
@@ -71,7 +74,7 @@ def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactor
     """A failing receipt gives a fresh token (components/facts.py): the create differs, so
     pulumi-command plans an update that re-runs it; its delete, stdin and timeouts do not."""
     plan = plan_of(make_config(hosts=2))
-    spec = known(image.sync_image(plan, "image", plan.workers[0]))
+    spec = known(image.sync_image(plan, "image", plan.workers[0], plan.image_streams[0]))
     held, fresh = create_command(spec, tokens("held")), create_command(spec, tokens("fresh"))
     assert held != fresh
     assert held.replace("held-", "fresh-") == fresh
@@ -110,11 +113,14 @@ def test_a_steps_receipts_are_only_on_the_node_it_runs_on_or_its_worker(
 def test_the_image_stays_on_workers_unless_asked(make_config: ConfigFactory) -> None:
     keep = plan_of(make_config(hosts=2))
     drop = plan_of(make_config(hosts=2, image={"ref": "x/y:1", "keepOnDestroy": False}))
-    assert known(image.sync_image(keep, "image", keep.workers[0])).delete is None
-    delete = known(image.sync_image(drop, "image", drop.workers[0])).delete
+    assert (
+        known(image.sync_image(keep, "image", keep.workers[0], keep.image_streams[0])).delete
+        is None
+    )
+    delete = known(image.sync_image(drop, "image", drop.workers[0], drop.image_streams[0])).delete
     # The worker's stage goes only while its state leaf is this deployment's (--owner).
     assert delete is not None and delete.endswith(" --remove yes --owner spark-vllm/test")
-    assert image.image_pull(drop).keep_locally is False
+    assert image.image_pull(drop, drop.image_streams[0]).keep_locally is False
 
 
 def test_a_configured_pin_is_passed_and_nothing_is_read_on_stdin(
@@ -151,7 +157,12 @@ def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
     plan = plan_of(make_config(hosts=2, timeouts={"imageTransferMinutes": 50}))
     for spec in every_step(plan):
         assert spec.timeouts.create >= 2, spec.name
-    assert known(image.sync_image(plan, "image", plan.workers[0])).timeouts.create == 55
+    assert (
+        known(
+            image.sync_image(plan, "image", plan.workers[0], plan.image_streams[0])
+        ).timeouts.create
+        == 55
+    )
     assert fabric.head_fabric_key(plan, "fabric").timeouts == steps.QUICK
 
 
