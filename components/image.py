@@ -26,7 +26,7 @@ class ImageDistribution(pulumi.ComponentResource):
     held: dict[str, pulumi.Output[list[str]]]  # by node: the images it keeps, newest first
 
     def __init__(self, walk: Walk, stream: ImageStream, opts: pulumi.ResourceOptions | None = None):
-        component = stream.named(IMAGE)  # image.ref's: `image`; an entry's own: `image-s<k>`
+        component = stream.named(IMAGE)  # image.ref's: `image`; an entry's own: `image-i<hash>`
         super().__init__("spark-vllm:index:ImageDistribution", component, None, opts)
         plan = walk.plan
         walk.build(component, parent=self)

@@ -158,7 +158,7 @@ def build_deployment(settings: Settings) -> Deployment:
     }
     _warn_hardware(host_components)
     trust = FabricTrust(walk)
-    # image.ref's, then each image an entry names (its own component: image-s<k>).
+    # image.ref's, then each image an entry names (its own component: image-i<hash of its ref>).
     images = [ImageDistribution(walk, stream) for stream in plan.image_streams]
     image = images[0]
     slots = plan.servers

@@ -632,6 +632,7 @@ class StackConfig(ConfigModel):
             _benchmark_fits_the_context,
             _ray_servers_apart,
             _memory_budget_fits,
+            _one_setting_per_image,
             _placement_deployable,
         ):
             check(self)
@@ -835,6 +836,22 @@ def _ray_servers_apart(cfg: StackConfig) -> None:
                     f"{', '.join(shared)}: vLLM's Ray executor takes each node's whole GPU, so "
                     "two Ray servers cannot share a node; use executor mp for one of them"
                 )
+
+
+def _one_setting_per_image(cfg: StackConfig) -> None:
+    """Entries naming one ref share one copy of it (and image.ref's, its settings): the same
+    ref with other settings (platform, keepOnDestroy, keepPrevious) would be ambiguous."""
+    first: dict[str, tuple[str, ImageConfig]] = {cfg.image.ref: ("image", cfg.image)}
+    for model in cfg.fleet:
+        where, settings = first.setdefault(
+            model.image.ref, (f"{model.model_key}.image", model.image)
+        )
+        if settings != model.image:
+            raise ConfigError(
+                f"{model.model_key}.image: {model.image.ref} is also {where}'s, with other "
+                "settings (platform, keepOnDestroy, keepPrevious); give both the same, or "
+                f"leave {model.model_key}.image out to use {where}'s"
+            )
 
 
 def _memory_budget_fits(cfg: StackConfig) -> None:

@@ -5,7 +5,9 @@
 # A front that started after the file was written runs it already (and one just started may not
 # handle the signal yet): nothing to do. The last configuration the front ran is kept beside the
 # file (`.good`): a refused one is replaced by it at once, so a restart of the front (a reboot,
-# Docker's restart policy) never reads a configuration HAProxy refused.
+# Docker's restart policy) never reads a configuration HAProxy refused; and the configuration
+# step's receipt goes, so the next `pulumi up` writes and checks the new one again (rather than
+# taking the one put back for it).
 #   front-reload.sh --host H --container C --file HOST_PATH --config CONTAINER_PATH --digest D
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
@@ -16,7 +18,11 @@ state="$(timeout 30 docker inspect -f '{{.State.Status}} {{.State.StartedAt}}' "
 status="${state%% *}"
 good="$ARG_FILE.good"
 # keep_good: the file the front runs now, kept whole for a later refusal to fall back to.
-keep_good() { cp -p "$ARG_FILE" "$good.tmp" && mv -f "$good.tmp" "$good"; }
+# Not fatal: the front took the configuration; without the copy a later refusal leaves its file.
+keep_good() {
+  { cp -p "$ARG_FILE" "$good.tmp" && mv -f "$good.tmp" "$good"; } 2>/dev/null \
+    || note "could not keep a copy of the configuration beside it ($good): is the disk full?"
+}
 if [ "$status" != running ]; then  # restarting, exited, created: it reads the file when it starts
   echo "the front is $status: it reads configuration $ARG_DIGEST when it starts"
   exit 0
@@ -32,6 +38,8 @@ if ! out="$(timeout 60 docker exec "$ARG_CONTAINER" haproxy -c -q -f "$ARG_CONFI
   restored="it stays on disk (no earlier configuration was kept)"
   if [ -f "$good" ] && cp -p "$good" "$ARG_FILE.tmp" && mv -f "$ARG_FILE.tmp" "$ARG_FILE"; then
     restored="the one it runs was put back on disk"
+    # <state>/front/haproxy.cfg: the step that wrote it is front-config (stacks/plan/hosts.py).
+    rm -f "$(dirname "$(dirname "$ARG_FILE")")/receipts/front-config"
   fi
   fail "HAProxy refuses the front's new configuration ($restored): $(printf '%s' "$out" | tail -n 5)" \
     "a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"

@@ -2,6 +2,7 @@
 # On the head: check the pulled image is really there, record its ID for later steps, and give
 # it the pinned name every container uses (stacks/plan/image.py PINNED_REPOSITORY).
 #   image-record.sh record --host H --state-dir D --image-id sha256:... --ref REF --pinned NAME
+#                          [--record-file NAME]   (in D; image-id, image.ref's, by default)
 #   image-record.sh remove --host H --pinned NAME --keep yes|no
 # `remove` (the step's delete) takes the pinned name off. With image.keepOnDestroy (`--keep
 # yes`) it does so only while the image has another name: when the pinned name is its last,
@@ -18,7 +19,7 @@ case "$action" in
     docker tag "$ARG_IMAGE_ID" "$ARG_PINNED" \
       || fail "cannot name image $ARG_IMAGE_ID $ARG_PINNED on the head" "its Docker daemon refused the tag (docker info there)"
     mkdir -p -m 700 "$ARG_STATE_DIR"
-    printf '%s\n' "$actual" > "$ARG_STATE_DIR/image-id"
+    printf '%s\n' "$actual" > "$ARG_STATE_DIR/${ARG_RECORD_FILE:-image-id}"
     printf '%s\n' "$actual" ;;
   remove)
     require keep

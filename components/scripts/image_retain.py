@@ -6,7 +6,7 @@ ones, so the disk holds a bounded number of images and a rollback to a kept one 
 
 Only names of spark-vllm's own pinned repository that this history recorded are ever removed
 (the pinned name's: image.ref's `spark-vllm.invalid/image`, an entry's own image's
-`spark-vllm.invalid/image-m<slot>`, each with a history of its own),
+`spark-vllm.invalid/image-i<hash>`, each with a history of its own),
 and only with `docker image rm --no-prune`: Docker refuses while a container (running or not)
 uses the image, which is then kept and tried again on the next run; an image that still has
 another name (the head's pulled ref) keeps its data. Prints one line: `spark-vllm-images` and
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 # stacks/plan/image.py pinned_image: PINNED_REPOSITORY, or an image stream's own beside it.
-PINNED_REPOSITORY = re.compile(r"spark-vllm\.invalid/image(-m[0-9]+)?:")
+PINNED_REPOSITORY = re.compile(r"spark-vllm\.invalid/image(-i[0-9a-f]{8})?:")
 PREFIX = "spark-vllm-images "
 RM_SECONDS = 240
 
@@ -42,7 +42,7 @@ def retention(
 
 
 def repository_of(name: str) -> str | None:
-    """`spark-vllm.invalid/image:` (or `...image-m1:`) for one of our pinned names, else None."""
+    """`spark-vllm.invalid/image:` (or `...image-i1a2b3c4d:`) for our pinned names, else None."""
     found = PINNED_REPOSITORY.match(name)
     return found.group(0) if found else None
 

@@ -224,7 +224,9 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
     streams = {s.key: _image(plan, entries, links, s, synced) for s in plan.image_streams}
     image_ready = streams[""]
     servers = plan.per_server
-    copied: dict[str, str] = {}  # by worker: the last weights copy to it so far
+    # By worker: the last copy to it so far (one transfer per link): the images' first. With
+    # image.ref's alone, its check on the worker (image_ready) already comes after its copy.
+    copied = dict(synced) if len(plan.image_streams) > 1 else {}
     weights_ready = [_weights(each, entries, image_ready, copied) for each in servers]
     check = _memory(servers[0], entries, weights_ready[0], streams)
     firewalled = _firewall(plan, entries, facts, image_ready, check)

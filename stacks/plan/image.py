@@ -135,6 +135,9 @@ def record_image(plan: DeploymentPlan, name: str, stream: ImageStream) -> StepSp
             image_id=stream.later(IMAGE_ID).text,
             ref=stream.image.ref,
             pinned=pinned,
+            # An entry's own image keeps its own record: `image-id` is image.ref's, which the
+            # weights fetch runs (image.ref's command stays as it was).
+            **({"record_file": stream.named("image-id")} if stream.key else {}),
         ),
         receipts=(Receipt(step, head, (check("files", record_file), check("image", pinned))),),
         delete=f"{owned(plan, head, f'rm -f {shlex.quote(record_file)}')}; {unpin}",

@@ -7,6 +7,7 @@ Gloo on loopback and env not reaching a worker are handled (../shared/ANCHORS.md
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -439,20 +440,17 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
 @dataclass(frozen=True)
 class ImageStream:
     """One serving image and its way to the nodes: pulled on the head, copied to the workers
-    that run it, checked and kept there. image.ref's (`slot` None: every node, where the
+    that run it, checked and kept there. image.ref's (`key` empty: every node, where the
     firewall's guard and the weights fetch run it too) keeps the names every stack had
-    (`image-pull`...); an entry's own image is named after the lowest server slot that runs it
-    (`image-m<slot>-pull`...), so replicas and models sharing one image share its copies."""
+    (`image-pull`...); an entry's own image is named after its ref (`image-i<8 hex of its
+    sha256>-pull`...): models sharing one image share its copies, and adding or removing any
+    model never renames another's image (a name taken from a slot would move when that slot's
+    model goes, and replace the servers of the models left on it)."""
 
-    slot: int | None
+    key: str
     image: ImageConfig
     nodes: tuple[NodePlan, ...]  # the head (where it is pulled) and the hosts that run it
     models: tuple[ServedModel, ...]  # the servers that run it, in the fleet's order
-
-    @property
-    def key(self) -> str:
-        """Empty for image.ref's, else `m<slot>`: in its names, files and pinned repository."""
-        return "" if self.slot is None else f"m{self.slot}"
 
     def named(self, base: str) -> str:
         return f"{base}-{self.key}" if self.key else base
@@ -462,6 +460,11 @@ class ImageStream:
             return value
         component, _, field = value.name.partition(".")
         return Later(f"{component}-{self.key}.{field}")
+
+
+def image_key(ref: str) -> str:
+    """An entry's own image's key: `i` and 8 hex digits of its ref's sha256."""
+    return "i" + hashlib.sha256(ref.encode()).hexdigest()[:8]
 
 
 def image_streams(plan: DeploymentPlan) -> tuple[ImageStream, ...]:
@@ -474,7 +477,7 @@ def image_streams(plan: DeploymentPlan) -> tuple[ImageStream, ...]:
             by_ref.setdefault(slot.model.image.ref, []).append(slot)
     streams = [
         ImageStream(
-            None,
+            "",
             base,
             plan.cluster,
             tuple(s.model for s in plan.servers if s.model.image.ref == base.ref),
@@ -484,7 +487,7 @@ def image_streams(plan: DeploymentPlan) -> tuple[ImageStream, ...]:
         hosts = {h for slot in slots for h in slot.model.hosts}
         nodes = tuple(n for n in plan.cluster if n.is_head or n.name in hosts)
         models = tuple(s.model for s in plan.servers if s.model.image.ref == ref)
-        streams.append(ImageStream(slots[0].index, slots[0].model.image, nodes, models))
+        streams.append(ImageStream(image_key(ref), slots[0].model.image, nodes, models))
     return tuple(streams)
 
 

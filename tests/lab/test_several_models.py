@@ -14,6 +14,7 @@ import pytest
 
 from lab import HF_MODEL, HF_MORE_MODELS, Lab
 from lab.stack import PROJECT, SERVED_NAME
+from stacks.plan.nodes import image_key
 from tests.lab import attacker
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import (
@@ -201,7 +202,7 @@ def test_a_model_moved_to_the_worker_serves_there_behind_the_front(stack: Stack)
 
 def test_a_model_from_its_own_image(stack: Stack) -> None:
     """The model on the worker now runs its own image (the lab's image under another tag on the
-    head): that image is pulled, named and copied for it alone (the `image-m1` resources), its
+    head): that image is pulled, named and copied for it alone (the `image-i<hash>` resources), its
     server replaced onto it; nothing of the first model or of image.ref's changes."""
     host_sh(stack.lab, "spark1", f"docker tag {LAB_IMAGE} {OWN_IMAGE}")
     config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
@@ -210,15 +211,16 @@ def test_a_model_from_its_own_image(stack: Stack) -> None:
     )
     run = changed_while_serving(stack, "a model from its own image", config)
     changed = run.changed()
-    streamed = {n: op for n, op in changed.items() if n.startswith("image-m1")}
-    assert set(streamed.values()) == {"create"} and "image-m1-spark2-sync" in streamed, changed
+    own = f"image-{image_key(OWN_IMAGE)}"
+    streamed = {n: op for n, op in changed.items() if n.startswith(own)}
+    assert set(streamed.values()) == {"create"} and f"{own}-spark2-sync" in streamed, changed
     assert not {n for n in changed if n in ("vllm-container", "vllm-spark2", "vllm-ready")}
-    assert not {n for n in changed if n.startswith("image-") and not n.startswith("image-m1")}
+    assert not {n for n in changed if n.startswith("image-") and not n.startswith(own)}
     assert changed["vllm-s1-container"] == "replace", changed
     worker = host_sh(
         stack.lab, "spark2", f"docker inspect -f '{{{{.Config.Image}}}}' {PREFIX}-vllm-s1"
     )
-    assert worker.strip().startswith("spark-vllm.invalid/image-m1:"), worker
+    assert worker.strip().startswith(f"spark-vllm.invalid/{own}:"), worker
     attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)
 
 

@@ -144,6 +144,13 @@ CASES = [
      "models[0].tensorParallelSize: is required"),
     ("an empty entry list is no list", lambda c: {**as_models(c), "models": []},
      "model.id: is required"),
+    ("image.ref's ref with other settings",
+     lambda c: with_first(as_models(c), image={"ref": c["image"]["ref"], "keepPrevious": 3}),
+     "models[0].image: example/vllm-gb10:1.0 is also image's, with other settings"),
+    ("one own ref with two settings",
+     lambda c: two_models(with_first(as_models(c), image={"ref": "o/v:1"}),
+                          image={"ref": "o/v:1", "keepOnDestroy": False}),
+     "models[1].image: o/v:1 is also models[0].image's, with other settings"),
     # What this release deploys (the checks above hold first).
     ("a host no model is placed on", lambda c: with_first(as_models(c), hosts=["spark1"],
                                                           tensorParallelSize=1),

@@ -81,7 +81,8 @@ def front(tmp_path: Path) -> Iterator[tuple[Path, str, list[ThreadingHTTPServer]
     port = free_port()
     bearer = tmp_path / "bearer"
     bearer.write_text(f"Bearer {KEY}\n")
-    config = tmp_path / "haproxy.cfg"
+    config = tmp_path / "front" / "haproxy.cfg"  # as on the head: <state>/front
+    config.parent.mkdir()
 
     def configure(server: ThreadingHTTPServer) -> None:
         route = Route("m", "org/m", None, (("s", f"127.0.0.1:{server.server_address[1]}"),))
@@ -160,9 +161,13 @@ def test_a_refused_configuration_is_not_left_for_the_next_start(front: tuple) ->
         time.sleep(0.1)
     loaded = config.read_text()
     config.write_text(loaded.replace("balance leastconn", "balance nonsense"))
+    receipt = config.parent.parent / "receipts" / "front-config"
+    receipt.parent.mkdir()
+    receipt.write_text("token\n")
     done = reload(config, extra["env"])
     assert done.returncode == 1 and "the one it runs was put back on disk" in done.stderr
     assert config.read_text() == loaded
+    assert not receipt.exists()  # the next `up` writes the new configuration again
     assert get(f"{url}/") == "b0\n"
 
 

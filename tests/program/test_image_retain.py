@@ -109,11 +109,11 @@ def test_a_name_outside_the_pinned_repository_is_refused(tmp_path: Path) -> None
 
 
 def test_an_entrys_own_image_keeps_a_history_of_its_own_repository(tmp_path: Path) -> None:
-    """An entry's own image (`spark-vllm.invalid/image-m1:...`): its history removes only its
+    """An entry's own image (`spark-vllm.invalid/image-i<hash>:...`): its history removes only its
     own repository's names, never image.ref's, even when a line of the other is there."""
-    own_a, own_b = (name.replace("/image:", "/image-m1:") for name in (A, B))
+    own_a, own_b = (name.replace("/image:", "/image-i62e988a9:") for name in (A, B))
     env = fake_docker(tmp_path, {A: "free", own_a: "free", own_b: "free"})
     (tmp_path / "h").write_text(f"{A}\n{own_a}\n")
     assert retain(tmp_path, env, own_b, 0) == {"kept": [own_b], "removed": [own_a], "inUse": []}
     assert (tmp_path / "log").read_text().splitlines() == [f"image rm --no-prune {own_a}"]
-    assert image_retain.repository_of("spark-vllm.invalid/image-mx:1") is None
+    assert image_retain.repository_of("spark-vllm.invalid/image-ix:1") is None

@@ -552,6 +552,10 @@ def test_a_model_added_after_an_auto_one_leaves_it_as_it_was(make_config: Config
     assert deleted == []
 
 
+# An entry's own image's resources: `image-` and its key (the hash of its ref: image_key).
+OWN = "image-i62e988a9"
+
+
 def own_image(make_config: ConfigFactory) -> dict:
     """A model across both hosts from image.ref, and one on the worker alone from its own."""
     config = fleet(make_config, 2, ("qwen",))
@@ -570,23 +574,25 @@ def test_a_model_with_its_own_image_gets_it_where_it_runs(make_config: ConfigFac
     its own, under a pinned name of its own; its containers, memory probe and waits run it."""
     plan, graph = graph_of(own_image(make_config))
     stream = plan.image_streams[1]
-    assert (stream.key, stream.image.ref) == ("m1", "vllm/vllm-openai:v0.34.0")
-    assert [e.name for e in graph.of("image-m1")] == [
-        "image-m1-pull",
-        "image-m1-head-record",
-        "image-m1-spark2-sync",
-        "image-m1-spark1-facts",
-        "image-m1-spark2-facts",
-        "image-m1-spark1-retain",
-        "image-m1-spark2-retain",
+    assert (stream.key, stream.image.ref) == ("i62e988a9", "vllm/vllm-openai:v0.34.0")
+    assert [e.name for e in graph.of(f"{OWN}")] == [
+        f"{OWN}-pull",
+        f"{OWN}-head-record",
+        f"{OWN}-spark2-sync",
+        f"{OWN}-spark1-facts",
+        f"{OWN}-spark2-facts",
+        f"{OWN}-spark1-retain",
+        f"{OWN}-spark2-retain",
     ]
-    assert "image-spark2-sync" in graph.by_name["image-m1-spark2-sync"].after
+    assert "image-spark2-sync" in graph.by_name[f"{OWN}-spark2-sync"].after
+    # The weights' copies to the worker come after every image's: one transfer per link.
+    assert f"{OWN}-spark2-sync" in graph.by_name["weights-spark2-copy"].after
     sources = g.later_sources(plan)
-    assert sources["image-m1.pinned"].resource == "image-m1-pull"
-    assert sources["image-m1.pinned"].derive("sha256:ab") == "spark-vllm.invalid/image-m1:sha256-ab"
+    assert sources[f"{OWN}.pinned"].resource == f"{OWN}-pull"
+    assert sources[f"{OWN}.pinned"].derive("sha256:ab") == f"spark-vllm.invalid/{OWN}:sha256-ab"
     server = graph.by_name["vllm-s1-container"]
-    assert server.image is not None and server.image.name == "image-m1.pinned"
-    assert "image-m1-spark2-facts" in server.after
+    assert server.image is not None and server.image.name == f"{OWN}.pinned"
+    assert f"{OWN}-spark2-facts" in server.after
     assert graph.by_name["vllm-container"].image.name == "image.pinned"  # type: ignore[union-attr]
 
     def words_of(name: str) -> list[str]:
@@ -594,32 +600,36 @@ def test_a_model_with_its_own_image_gets_it_where_it_runs(make_config: ConfigFac
         assert isinstance(spec, StepSpec)
         return shlex.split(spec.create)
 
-    assert flags(words_of("memory-s1-check"), "--image") == ["@@image-m1.pinned@@"]
-    assert "image-m1-spark2-facts" in graph.by_name["memory-s1-check"].after
-    assert flags(words_of("vllm-s1-ready"), "--image") == ["@@image-m1.pinned@@"]
-    head_facts = words_of("image-m1-spark1-facts")
+    assert flags(words_of("memory-s1-check"), "--image") == [f"@@{OWN}.pinned@@"]
+    assert f"{OWN}-spark2-facts" in graph.by_name["memory-s1-check"].after
+    assert flags(words_of("vllm-s1-ready"), "--image") == [f"@@{OWN}.pinned@@"]
+    head_facts = words_of(f"{OWN}-spark1-facts")
     assert flags(head_facts, "--extra-args") == ['["--task", "embed"]']
     assert "--task" not in flags(words_of("image-spark1-facts"), "--extra-args")[0]
-    history = flags(words_of("image-m1-spark2-retain"), "--history")[0]
-    assert history.endswith("/image-history-m1")
-    retain = graph.by_name["image-m1-spark2-retain"].spec
-    assert isinstance(retain, StepSpec) and retain.delete and "image-history-m1" in retain.delete
+    history = flags(words_of(f"{OWN}-spark2-retain"), "--history")[0]
+    assert history.endswith("/image-history-i62e988a9")
+    retain = graph.by_name[f"{OWN}-spark2-retain"].spec
+    assert (
+        isinstance(retain, StepSpec)
+        and retain.delete
+        and "image-history-i62e988a9" in retain.delete
+    )
 
 
 def test_replicas_on_one_image_of_their_own_share_its_copies(make_config: ConfigFactory) -> None:
-    """Both replicas (slots 0 and 1) run one image of their own: one stream, named after slot
-    0, on both hosts; image.ref's is still pulled and copied (the firewall's guard runs it)."""
+    """Both replicas run one image of their own: one stream (named after its ref), on both
+    hosts; image.ref's is still pulled and copied (the firewall's guard runs it)."""
     config = replicas(make_config)
     for entry in config["models"]:
         entry["image"] = {"ref": "vllm/vllm-openai:v0.34.0"}
     plan, graph = graph_of(config)
-    assert [s.key for s in plan.image_streams] == ["", "m0"]
+    assert [s.key for s in plan.image_streams] == ["", "i62e988a9"]
     assert [n.name for n in plan.image_streams[1].nodes] == ["spark1", "spark2"]
     assert plan.image_streams[0].models == ()
     pulls = sorted(e.name for e in graph if e.name.startswith("image") and e.name.endswith("-pull"))
-    assert pulls == ["image-m0-pull", "image-pull"]
+    assert pulls == [f"{OWN}-pull", "image-pull"]
     for name in ("vllm-container", "vllm-s1-container"):
-        assert graph.by_name[name].image.name == "image-m0.pinned"  # type: ignore[union-attr]
+        assert graph.by_name[name].image.name == f"{OWN}.pinned"  # type: ignore[union-attr]
     facts = graph.by_name["image-spark1-facts"].spec
     assert isinstance(facts, StepSpec)
     assert flags(shlex.split(facts.create), "--executor") == ["mp"]
@@ -633,9 +643,9 @@ def test_adding_a_model_with_its_own_image_touches_nothing_of_the_others(
     planned, deleted = up_then_preview(before, own_image(make_config))
     created = {n for n, step in planned.items() if step == "create"}
     assert {n for n in created if n.startswith("image")} == {
-        "image-m1-pull", "image-m1-head-record", "image-m1-spark2-sync",
-        "image-m1-spark1-facts", "image-m1-spark2-facts", "image-m1-spark1-retain",
-        "image-m1-spark2-retain",
+        f"{OWN}-{step}"
+        for step in ("pull", "head-record", "spark2-sync", "spark1-facts", "spark2-facts",
+                     "spark1-retain", "spark2-retain")
     }  # fmt: skip
     untouched = {n: s for n, s in planned.items() if s != "create"}
     assert untouched == {
@@ -645,3 +655,18 @@ def test_adding_a_model_with_its_own_image_touches_nothing_of_the_others(
         "spark1-preflight": "update",  # one model became two: memory checks own the fractions
     }
     assert deleted == []
+
+
+def test_removing_one_of_two_models_on_an_own_image_leaves_the_other_on_it(
+    make_config: ConfigFactory,
+) -> None:
+    """Two models share an image of their own; the first of them goes: the image keeps its
+    name (its ref's), so the other's server and the image's copies stay as they are."""
+    before = fleet(make_config, 2)
+    for entry in before["models"][1:]:
+        entry["image"] = {"ref": "vllm/vllm-openai:v0.34.0"}
+    after = copy.deepcopy(before)
+    del after["models"][1]
+    planned, deleted = up_then_preview(before, after)
+    assert not {n for n in planned if n.startswith((OWN, "vllm-s2", "weights-s2", "memory-s2"))}
+    assert all(n.startswith(("weights-s1", "memory-s1", "vllm-s1")) for n in deleted), deleted
