@@ -567,7 +567,8 @@ def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates:
     """A container per node with Ray as its main process, then a bounded join wait (`plan`:
     the Ray model's server's, whose firewall marker the containers' gate reads)."""
     names = []
-    for node in plan.nodes:
+    # The head first: the workers join it (and carry its ID), wherever it is in hosts.
+    for node in sorted(plan.nodes, key=lambda n: not n.is_head):
         spec = ray_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)
         name = RAY_HEAD if node.is_head else f"{RAY}-{node.name}"
         after = gates.of(node, plan.image_stream.key)

@@ -166,3 +166,18 @@ def test_the_server_carries_the_ids_of_the_cluster_it_joined(
         }
     else:
         assert labels == {"spark-vllm.mp-nodes": tuple(f"{g.VLLM}-{w.name}" for w in plan.workers)}
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_a_head_that_is_not_the_first_host(make_config: ConfigFactory, executor: str) -> None:
+    """`hosts[1].head: true`: Ray's head is registered before the workers that join it, and
+    the graph builds in order for either executor."""
+    config = make_config(hosts=3, executor=executor)
+    config["hosts"][1]["head"] = True
+    plan, graph = graph_of(config)
+    assert plan.head.name == "spark2"
+    if executor == "ray":
+        order = [e.name for e in graph if e.name.startswith("ray-")]
+        assert order[0] == "ray-head" and set(order[1:3]) == {"ray-spark1", "ray-spark3"}
+    server = graph.by_name["vllm-container"]
+    assert server.node == "spark2"
