@@ -67,7 +67,7 @@ FABRIC, IMAGE, WEIGHTS, MEMORY = "fabric", "image", "weights", "memory"
 FIREWALL, FRONT, COMPILE_CACHE, RAY, VLLM = "firewall", "front", "compile-cache", "ray", "vllm"
 
 # Resources the components and the stack outputs read (the others are found by name in `after`).
-IMAGE_PULL, FRONT_PULL, FRONT_CONTAINER = f"{IMAGE}-pull", f"{FRONT}-pull", f"{FRONT}-container"
+FRONT_PULL, FRONT_CONTAINER = f"{FRONT}-pull", f"{FRONT}-container"
 FABRIC_HEAD_KEY = f"{FABRIC}-head-key"
 RAY_HEAD, RAY_JOINED = f"{RAY}-head", f"{RAY}-joined"
 # The first model's (slot 0's) check, server and wait; slot k's are `<component>-s<k>-...`.
@@ -81,6 +81,11 @@ def preflight_of(node: str) -> str:
 
 def scripts_of(node: str) -> str:
     return f"{node}-scripts"
+
+
+def shares_of(node: str) -> str:
+    """The head's step writing the fleet's memory shares (stacks/plan/hosts.py)."""
+    return f"{node}-shares"
 
 
 def link_of(worker: str) -> str:
@@ -441,7 +446,7 @@ def _memory(
     on its nodes too (the probe runs it there for CUDA's figure)."""
     component = plan.server.named(MEMORY)
     check = hardware.memory_check(plan, component)
-    shares = (f"{plan.head.name}-shares",) if len(plan.servers) > 1 else ()
+    shares = (shares_of(plan.head.name),) if len(plan.servers) > 1 else ()
     key = plan.image_stream.key
     own = tuple(images[key][n.name] for n in plan.nodes) if key else ()
     entries.append(
