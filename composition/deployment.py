@@ -19,6 +19,7 @@ from components.graph import Walk
 from components.host import Host, HostArgs
 from components.image import ImageDistribution
 from components.memory import ServerMemory
+from components.monitoring import Monitoring
 from components.ray_cluster import RayCluster
 from components.vllm_server import VllmServer
 from components.weights import ModelWeights
@@ -40,6 +41,7 @@ class Deployment:
     front: Front
     servers: tuple[VllmServer, ...]  # in the fleet's order
     api_key: pulumi.Output[str]
+    monitoring: Monitoring | None = None  # monitoring.enabled
 
     def outputs(self) -> dict[str, object]:
         plan, first, memory = self.plan, self.servers[0], self.memories[0]
@@ -87,6 +89,8 @@ class Deployment:
         }
         if first.benchmark is not None:  # vllm.benchmark: tokens/s and TTFT per concurrency
             outputs["benchmark"] = first.benchmark.stdout.apply(server.parse_benchmark)
+        if self.monitoring is not None:  # where Prometheus and Grafana are, targets up
+            outputs["monitoring"] = self.monitoring.summary
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
 
@@ -176,9 +180,12 @@ def build_deployment(settings: Settings) -> Deployment:
     for slot in slots[1:]:
         memories.append(ServerMemory(walk, slot.named(MEMORY)))
         servers.append(VllmServer(walk, slot.named(VLLM)))
+    monitoring = Monitoring(walk) if config.monitoring.enabled else None
     unbuilt = [entry.name for entry in graph if entry.name not in walk.built]
     assert not unbuilt, f"planned but never registered: {unbuilt}"
-    return Deployment(plan, trust, image, tuple(memories), front, tuple(servers), settings.api_key)
+    return Deployment(
+        plan, trust, image, tuple(memories), front, tuple(servers), settings.api_key, monitoring
+    )
 
 
 def _model_output(plan: DeploymentPlan, done: list[Any]) -> dict[str, Any]:

@@ -347,6 +347,64 @@ class FrontConfig(ConfigModel):
     metrics_port: Port = 8404
 
 
+class MonitoringImageConfig(ConfigModel):
+    ref: str = Field(min_length=1)
+    platform: str | None = None
+
+
+# Retention as Prometheus reads it: a duration (`15d`, `12h`) and a size (`20GB`, `512MB`).
+PrometheusDuration = Annotated[str, Field(pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$")]
+PrometheusSize = Annotated[str, Field(pattern=r"^[0-9]+(B|KB|MB|GB|TB|PB|EB)$")]
+
+
+class PrometheusConfig(ConfigModel):
+    """Prometheus on the head, on its loopback only: it scrapes every server, the front, Ray
+    (when a model runs with it) and each node's exporter, and keeps its data in the stack's
+    directory on the head, bounded by both retentions (whichever is reached first)."""
+
+    # The upstream image (multi-arch, arm64 included): pin its digest (the `monitoring` output).
+    image: MonitoringImageConfig = Field(
+        default_factory=lambda: MonitoringImageConfig(ref="prom/prometheus:v3.5.0")
+    )
+    port: Port = 9090
+    retention_time: PrometheusDuration = "15d"
+    retention_size: PrometheusSize = "10GB"
+    scrape_interval_seconds: int = Field(default=15, ge=1, le=300)
+
+
+class GrafanaConfig(ConfigModel):
+    """Grafana on the head's loopback with the shipped dashboards provisioned (read-only for
+    anonymous viewers; `admin`'s password is the API key, read from its file)."""
+
+    enabled: bool = True
+    image: MonitoringImageConfig = Field(
+        default_factory=lambda: MonitoringImageConfig(ref="grafana/grafana:12.2.0")
+    )
+    port: Port = 3000
+
+
+class NodeExporterConfig(ConfigModel):
+    """Each node's memory, CPU, disks and network (Prometheus's node_exporter), on the node's
+    fabric IP: pulled by each node's own Docker daemon (a small image). Its port is among the
+    firewall's whether or not monitoring is on, so turning monitoring on changes no guard."""
+
+    enabled: bool = True
+    image: MonitoringImageConfig = Field(
+        default_factory=lambda: MonitoringImageConfig(ref="prom/node-exporter:v1.9.1")
+    )
+    port: Port = 9100
+
+
+class MonitoringConfig(ConfigModel):
+    """Off unless `enabled`: Prometheus and Grafana on the head's loopback (an `ssh -L` tunnel
+    reaches them; nothing on the network), and an exporter on each node."""
+
+    enabled: bool = False
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
+    grafana: GrafanaConfig = Field(default_factory=GrafanaConfig)
+    node_exporter: NodeExporterConfig = Field(default_factory=NodeExporterConfig)
+
+
 # A served name is what clients put in `model`, and a word in the front's configuration.
 # ASCII: HAProxy's json_query does not decode \u escapes; no leading `-`: HAProxy would read it
 # as a flag of the match.
@@ -613,6 +671,7 @@ class StackConfig(ConfigModel):
     fabric: FabricConfig = Field(default_factory=FabricConfig)
     preflight: PreflightConfig = Field(default_factory=PreflightConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> StackConfig:
@@ -898,6 +957,16 @@ def check_ports(cfg: StackConfig, slots: int) -> None:
         "vllm.serverPort": cfg.vllm.server_port,
         "vllm.masterPort": cfg.vllm.master_port,
         "front.metricsPort": cfg.front.metrics_port,
+        # Checked whether or not monitoring is on: the node exporter's port is always guarded.
+        "monitoring.nodeExporter.port": cfg.monitoring.node_exporter.port,
+        **(
+            {
+                "monitoring.prometheus.port": cfg.monitoring.prometheus.port,
+                "monitoring.grafana.port": cfg.monitoring.grafana.port,
+            }
+            if cfg.monitoring.enabled
+            else {}
+        ),
     }
     queues = [(cfg.vllm.master_port + 1, cfg.vllm.master_port + MP_PORT_SPAN, "vllm.masterPort")]
     for k in range(1, slots):

@@ -27,6 +27,7 @@ CONFIG_KEYS = (
     "fabric",
     "preflight",
     "timeouts",
+    "monitoring",
 )
 
 

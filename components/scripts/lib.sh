@@ -111,3 +111,24 @@ relay_call() {
 container_state() {
   docker inspect --format '{{.State.Status}}' "$1" 2>/dev/null || echo missing
 }
+
+# empty DIR: remove everything inside DIR, or fail naming what stopped it. What the containers
+# wrote as root is removed from a container of $ARG_IMAGE (the serving image) as root.
+empty() {
+  local dir=$1 status=0 why
+  [ -d "$dir" ] || return 0
+  # From /: GNU find fails when it cannot return to a working directory it may not enter.
+  cd /
+  find "$dir" -mindepth 1 -delete 2>/dev/null && return 0
+  why="$(timeout 240 docker run --rm --pull never --network none --user 0:0 \
+    --entrypoint find -v "$dir:/empty" "$ARG_IMAGE" /empty -mindepth 1 -delete 2>&1 >/dev/null)" \
+    || status=$?
+  find "$dir" -mindepth 1 -delete 2>/dev/null && return 0
+  case "$status" in
+    124) why="emptying it from the serving image took over 240 s" ;;
+    0) why="files the containers' user (root) left" ;;
+    *) why="it holds files of the containers' user (root), and emptying it from the serving image $ARG_IMAGE failed: ${why:-exit $status}" ;;
+  esac
+  fail "could not remove what is in $dir: $why" \
+    "remove it by hand as root (sudo rm -rf $dir), then run the destroy again"
+}

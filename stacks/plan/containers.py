@@ -34,7 +34,18 @@ from stacks.plan.nodes import (
     vllm_launcher_args,
 )
 
-Role = Literal["ray-head", "ray-worker", "vllm", "vllm-headless", "front", "firewall"]
+ServiceRole = Literal["ray-head", "ray-worker", "vllm", "vllm-headless"]
+Role = Literal[
+    "ray-head",
+    "ray-worker",
+    "vllm",
+    "vllm-headless",
+    "front",
+    "firewall",
+    "prometheus",
+    "grafana",
+    "node-exporter",
+]
 
 # Ray: `on-failure` restarts a crash, and, after a reboot, the exit the shutdown caused (a
 # non-zero one: daemon/daemon.go restore restarts what ShouldRestart() accepts), but not the
@@ -51,6 +62,10 @@ RESTART_POLICY: dict[Role, str] = {
     "vllm-headless": "unless-stopped",
     "front": "unless-stopped",
     "firewall": "always",
+    # Monitoring: back after a reboot, like the server it watches.
+    "prometheus": "unless-stopped",
+    "grafana": "unless-stopped",
+    "node-exporter": "unless-stopped",
 }
 
 # The server's Ray driver finds its node's raylet among the processes it can see (Ray 2.x), so
@@ -135,7 +150,7 @@ def ray_container(
     plan: DeploymentPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
 ) -> ContainerSpec:
     """Ray as the container's main process (`ray start --block`), head or worker."""
-    role: Role = "ray-head" if node.is_head else "ray-worker"
+    role: ServiceRole = "ray-head" if node.is_head else "ray-worker"
     command = tuple(ray_start_args(plan, node))
     return _service(plan, node, role, ("ray",), command, mounts_token, scripts)
 
@@ -268,7 +283,7 @@ def _gated(
 def _service(
     plan: DeploymentPlan,
     node: NodePlan,
-    role: Role,
+    role: ServiceRole,
     entrypoint: tuple[str, ...],
     command: tuple[str, ...],
     mounts_token: str,

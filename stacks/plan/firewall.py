@@ -33,11 +33,14 @@ def chain_name(plan: DeploymentPlan) -> str:
 
 
 def guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
-    """Every cluster port on `node` (`6379`, `10002:10999`) with either executor, and the
-    server's own port, which listens on loopback anyway. Both executors' ports: a switch of
-    executors then leaves the rules as they are while the old executor's containers still run
-    (they are deleted at the end of that `up`)."""
+    """Every cluster port on `node` (`6379`, `10002:10999`) with either executor, the server's
+    own port, which listens on loopback anyway, and node_exporter's. Both executors' ports: a
+    switch of executors then leaves the rules as they are while the old executor's containers
+    still run (they are deleted at the end of that `up`)."""
     ports = [p for server in servers_on(plan, node) for p in server_guarded_ports(server, node)]
+    # Monitoring's exporter listens on the fabric IP (stacks/plan/monitoring.py): held whether
+    # or not monitoring runs, so turning it on or off changes no guard.
+    ports.append(str(plan.config.monitoring.node_exporter.port))
     return list(dict.fromkeys(ports))
 
 

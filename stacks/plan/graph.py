@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from stacks.plan import fabric, hardware, hosts, image, server, weights
+from stacks.plan import fabric, hardware, hosts, image, monitoring, server, weights
 from stacks.plan.containers import (
     API_KEY_HASH_LABEL,
     MP_NODES_LABEL,
@@ -72,6 +72,8 @@ FABRIC_HEAD_KEY = f"{FABRIC}-head-key"
 RAY_HEAD, RAY_JOINED = f"{RAY}-head", f"{RAY}-joined"
 # The first model's (slot 0's) check, server and wait; slot k's are `<component>-s<k>-...`.
 MEMORY_CHECK = f"{MEMORY}-check"
+MONITORING = "monitoring"
+PROMETHEUS, GRAFANA = f"{MONITORING}-prometheus", f"{MONITORING}-grafana"
 SERVER, READINESS = f"{VLLM}-container", f"{VLLM}-ready"
 
 
@@ -134,12 +136,42 @@ def later_sources(plan: DeploymentPlan) -> dict[str, Source]:
         images[stream.later(IMAGE_ID).name] = Source(pull, "image_id", str)
         pinned = functools.partial(image.pinned_image, key=stream.key)
         images[stream.later(PINNED_IMAGE).name] = Source(pull, "image_id", pinned)
+    watched = {
+        later.name: Source(pull, "image_id", str) for pull, _, _, later in monitoring_pulls(plan)
+    }
     return {
         **images,
         FRONT_IMAGE_ID.name: Source(FRONT_PULL, "image_id", str),
+        **watched,
         **manifest,
         **sizing,
     }
+
+
+def monitoring_pulls(plan: DeploymentPlan) -> list[tuple[str, str, ImagePull, Later]]:
+    """Monitoring's image pulls (none when it is off): (resource name, node, the pull, the later
+    value naming the image there). Prometheus and Grafana on the head; each node pulls its own
+    exporter (a small image; nothing else there runs it)."""
+    cfg = plan.config.monitoring
+    if not cfg.enabled:
+        return []
+    head = plan.head.name
+    pulls = [(f"{PROMETHEUS}-pull", head, monitoring.prometheus_pull(plan))]
+    if cfg.grafana.enabled:
+        pulls.append((f"{GRAFANA}-pull", head, monitoring.grafana_pull(plan)))
+    if cfg.node_exporter.enabled:
+        pulls += [
+            (node_exporter_of(node.name) + "-pull", node.name, monitoring.node_exporter_pull(plan))
+            for node in plan.nodes
+        ]
+    return [
+        (name, node, pull, monitoring.image_later(f"image-{index}"))
+        for index, (name, node, pull) in enumerate(pulls)
+    ]
+
+
+def node_exporter_of(node: str) -> str:
+    return f"{MONITORING}-node-exporter-{node}"
 
 
 def fetched_manifest(stdout: str) -> str:
@@ -273,6 +305,7 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
             front_reload,
             ray_checked,
         )
+    _monitoring(plan, entries, image_ready, firewalled, key_file, ready)
     return DeploymentGraph(tuple(entries))
 
 
@@ -533,6 +566,87 @@ def _front(
     reload = hosts.reload_front(plan, FRONT)
     entries.append(Planned(reload.name, FRONT, reload, head.name, after=(config.name, container)))
     return key_file.name, container, reload.name
+
+
+def _monitoring(
+    plan: DeploymentPlan,
+    entries: list[Planned],
+    image_ready: dict[str, str],
+    firewalled: dict[str, str],
+    key_file: str,
+    ready: str,
+) -> None:
+    """monitoring.enabled: its files and data directory on the head, its pulls, Prometheus and
+    Grafana on the head, an exporter on each node (after the node's rules hold: its port is the
+    guard's), then a wait until every target is up. Nothing else runs after any of them: turning
+    monitoring on or off plans nothing outside this component."""
+    pulls = monitoring_pulls(plan)
+    if not pulls:
+        return
+    head = plan.head.name
+    files = monitoring.write_files(plan, MONITORING)
+    entries.append(Planned(files.name, MONITORING, files, head, after=(scripts_of(head),)))
+    # After the head's image: its delete empties the directory from that image.
+    data = monitoring.prometheus_data(plan, MONITORING)
+    entries.append(
+        Planned(data.name, MONITORING, data, head, after=(scripts_of(head), image_ready[head]))
+    )
+    image_of: dict[str, Later] = {}
+    for name, puller, pull, later in pulls:
+        entries.append(Planned(name, MONITORING, pull, puller, after=(preflight_of(puller),)))
+        image_of[name.removesuffix("-pull")] = later
+    containers = []
+    for node in plan.nodes if plan.config.monitoring.node_exporter.enabled else ():
+        exporter = node_exporter_of(node.name)
+        rules = (firewalled[node.name],) if node.name in firewalled else ()
+        entries.append(
+            Planned(
+                exporter,
+                MONITORING,
+                monitoring.node_exporter_container(plan, node),
+                node.name,
+                after=(f"{exporter}-pull", *rules),
+                image=image_of[exporter],
+            )
+        )
+        containers.append(exporter)
+    entries.append(
+        Planned(
+            PROMETHEUS,
+            MONITORING,
+            monitoring.prometheus_container(plan),
+            head,
+            after=(f"{PROMETHEUS}-pull", files.name, data.name),
+            image=image_of[PROMETHEUS],
+        )
+    )
+    containers.append(PROMETHEUS)
+    if plan.config.monitoring.grafana.enabled:
+        entries.append(
+            Planned(
+                GRAFANA,
+                MONITORING,
+                monitoring.grafana_container(plan),
+                head,
+                after=(f"{GRAFANA}-pull", files.name, key_file),
+                # `admin`'s password is the key, set when Grafana first starts.
+                secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
+                image=image_of[GRAFANA],
+            )
+        )
+        containers.append(GRAFANA)
+    wait = monitoring.monitoring_ready(plan, MONITORING)
+    # After the last server is ready (its /metrics answers); again whenever a container is new.
+    entries.append(
+        Planned(
+            wait.name,
+            MONITORING,
+            wait,
+            head,
+            after=(*containers, ready),
+            triggers=tuple(containers),
+        )
+    )
 
 
 def _compile_cache(

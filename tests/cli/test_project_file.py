@@ -12,6 +12,7 @@ import yaml
 from stacks.config import (
     DockerConfig,
     FabricConfig,
+    MonitoringConfig,
     PreflightConfig,
     RayConfig,
     StackConfig,
@@ -101,7 +102,8 @@ def test_a_stack_can_leave_every_optional_key_out() -> None:
 @pytest.mark.parametrize(
     ("key", "model"),
     [("ray", RayConfig), ("docker", DockerConfig), ("fabric", FabricConfig),
-     ("preflight", PreflightConfig), ("timeouts", TimeoutsConfig)],
+     ("preflight", PreflightConfig), ("timeouts", TimeoutsConfig),
+     ("monitoring", MonitoringConfig)],
 )  # fmt: skip
 def test_project_defaults_are_the_programs_defaults(key: str, model: type) -> None:
     declared = load_project(REPO / "Pulumi.yaml").config[key]

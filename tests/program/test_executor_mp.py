@@ -114,7 +114,8 @@ def test_preflight_and_firewall_cover_the_rendezvous_not_rays_ports(mp: Evaluati
         return str(words[words.index("--tcp-ports") + 1])
 
     # Ray's too: a switch of executors leaves the rules as they are.
-    assert guarded("spark1").endswith(",10002:10999,29502:29533,29501,8001")
+    # Then node_exporter's, held whether or not monitoring is on (stacks/plan/firewall.py).
+    assert guarded("spark1").endswith(",10002:10999,29502:29533,29501,8001,9100")
     assert guarded("spark2").endswith(",10002:10999,29502:29533")
 
 

@@ -1,0 +1,38 @@
+"""Monitoring on the head (monitoring.enabled): Prometheus scraping every server, the front,
+Ray and each node's exporter; Grafana with the shipped dashboards; all on loopback (an `ssh -L`
+tunnel reaches them), from images pulled where they run (stacks/plan/monitoring.py)."""
+
+from __future__ import annotations
+
+import pulumi
+
+from components.graph import Walk
+from stacks.plan.graph import GRAFANA, MONITORING, PROMETHEUS, monitoring_pulls
+from stacks.plan.monitoring import published_views
+
+
+class Monitoring(pulumi.ComponentResource):
+    summary: pulumi.Output[dict[str, object]]  # the `monitoring` output
+
+    def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spark-vllm:index:Monitoring", MONITORING, None, opts)
+        plan = walk.plan
+        walk.build(MONITORING, parent=self)
+        ready = walk.step(f"{MONITORING}-ready").stdout
+        digests = {
+            name.removesuffix("-pull"): walk.pulled(name).repo_digest
+            for name, _, _, _ in monitoring_pulls(plan)
+        }
+        views = published_views(plan)
+        self.summary = pulumi.Output.all(ready, digests).apply(
+            lambda done: {
+                **views,
+                "targets": [line.strip() for line in done[0].splitlines() if line.strip()],
+                # Pin each image to what was pulled (`...@sha256:...`).
+                "imageDigests": done[1],
+            }
+        )
+        self.register_outputs(
+            {"prometheus": walk.container(PROMETHEUS).id, "summary": self.summary}
+            | ({"grafana": walk.container(GRAFANA).id} if GRAFANA in walk.built else {})
+        )

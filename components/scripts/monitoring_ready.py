@@ -1,0 +1,114 @@
+"""On the head, once monitoring's containers run: wait (bounded) until Prometheus answers, has
+scraped each of its jobs' targets once and finds every one up, and Grafana answers; print one
+line per job. A target still down at the deadline fails the step, naming it and Prometheus's
+own error for it.
+
+    python3 monitoring_ready.py --host H --prometheus 127.0.0.1:9090 --jobs vllm,front,...
+        --timeout-seconds N [--grafana 127.0.0.1:3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+POLL_SECONDS = 2
+
+
+def fail(host: str, what: str, cause: str) -> None:
+    print(f"spark-vllm: {host}: monitoring-ready: {what}", file=sys.stderr)
+    print(f"  likely cause: {cause}", file=sys.stderr)
+    sys.exit(1)
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except (OSError, urllib.error.URLError):
+        return 0, b""
+
+
+def targets(prometheus: str) -> list[dict[str, Any]]:
+    status, body = get(f"http://{prometheus}/api/v1/targets?state=active")
+    if status != 200:
+        return []
+    active: list[dict[str, Any]] = json.loads(body)["data"]["activeTargets"]
+    return active
+
+
+def summary(active: list[dict[str, Any]], jobs: list[str]) -> list[str]:
+    lines = []
+    for job in jobs:
+        mine = [t for t in active if t["labels"].get("job") == job]
+        up = sum(1 for t in mine if t["health"] == "up")
+        lines.append(f"monitoring: {job}: {up} of {len(mine)} targets up")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--prometheus", required=True)
+    parser.add_argument("--jobs", required=True)
+    parser.add_argument("--timeout-seconds", type=float, required=True)
+    parser.add_argument("--grafana")
+    args = parser.parse_args()
+    jobs = args.jobs.split(",")
+    deadline = time.monotonic() + args.timeout_seconds
+    active: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        active = targets(args.prometheus)
+        found = {t["labels"].get("job") for t in active}
+        scraped = active and all(t["health"] != "unknown" for t in active)
+        if scraped and set(jobs) <= found and all(t["health"] == "up" for t in active):
+            break
+        time.sleep(POLL_SECONDS)
+    else:
+        if not active:
+            fail(
+                args.host,
+                f"Prometheus at {args.prometheus} did not answer within "
+                f"{args.timeout_seconds:.0f} s",
+                "its container is not running or another program holds the port "
+                "(docker logs of the prometheus container; monitoring.prometheus.port)",
+            )
+        down = [
+            f"{t['labels'].get('job')} {t['scrapeUrl']}: {t.get('lastError') or t['health']}"
+            for t in active
+            if t["health"] != "up"
+        ]
+        missing = sorted(set(jobs) - {t["labels"].get("job") for t in active})
+        down += [f"job {job} has no target" for job in missing]
+        fail(
+            args.host,
+            f"targets not up after {args.timeout_seconds:.0f} s: {'; '.join(down)}",
+            "the exporter is not running on that node, or a firewall outside spark-vllm drops "
+            "its port on the fabric",
+        )
+    for line in summary(active, jobs):
+        print(line)
+    if args.grafana:
+        while time.monotonic() < deadline:
+            status, _ = get(f"http://{args.grafana}/api/health")
+            if status == 200:
+                print(f"monitoring: grafana answers at http://{args.grafana}")
+                return
+            time.sleep(POLL_SECONDS)
+        fail(
+            args.host,
+            f"Grafana at {args.grafana} did not answer within {args.timeout_seconds:.0f} s",
+            "its container is not running or another program holds the port "
+            "(docker logs of the grafana container; monitoring.grafana.port)",
+        )
+
+
+if __name__ == "__main__":
+    main()

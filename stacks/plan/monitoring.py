@@ -1,0 +1,419 @@
+"""Monitoring (`monitoring.enabled`), as pure specs: Prometheus and Grafana on the head's
+loopback, node_exporter on each node's fabric IP, the files they read, and the step that waits
+until every target is scraped.
+
+Where each listens, and why nothing of it reaches the management network:
+- Prometheus and Grafana: 127.0.0.1 on the head (an `ssh -L` tunnel reaches them). Prometheus
+  has no bearer-token check of its own (its web config knows basic auth and TLS only), and
+  vLLM's /metrics is not behind its key (vLLM checks /v1 only): loopback, not a password, is
+  what keeps them private.
+- The servers' /metrics: each server listens on the head's loopback, or on its worker's fabric
+  IP where the firewall's guard admits its port on loopback and the fabric only.
+- The front's metrics: the head's loopback (front.metricsPort).
+- node_exporter: each node's fabric IP, a port the guard holds whether or not monitoring runs
+  (stacks/plan/firewall.py), so turning monitoring on or off changes no guard.
+- Ray's metrics (when a model runs with Ray): ray.metricsExportPort, fixed and guarded already.
+
+Each container is replaced when what it reads changes (a label holds the files' digest): the
+models of the fleet are Prometheus's targets, so adding one restarts Prometheus (seconds; its
+data stays on the head) and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from stacks.plan.containers import RESTART_POLICY, ContainerSpec, Mount, Role
+from stacks.plan.image import ImagePull
+from stacks.plan.later import PINNED_IMAGE, Later
+from stacks.plan.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan, NodePlan
+from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call, words
+
+DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "components" / "dashboards"
+
+# Inside the containers.
+CONTAINER_CONFIG_DIR = "/etc/spark-vllm"  # prometheus.yml
+CONTAINER_DATA_DIR = "/prometheus"  # its TSDB
+GRAFANA_PROVISIONING = "/etc/grafana/provisioning"  # Grafana's default provisioning path
+CONTAINER_DASHBOARDS = "/var/lib/spark-vllm/dashboards"  # the shipped dashboards, read-only
+HOST_ROOT = "/host"  # node_exporter's read-only view of the host's root
+HOME_DASHBOARD = "spark-vllm-serving.json"
+
+# What the container read, as a digest: new files replace it.
+CONFIG_DIGEST_LABEL = "spark-vllm.monitoring-config"
+MONITORING_IMAGE_PULL_MINUTES = 15
+READY_SECONDS = 180  # the readiness step's bound: every target scraped once, both UIs answering
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One endpoint Prometheus scrapes, with the labels it adds to every series."""
+
+    job: str
+    address: str  # host:port
+    labels: tuple[tuple[str, str], ...]
+
+
+def monitoring_dir(plan: DeploymentPlan) -> str:
+    return f"{plan.head.state_dir}/monitoring"
+
+
+def config_dir(plan: DeploymentPlan) -> str:
+    return f"{monitoring_dir(plan)}/etc"
+
+
+def grafana_dir(plan: DeploymentPlan) -> str:
+    return f"{monitoring_dir(plan)}/grafana"
+
+
+def data_dir(plan: DeploymentPlan) -> str:
+    return f"{monitoring_dir(plan)}/prometheus"
+
+
+def prometheus_address(plan: DeploymentPlan) -> str:
+    return f"127.0.0.1:{plan.config.monitoring.prometheus.port}"
+
+
+def grafana_address(plan: DeploymentPlan) -> str:
+    return f"127.0.0.1:{plan.config.monitoring.grafana.port}"
+
+
+def node_exporter_address(plan: DeploymentPlan, node: NodePlan) -> str:
+    return f"{node.fabric_ip}:{plan.config.monitoring.node_exporter.port}"
+
+
+def published_views(plan: DeploymentPlan) -> dict[str, dict[str, str]]:
+    """Prometheus's and Grafana's URLs on the head's loopback, and the tunnel that reaches each
+    from the user's machine (through the bastion or the jump host as the deployment does)."""
+    head = plan.head
+    addresses = {"prometheus": prometheus_address(plan)}
+    if plan.config.monitoring.grafana.enabled:
+        addresses["grafana"] = grafana_address(plan)
+    jump = f"-J {head.jump.user}@{head.jump.address}:{head.jump.port} " if head.jump else ""
+    views = {}
+    for name, address in addresses.items():
+        port = address.rsplit(":", 1)[1]
+        views[name] = {
+            "url": f"http://{address}",
+            "tunnel": f"ssh {jump}-p {head.ssh.port} -L {port}:{address} "
+            f"{head.ssh.user}@{head.ssh.address}",
+        }
+    return views
+
+
+def scrape_targets(plan: DeploymentPlan) -> tuple[ScrapeTarget, ...]:
+    """Every endpoint: each server (its served name and slot), the front, each node's exporter,
+    each Ray node when the fleet runs Ray, and Prometheus itself."""
+    cfg = plan.config.monitoring
+    targets = [
+        ScrapeTarget(
+            "vllm",
+            f"{server.server_address}:{server.server_port}",
+            (
+                ("model", server.served.served_name),
+                ("node", server.server_node.name),
+                ("server", server.server.named("vllm")),
+            ),
+        )
+        for server in plan.per_server
+    ]
+    front = f"127.0.0.1:{plan.config.front.metrics_port}"
+    targets.append(ScrapeTarget("front", front, (("node", plan.head.name),)))
+    if cfg.node_exporter.enabled:
+        targets += [
+            ScrapeTarget("node", node_exporter_address(plan, node), (("node", node.name),))
+            for node in plan.cluster
+        ]
+    driver = next((server for server in plan.per_server if server.uses_ray), None)
+    if driver is not None:
+        port = plan.config.ray.metrics_export_port
+        targets += [
+            ScrapeTarget("ray", f"{node.fabric_ip}:{port}", (("node", node.name),))
+            for node in driver.nodes
+        ]
+    targets.append(
+        ScrapeTarget("prometheus", prometheus_address(plan), (("node", plan.head.name),))
+    )
+    return tuple(targets)
+
+
+def prometheus_config(plan: DeploymentPlan) -> str:
+    """prometheus.yml (as JSON, which YAML reads): one job per kind of target, each target with
+    its own labels (a static config per target)."""
+    interval = f"{plan.config.monitoring.prometheus.scrape_interval_seconds}s"
+    jobs: dict[str, list[dict[str, object]]] = {}
+    for target in scrape_targets(plan):
+        jobs.setdefault(target.job, []).append(
+            {"targets": [target.address], "labels": dict(target.labels)}
+        )
+    config = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": [
+            {"job_name": job, "static_configs": statics} for job, statics in jobs.items()
+        ],
+    }
+    return json.dumps(config, indent=1, sort_keys=True) + "\n"
+
+
+def grafana_datasource(plan: DeploymentPlan) -> str:
+    """Grafana's provisioned datasource: the Prometheus beside it (both on the head's host
+    network). Its uid is what the dashboards' `datasource` variable picks by type."""
+    interval = f"{plan.config.monitoring.prometheus.scrape_interval_seconds}s"
+    document = {
+        "apiVersion": 1,
+        "datasources": [
+            {
+                "name": "Prometheus",
+                "uid": "spark-vllm-prometheus",
+                "type": "prometheus",
+                "access": "proxy",
+                "url": f"http://{prometheus_address(plan)}",
+                "isDefault": True,
+                "editable": False,
+                "jsonData": {"timeInterval": interval},
+            }
+        ],
+    }
+    return json.dumps(document, indent=1) + "\n"
+
+
+def grafana_dashboards_provider() -> str:
+    document = {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "spark-vllm",
+                "type": "file",
+                "disableDeletion": True,
+                "allowUiUpdates": False,
+                "options": {"path": CONTAINER_DASHBOARDS},
+            }
+        ],
+    }
+    return json.dumps(document, indent=1) + "\n"
+
+
+def shipped_dashboards() -> dict[str, str]:
+    """The dashboards spark-vllm ships (components/dashboards/), by file name."""
+    return {path.name: path.read_text() for path in sorted(DASHBOARDS_DIR.glob("*.json"))}
+
+
+def monitoring_files(plan: DeploymentPlan) -> dict[str, str]:
+    """Every file the monitoring containers read, by its path on the head."""
+    files = {f"{config_dir(plan)}/prometheus.yml": prometheus_config(plan)}
+    if plan.config.monitoring.grafana.enabled:
+        base = grafana_dir(plan)
+        files[f"{base}/provisioning/datasources/spark-vllm.json"] = grafana_datasource(plan)
+        files[f"{base}/provisioning/dashboards/spark-vllm.json"] = grafana_dashboards_provider()
+        for name, text in shipped_dashboards().items():
+            files[f"{base}/dashboards/{name}"] = text
+    return files
+
+
+def files_digest(files: dict[str, str], prefix: str) -> str:
+    """The digest of the files under `prefix`: a container's label (a change replaces it)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in files if p.startswith(prefix)):
+        h.update(f"{path}\0{files[path]}\0".encode())
+    return h.hexdigest()[:16]
+
+
+def write_files(plan: DeploymentPlan, name: str) -> StepSpec:
+    """The files on the head, whole on the command line (they hold no secret): `pulumi
+    preview` shows what a change of the fleet does to Prometheus's targets."""
+    head, files = plan.head, monitoring_files(plan)
+    step = f"{name}-files"
+    dirs = sorted({path.rsplit("/", 1)[0] for path in files})
+    create = " && ".join(
+        [
+            f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}",
+            *(_written(p, t) for p, t in files.items()),
+        ]
+    )
+    return StepSpec(
+        name=step,
+        node=head,
+        create=create,
+        receipts=(Receipt(step, head, tuple(check("files", path) for path in files)),),
+        delete=owned(
+            plan,
+            head,
+            f"rm -rf {shlex.quote(config_dir(plan))} {shlex.quote(grafana_dir(plan))}",
+        ),
+    )
+
+
+def _written(path: str, text: str) -> str:
+    target, partial = shlex.quote(path), shlex.quote(f"{path}.tmp")
+    return f"printf '%s' {shlex.quote(text)} > {partial} && mv {partial} {target}"
+
+
+def prometheus_data(plan: DeploymentPlan, name: str) -> StepSpec:
+    """Prometheus's data directory on the head (bounded by its retention): the step reports its
+    size; its delete empties it (Prometheus writes as root: from the serving image, as
+    compile-cache.sh does) and removes it."""
+    head = plan.head
+    remove = script_call(
+        head, "monitoring-data.sh", "remove", dir=data_dir(plan), image=PINNED_IMAGE.text
+    )
+    return StepSpec(
+        name=f"{name}-data",
+        node=head,
+        create=script_call(head, "monitoring-data.sh", "report", dir=data_dir(plan)),
+        delete=owned(plan, head, remove),
+        timeouts=Timeouts(create=3, update=3, delete=6),
+    )
+
+
+def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
+    """Waits (bounded) until Prometheus answers, has scraped every target once and finds each up,
+    and Grafana answers; prints a line per job (monitoring_ready.py)."""
+    head, cfg = plan.head, plan.config.monitoring
+    flags: dict[str, str | float] = {
+        "prometheus": prometheus_address(plan),
+        "jobs": ",".join(dict.fromkeys(t.job for t in scrape_targets(plan))),
+        "timeout_seconds": READY_SECONDS,
+    }
+    if cfg.grafana.enabled:
+        flags["grafana"] = grafana_address(plan)
+    argv = ["python3", f"{head.bin_dir}/monitoring_ready.py", "--host", head.name]
+    for key, value in flags.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return StepSpec(
+        name=f"{name}-ready",
+        node=head,
+        create=words(argv),
+        timeouts=Timeouts(create=READY_SECONDS // 60 + 2),
+    )
+
+
+def image_later(name: str) -> Later:
+    """A monitoring image's ID on its node, by its pull's name."""
+    return Later(f"monitoring.{name}")
+
+
+def prometheus_pull(plan: DeploymentPlan) -> ImagePull:
+    image = plan.config.monitoring.prometheus.image
+    return ImagePull(image.ref, image.platform, True, MONITORING_IMAGE_PULL_MINUTES)
+
+
+def grafana_pull(plan: DeploymentPlan) -> ImagePull:
+    image = plan.config.monitoring.grafana.image
+    return ImagePull(image.ref, image.platform, True, MONITORING_IMAGE_PULL_MINUTES)
+
+
+def node_exporter_pull(plan: DeploymentPlan) -> ImagePull:
+    image = plan.config.monitoring.node_exporter.image
+    return ImagePull(image.ref, image.platform, True, MONITORING_IMAGE_PULL_MINUTES)
+
+
+def _container(
+    plan: DeploymentPlan,
+    node: NodePlan,
+    role: Role,
+    entrypoint: tuple[str, ...],
+    command: tuple[str, ...],
+    mounts: tuple[Mount, ...],
+    labels: dict[str, str],
+    env: tuple[str, ...] = (),
+) -> ContainerSpec:
+    """Host network like every container here (so loopback is the head's); root, because what
+    it reads is the deploying user's (the state directory is mode 700); no GPU."""
+    every = {**plan.labels, "spark-vllm.role": role, "spark-vllm.node": node.name, **labels}
+    return ContainerSpec(
+        name=f"{plan.config.docker.container_prefix}-{role}",
+        node=node,
+        role=role,
+        entrypoint=entrypoint,
+        command=command,
+        env=env,
+        restart=RESTART_POLICY[role],
+        host_pid=False,
+        mounts=mounts,
+        labels=tuple(sorted(every.items())),
+        gpus=False,
+        shm_size_mb=None,
+        ulimits=(),
+        devices=(),
+        stop_seconds=10,
+        user="0:0",
+    )
+
+
+def prometheus_container(plan: DeploymentPlan) -> ContainerSpec:
+    cfg = plan.config.monitoring.prometheus
+    files = monitoring_files(plan)
+    return _container(
+        plan,
+        plan.head,
+        "prometheus",
+        ("prometheus",),
+        (
+            f"--config.file={CONTAINER_CONFIG_DIR}/prometheus.yml",
+            f"--storage.tsdb.path={CONTAINER_DATA_DIR}",
+            f"--storage.tsdb.retention.time={cfg.retention_time}",
+            f"--storage.tsdb.retention.size={cfg.retention_size}",
+            f"--web.listen-address={prometheus_address(plan)}",
+        ),
+        (
+            Mount(config_dir(plan), CONTAINER_CONFIG_DIR, read_only=True),
+            Mount(data_dir(plan), CONTAINER_DATA_DIR),
+        ),
+        {CONFIG_DIGEST_LABEL: files_digest(files, config_dir(plan))},
+    )
+
+
+def grafana_container(plan: DeploymentPlan) -> ContainerSpec:
+    """Grafana with the datasource and dashboards provisioned, on the head's loopback; anonymous
+    visitors view (whoever reaches loopback has SSH to the head), `admin`'s password is the API
+    key (read from its file, never in the container's configuration); no phoning home."""
+    cfg = plan.config.monitoring.grafana
+    files = monitoring_files(plan)
+    env = {
+        "GF_SERVER_HTTP_ADDR": "127.0.0.1",
+        "GF_SERVER_HTTP_PORT": str(cfg.port),
+        "GF_AUTH_ANONYMOUS_ENABLED": "true",
+        "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+        "GF_SECURITY_ADMIN_PASSWORD__FILE": f"{CONTAINER_API_KEY_DIR}/api-key",
+        "GF_ANALYTICS_REPORTING_ENABLED": "false",
+        "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
+        "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": f"{CONTAINER_DASHBOARDS}/{HOME_DASHBOARD}",
+    }
+    return _container(
+        plan,
+        plan.head,
+        "grafana",
+        ("/run.sh",),
+        (),
+        (
+            Mount(f"{grafana_dir(plan)}/provisioning", GRAFANA_PROVISIONING, read_only=True),
+            Mount(f"{grafana_dir(plan)}/dashboards", CONTAINER_DASHBOARDS, read_only=True),
+            Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True),
+        ),
+        {CONFIG_DIGEST_LABEL: files_digest(files, grafana_dir(plan))},
+        env=tuple(f"{k}={v}" for k, v in sorted(env.items())),
+    )
+
+
+def node_exporter_container(plan: DeploymentPlan, node: NodePlan) -> ContainerSpec:
+    """node_exporter on `node`'s fabric IP, reading the host through a read-only view of its
+    root; only the collectors the dashboards and a user diagnosing a host need."""
+    collectors = ("meminfo", "cpu", "loadavg", "filesystem", "netdev", "pressure", "uname")
+    return _container(
+        plan,
+        node,
+        "node-exporter",
+        ("node_exporter",),
+        (
+            f"--web.listen-address={node_exporter_address(plan, node)}",
+            f"--path.rootfs={HOST_ROOT}",
+            "--collector.disable-defaults",
+            *(f"--collector.{name}" for name in collectors),
+        ),
+        (Mount("/", HOST_ROOT, read_only=True),),
+        {},
+    )
