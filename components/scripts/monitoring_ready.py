@@ -36,10 +36,12 @@ def get(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
-def targets(prometheus: str) -> list[dict[str, Any]]:
+def targets(prometheus: str) -> list[dict[str, Any]] | None:
+    """Prometheus's active targets; None while it does not answer. (Its scrape manager takes
+    its targets a few seconds after it starts: an empty list until then.)"""
     status, body = get(f"http://{prometheus}/api/v1/targets?state=active")
     if status != 200:
-        return []
+        return None
     active: list[dict[str, Any]] = json.loads(body)["data"]["activeTargets"]
     return active
 
@@ -64,15 +66,18 @@ def main() -> None:
     jobs = args.jobs.split(",")
     deadline = time.monotonic() + args.timeout_seconds
     active: list[dict[str, Any]] = []
+    answered = False
     while time.monotonic() < deadline:
-        active = targets(args.prometheus)
+        now = targets(args.prometheus)
+        answered = answered or now is not None
+        active = now or []
         found = {t["labels"].get("job") for t in active}
         scraped = active and all(t["health"] != "unknown" for t in active)
         if scraped and set(jobs) <= found and all(t["health"] == "up" for t in active):
             break
         time.sleep(POLL_SECONDS)
     else:
-        if not active:
+        if not answered:
             fail(
                 args.host,
                 f"Prometheus at {args.prometheus} did not answer within "

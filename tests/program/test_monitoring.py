@@ -1,0 +1,247 @@
+"""Monitoring (stacks/plan/monitoring.py): what Prometheus scrapes, the files Prometheus and
+Grafana read (checked by Debian's promtool where it is installed), where each listens, and what
+`pulumi preview` shows when monitoring is turned on, off, or the fleet changes under it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stacks.plan import graph as g
+from stacks.plan import monitoring
+from stacks.plan.containers import ContainerSpec
+from stacks.plan.firewall import guard_args
+from stacks.plan.steps import StepSpec
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import evaluate
+from tests.program.test_plan_graph import graph_of
+from tests.program.test_several_models import fleet, up_then_preview
+
+ON = {"enabled": True}
+
+
+def monitored(config: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    config = copy.deepcopy(config)
+    config["monitoring"] = {**ON, **settings}
+    return config
+
+
+def written_files(step: StepSpec) -> dict[str, str]:
+    """What the files step writes: path -> text (from its `printf ... > path.tmp`)."""
+    words = shlex.split(step.create)
+    return {
+        words[i + 4].removesuffix(".tmp"): words[i + 2]
+        for i, word in enumerate(words[:-4])
+        if word == "printf"
+    }
+
+
+def monitoring_entries(graph: g.DeploymentGraph) -> set[str]:
+    return {entry.name for entry in graph.of(g.MONITORING)}
+
+
+def test_off_by_default_nothing_of_it_is_planned(make_config: ConfigFactory) -> None:
+    _, graph = graph_of(make_config(hosts=2))
+    assert monitoring_entries(graph) == set()
+    assert not [e for e in graph if "prometheus" in e.name or "grafana" in e.name]
+
+
+def test_on_it_plans_prometheus_grafana_and_an_exporter_per_node(
+    make_config: ConfigFactory,
+) -> None:
+    _, graph = graph_of(monitored(make_config(hosts=2, executor="mp")))
+    assert monitoring_entries(graph) == {
+        "monitoring-files",
+        "monitoring-data",
+        "monitoring-prometheus-pull",
+        "monitoring-grafana-pull",
+        "monitoring-node-exporter-spark1-pull",
+        "monitoring-node-exporter-spark2-pull",
+        "monitoring-node-exporter-spark1",
+        "monitoring-node-exporter-spark2",
+        "monitoring-prometheus",
+        "monitoring-grafana",
+        "monitoring-ready",
+    }
+    # Each exporter is pulled by its own node's daemon and runs there.
+    for node in ("spark1", "spark2"):
+        assert graph.by_name[f"monitoring-node-exporter-{node}-pull"].node == node
+        assert graph.by_name[f"monitoring-node-exporter-{node}"].node == node
+    # Its port is dropped off the fabric before it listens.
+    assert "firewall-spark2" in graph.by_name["monitoring-node-exporter-spark2"].after
+    ready = graph.by_name["monitoring-ready"]
+    assert "vllm-ready" in ready.after
+    assert set(ready.triggers) == {
+        "monitoring-prometheus",
+        "monitoring-grafana",
+        "monitoring-node-exporter-spark1",
+        "monitoring-node-exporter-spark2",
+    }
+
+
+def test_prometheus_scrapes_every_server_the_front_ray_and_each_node(
+    make_config: ConfigFactory,
+) -> None:
+    config = fleet(make_config, 2)  # qwen, embed, coder: mp on both hosts
+    config["models"][1]["hosts"] = ["spark2"]  # embed's server on the worker's fabric IP
+    config["models"][1]["tensorParallelSize"] = 1
+    config["models"][2]["executor"] = "ray"  # coder: Ray's driver, Ray on both hosts
+    plan, _ = graph_of(monitored(config))
+    by_job: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    for target in monitoring.scrape_targets(plan):
+        by_job.setdefault(target.job, []).append((target.address, dict(target.labels)))
+    assert by_job["vllm"] == [
+        ("127.0.0.1:8001", {"model": "qwen", "node": "spark1", "server": "vllm"}),
+        ("10.241.0.12:8002", {"model": "embed", "node": "spark2", "server": "vllm-s1"}),
+        ("127.0.0.1:8003", {"model": "coder", "node": "spark1", "server": "vllm-s2"}),
+    ]
+    assert by_job["front"] == [("127.0.0.1:8404", {"node": "spark1"})]
+    assert by_job["node"] == [
+        ("10.241.0.11:9100", {"node": "spark1"}),
+        ("10.241.0.12:9100", {"node": "spark2"}),
+    ]
+    assert by_job["ray"] == [
+        ("10.241.0.11:6385", {"node": "spark1"}),
+        ("10.241.0.12:6385", {"node": "spark2"}),
+    ]
+    assert by_job["prometheus"] == [("127.0.0.1:9090", {"node": "spark1"})]
+
+
+def test_without_ray_or_the_exporter_their_jobs_are_gone(make_config: ConfigFactory) -> None:
+    plan, graph = graph_of(
+        monitored(make_config(hosts=2, executor="mp"), nodeExporter={"enabled": False})
+    )
+    jobs = {t.job for t in monitoring.scrape_targets(plan)}
+    assert jobs == {"vllm", "front", "prometheus"}
+    assert not [name for name in monitoring_entries(graph) if "node-exporter" in name]
+    wait = graph.by_name["monitoring-ready"].spec
+    assert isinstance(wait, StepSpec)
+    assert "--jobs vllm,front,prometheus " in wait.create
+
+
+def test_everything_listens_on_loopback_but_the_exporter_on_the_fabric(
+    make_config: ConfigFactory,
+) -> None:
+    plan, graph = graph_of(monitored(make_config(hosts=2, executor="mp")))
+    prometheus = graph.by_name["monitoring-prometheus"].spec
+    grafana = graph.by_name["monitoring-grafana"].spec
+    exporter = graph.by_name["monitoring-node-exporter-spark2"].spec
+    assert isinstance(prometheus, ContainerSpec)
+    assert isinstance(grafana, ContainerSpec)
+    assert isinstance(exporter, ContainerSpec)
+    assert "--web.listen-address=127.0.0.1:9090" in prometheus.command
+    assert "--storage.tsdb.retention.time=15d" in prometheus.command
+    assert "--storage.tsdb.retention.size=10GB" in prometheus.command
+    env = dict(e.split("=", 1) for e in grafana.env)
+    assert (env["GF_SERVER_HTTP_ADDR"], env["GF_SERVER_HTTP_PORT"]) == ("127.0.0.1", "3000")
+    # The key is read from its file: no secret in the container's configuration.
+    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/spark-vllm/api-key"
+    assert SECRETS["apiKey"] not in json.dumps(grafana.env)
+    assert "--web.listen-address=10.241.0.12:9100" in exporter.command
+    # The guard holds the exporter's port on every node, monitoring on or off.
+    for config in (make_config(hosts=2, executor="mp"), monitored(make_config(hosts=2))):
+        off_plan, _ = graph_of(config)
+        for node in off_plan.nodes:
+            args = guard_args(off_plan, node)
+            assert "9100" in args[args.index("--tcp-ports") + 1].split(","), node.name
+    assert plan.config.monitoring.enabled
+
+
+def test_the_files_are_what_prometheus_and_grafana_read(make_config: ConfigFactory) -> None:
+    plan, graph = graph_of(monitored(fleet(make_config, 2, ("qwen", "embed"))))
+    step = graph.by_name["monitoring-files"].spec
+    assert isinstance(step, StepSpec)
+    files = written_files(step)
+    state = plan.head.state_dir
+    config = json.loads(files[f"{state}/monitoring/etc/prometheus.yml"])
+    assert config["global"]["scrape_interval"] == "15s"
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert [s["labels"]["model"] for s in jobs["vllm"]["static_configs"]] == ["qwen", "embed"]
+    datasource = json.loads(
+        files[f"{state}/monitoring/grafana/provisioning/datasources/spark-vllm.json"]
+    )
+    assert datasource["datasources"][0]["url"] == "http://127.0.0.1:9090"
+    provider = json.loads(
+        files[f"{state}/monitoring/grafana/provisioning/dashboards/spark-vllm.json"]
+    )
+    assert provider["providers"][0]["options"]["path"] == monitoring.CONTAINER_DASHBOARDS
+    shipped = monitoring.shipped_dashboards()
+    assert shipped and all(
+        files[f"{state}/monitoring/grafana/dashboards/{name}"] == text
+        for name, text in shipped.items()
+    )
+    # The containers' labels: the digest of what each reads.
+    prometheus = graph.by_name["monitoring-prometheus"].spec
+    assert isinstance(prometheus, ContainerSpec)
+    assert (
+        monitoring.CONFIG_DIGEST_LABEL,
+        monitoring.files_digest(files, f"{state}/monitoring/etc"),
+    ) in prometheus.labels
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's prometheus (promtool)")
+def test_promtool_accepts_the_generated_configuration(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = fleet(make_config, 2)
+    config["models"][2]["executor"] = "ray"
+    plan, _ = graph_of(monitored(config))
+    path = tmp_path / "prometheus.yml"
+    path.write_text(monitoring.prometheus_config(plan))
+    checked = subprocess.run(
+        ["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_turning_it_on_creates_only_its_own_resources(make_config: ConfigFactory) -> None:
+    before = make_config(hosts=2, executor="mp")
+    planned, deleted = up_then_preview(before, monitored(before))
+    assert deleted == []
+    assert {name: step for name, step in planned.items() if step != "create"} == {}
+    _, graph = graph_of(monitored(before))
+    assert set(planned) == monitoring_entries(graph)
+
+
+def test_turning_it_off_deletes_only_its_own_resources(make_config: ConfigFactory) -> None:
+    after = make_config(hosts=2, executor="mp")
+    planned, deleted = up_then_preview(monitored(after), after)
+    assert planned == {}
+    _, graph = graph_of(monitored(after))
+    assert set(deleted) == monitoring_entries(graph)
+
+
+def test_a_model_added_restarts_prometheus_and_nothing_else_of_it(
+    make_config: ConfigFactory,
+) -> None:
+    before = monitored(fleet(make_config, 2, ("qwen", "embed")))
+    after = monitored(fleet(make_config, 2))
+    planned, deleted = up_then_preview(before, after)
+    assert deleted == []
+    mine = {name: step for name, step in planned.items() if name.startswith("monitoring-")}
+    assert mine == {
+        "monitoring-files": "update",  # its targets
+        "monitoring-prometheus": "replace",  # reads them at start
+        "monitoring-ready": "replace",  # waits for the new one's targets
+    }
+
+
+def test_its_output_names_the_tunnels_and_the_targets(make_config: ConfigFactory) -> None:
+    config = monitored(make_config(hosts=2, executor="mp"))
+    up = evaluate(config, SECRETS)
+    output = up.outputs["monitoring"]
+    assert output["prometheus"]["url"] == "http://127.0.0.1:9090"
+    assert output["grafana"]["tunnel"] == ("ssh -p 22 -L 3000:127.0.0.1:3000 aurora@10.240.1.11")
+    assert set(output["imageDigests"]) == {
+        "monitoring-prometheus",
+        "monitoring-grafana",
+        "monitoring-node-exporter-spark1",
+        "monitoring-node-exporter-spark2",
+    }
