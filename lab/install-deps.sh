@@ -21,6 +21,7 @@ packages=(
     iptables         # the firewall guard runs the host's iptables and ip6tables
     docker-registry  # a registry on a host's loopback: repo digests for the pinned-ref tests
     prometheus       # scrapes the vLLM stand-in: the dashboards' queries are checked against it
+    prometheus-node-exporter  # node_exporter, in the lab's monitoring image (the official one: no registry)
     tar gzip findutils coreutils bash dash debianutils grep sed
 )
 

@@ -276,6 +276,8 @@ def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     flags: dict[str, str | float] = {
         "prometheus": prometheus_address(plan),
         "jobs": ",".join(dict.fromkeys(t.job for t in scrape_targets(plan))),
+        # Ray's metrics come from its dashboard agent, absent from a minimal Ray install.
+        "optional_jobs": "ray",
         "timeout_seconds": READY_SECONDS,
     }
     if cfg.grafana.enabled:

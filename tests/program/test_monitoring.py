@@ -123,7 +123,7 @@ def test_without_ray_or_the_exporter_their_jobs_are_gone(make_config: ConfigFact
     assert not [name for name in monitoring_entries(graph) if "node-exporter" in name]
     wait = graph.by_name["monitoring-ready"].spec
     assert isinstance(wait, StepSpec)
-    assert "--jobs vllm,front,prometheus " in wait.create
+    assert "--jobs vllm,front,prometheus --optional-jobs ray " in wait.create
 
 
 def test_everything_listens_on_loopback_but_the_exporter_on_the_fabric(

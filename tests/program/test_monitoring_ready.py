@@ -104,6 +104,19 @@ def test_a_target_that_comes_up_in_time_passes(
     ]
 
 
+def test_an_optional_job_down_is_reported_not_failed(prometheus: tuple[str, int]) -> None:
+    address, _ = prometheus
+    done = ready("--prometheus", address, "--jobs", "self,gone", "--optional-jobs", "gone",
+                 "--timeout-seconds", "15")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [
+        "monitoring: self: 1 of 1 targets up",
+        "monitoring: gone: 0 of 1 targets up",
+    ]
+    assert "is down" in lines[2] and "connection refused" in lines[2] and "not required" in lines[2]
+
+
 def test_a_prometheus_that_never_answers_is_named(tmp_path: Path) -> None:
     done = ready("--prometheus", f"127.0.0.1:{free_port()}", "--jobs", "vllm",
                  "--timeout-seconds", "3")  # fmt: skip

@@ -23,6 +23,7 @@ from .helpers import TINY_MODEL, StandinFactory, free_port, http
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "components" / "dashboards"
 SERVED = "tiny"
+NODE = "standin-node"
 SCRAPE_SECONDS = 1
 RATE_WINDOW = "15s"  # what Grafana's $__rate_interval is at this scrape interval (4 scrapes)
 # A prompt of two full KV blocks (16 words each): the second time, both are prefix-cache hits.
@@ -46,7 +47,7 @@ def as_grafana_runs(expr: str) -> str:
 
 
 class Prometheus:
-    def __init__(self, target: str, workdir: Path) -> None:
+    def __init__(self, target: str, workdir: Path, node_target: str | None = None) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             unavailable("Debian's prometheus package (lab/install-deps.sh) is not installed")
@@ -57,6 +58,12 @@ class Prometheus:
             f"scrape_configs:\n  - job_name: vllm\n    static_configs:\n"
             f"      - targets: ['{target}']\n"
         )
+        if node_target is not None:  # as the stack's scrape config labels each node
+            with config.open("a") as text:
+                text.write(
+                    "  - job_name: node\n    static_configs:\n"
+                    f"      - targets: ['{node_target}']\n        labels: {{node: {NODE}}}\n"
+                )
         self.log = workdir / "prometheus.log"
         argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{self.port}"]  # fmt: skip
@@ -105,7 +112,16 @@ def serving(standin: StandinFactory, tmp_path: Path) -> Iterator[tuple[str, Prom
     a Prometheus scraping it every second."""
     server = standin(TINY_MODEL, "--served-model-name", SERVED, "--max-model-len", "1024")
     server.wait_ready(timeout_s=60)
-    prometheus = Prometheus(f"127.0.0.1:{server.port}", tmp_path)
+    exporter = shutil.which("prometheus-node-exporter")
+    if exporter is None:
+        unavailable("Debian's prometheus-node-exporter (lab/install-deps.sh) is not installed")
+    node_port = free_port()
+    node = subprocess.Popen(
+        [exporter, f"--web.listen-address=127.0.0.1:{node_port}", "--collector.disable-defaults",
+         "--collector.meminfo"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    prometheus = Prometheus(f"127.0.0.1:{server.port}", tmp_path, f"127.0.0.1:{node_port}")
     stop = threading.Event()
 
     def load() -> None:
@@ -126,6 +142,8 @@ def serving(standin: StandinFactory, tmp_path: Path) -> Iterator[tuple[str, Prom
         stop.set()
         loader.join(timeout=10)
         prometheus.stop()
+        node.terminate()
+        node.wait(timeout=10)
 
 
 def wait_for_samples(prometheus: Prometheus, count: int, timeout_s: float = 60) -> None:
@@ -174,10 +192,11 @@ def test_every_dashboard_query_returns_series_for_the_served_model(
 ) -> None:
     _, prometheus = serving
     queries = dashboard_queries()
-    assert len(queries) >= 15, queries  # nine panels, the latencies at three quantiles each
+    # Ten panels: the latencies at three quantiles each, each node's memory in use and available.
+    assert len(queries) >= 17, queries
     wait_for_samples(prometheus, count=6)
     targets = prometheus.api("/api/v1/targets")["data"]["activeTargets"]
-    assert [t["health"] for t in targets] == ["up"], targets
+    assert [t["health"] for t in targets] == ["up", "up"], targets
     empty = []
     for title, expr in queries:
         result = prometheus.query(as_grafana_runs(expr))
@@ -185,6 +204,7 @@ def test_every_dashboard_query_returns_series_for_the_served_model(
             empty.append(title)
             continue
         for series in result:
-            assert series["metric"].get("model_name") == SERVED, (title, series)
+            label, value = ("model_name", SERVED) if "$model_name" in expr else ("node", NODE)
+            assert series["metric"].get(label) == value, (title, series)
             assert not math.isnan(float(series["value"][1])), (title, series)
     assert empty == [], f"queries without series: {empty}"

@@ -1,0 +1,64 @@
+"""The lab's monitoring image `spark-vllm-lab-monitoring:latest`: Debian's Prometheus and
+node_exporter (lab/install-deps.sh), standing in for the official `prom/prometheus` and
+`prom/node-exporter` images users pull (no registry here). Like those, each program is on PATH
+under the name the plan runs (`prometheus`, `node_exporter`), with nothing else but the C
+library they load. Grafana has no Debian package: the lab runs none (its dashboards are checked
+through their queries, tests/lab/test_several_models.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from lab.image import shared_libraries, with_parents
+from lab.proc import LabError
+
+MONITORING_IMAGE = "spark-vllm-lab-monitoring:latest"
+PROGRAMS = {
+    "prometheus": "/usr/bin/prometheus",
+    "node_exporter": "/usr/bin/prometheus-node-exporter",
+}
+IMAGE_FILES = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
+
+
+def monitoring_rootfs(out: Path) -> str:
+    """Write the image's rootfs tarball to `out`; returns its digest (the inputs' hash)."""
+    missing = [path for path in PROGRAMS.values() if not os.path.exists(path)]
+    if missing:
+        raise LabError(f"monitoring image: {missing} missing: run lab/install-deps.sh")
+    files = set(PROGRAMS.values()) | shared_libraries(list(PROGRAMS.values()))
+    files |= {path for path in IMAGE_FILES if os.path.exists(path)}
+    h = hashlib.sha256()
+    for path in sorted(files):
+        h.update(f"{path} {os.path.getsize(path)} {os.path.getmtime(path)}\n".encode())
+    with tempfile.TemporaryDirectory() as tmp:
+        skel = Path(tmp)
+        for name in ("usr/local/bin", "tmp", "prometheus"):
+            (skel / name).mkdir(parents=True)
+        os.chmod(skel / "tmp", 0o1777)
+        for name, path in PROGRAMS.items():
+            os.symlink(path, skel / "usr/local/bin" / name)
+        # The merged-/usr links the loader's path needs (/lib64/ld-linux...).
+        for link, target in {"lib": "usr/lib", "lib64": "usr/lib64", "bin": "usr/bin"}.items():
+            os.symlink(target, skel / link)
+        listing = skel / "files.txt"
+        entries = [p.lstrip("/") for p in with_parents(files)]
+        listing.write_text("".join(f"{e}\n" for e in entries if e not in ("lib", "lib64", "bin")))
+        tar = ["tar", "--numeric-owner", "--no-recursion"]
+        for argv in (
+            [*tar, "-C", "/", "-cf", str(out), "-T", str(listing)],
+            [*tar, "-C", str(skel), "-rf", str(out), "lib", "lib64", "bin", "tmp", "prometheus",
+             "usr/local", "usr/local/bin", *(f"usr/local/bin/{n}" for n in PROGRAMS)],
+        ):  # fmt: skip
+            done = subprocess.run(argv, capture_output=True, timeout=120)
+            if done.returncode != 0:
+                raise LabError(f"monitoring image: {argv[:4]}: {done.stderr.decode()[-1000:]}")
+    return h.hexdigest()[:16]
+
+
+def import_argv() -> list[str]:
+    path = "/usr/local/bin:/usr/bin:/bin"
+    return ["docker", "import", "--change", f"ENV PATH={path}", "-", MONITORING_IMAGE]
