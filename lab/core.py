@@ -309,6 +309,22 @@ class Lab:
             )
         self.timings["image_import"] = time.monotonic() - started
 
+    def import_tarball(self, host: str, tar: Path, argv: list[str], timeout: float = 300) -> None:
+        """`argv` (a `docker import - NAME` command line) on `host`, reading `tar`: an image the
+        lab builds, where users' hosts would pull one."""
+        pid = read_init_pid(self.node(host))
+        if pid is None:
+            raise LabError(f"{host}: not running")
+        with tar.open("rb") as stdin:
+            done = subprocess.run(
+                in_host(pid, argv), stdin=stdin, capture_output=True, timeout=timeout
+            )
+        if done.returncode != 0:
+            raise LabError(
+                f"{host}: {' '.join(argv)} of {tar} failed: "
+                f"{done.stderr.decode(errors='replace')[-2000:]}"
+            )
+
     # -- checks ---------------------------------------------------------------------------------
 
     def problems(self) -> list[str]:

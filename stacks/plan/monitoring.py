@@ -242,9 +242,15 @@ def write_files(plan: DeploymentPlan, name: str) -> StepSpec:
         delete=owned(
             plan,
             head,
-            f"rm -rf {shlex.quote(config_dir(plan))} {shlex.quote(grafana_dir(plan))}",
+            f"rm -rf {shlex.quote(config_dir(plan))} {shlex.quote(grafana_dir(plan))} && "
+            f"{_drop_monitoring_dir(plan)}",
         ),
     )
+
+
+def _drop_monitoring_dir(plan: DeploymentPlan) -> str:
+    """The directory goes with whichever of the files and the data is deleted last."""
+    return f"rmdir --ignore-fail-on-non-empty {shlex.quote(monitoring_dir(plan))}"
 
 
 def _written(path: str, text: str) -> str:
@@ -264,7 +270,7 @@ def prometheus_data(plan: DeploymentPlan, name: str) -> StepSpec:
         name=f"{name}-data",
         node=head,
         create=script_call(head, "monitoring-data.sh", "report", dir=data_dir(plan)),
-        delete=owned(plan, head, remove),
+        delete=owned(plan, head, f"{remove} && {_drop_monitoring_dir(plan)}"),
         timeouts=Timeouts(create=3, update=3, delete=6),
     )
 

@@ -6,13 +6,19 @@ asks the first model for completions through every run and counts the requests t
 
 from __future__ import annotations
 
+import json
+import math
+import shlex
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lab import HF_MODEL, HF_MORE_MODELS, Lab
+from lab.monitoring_image import MONITORING_IMAGE, monitoring_rootfs
+from lab.monitoring_image import import_argv as monitoring_import_argv
 from lab.stack import PROJECT, SERVED_NAME
 from stacks.plan.nodes import image_key
 from tests.lab import attacker
@@ -31,6 +37,7 @@ from tests.lab.deploying import (
 )
 from tests.lab.engine import NextUp
 from tests.lab.timings import record_figure, record_timing
+from tests.standin.test_metrics import dashboard_queries
 
 pytestmark = pytest.mark.lab
 
@@ -277,12 +284,18 @@ def test_a_ray_model_beside_an_mp_model(stack: Stack) -> None:
         assert (f"{PREFIX}-vllm-s1" in names) is driver, names
 
 
+def ray_on_the_head(lab: Lab) -> dict[str, Any]:
+    """The first model (mp, both hosts) and a Ray model on the head alone."""
+    config = fleet(lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[1], THIRD), executor="ray")
+    config[f"{PROJECT}:models"][1].update({"hosts": ["spark1"], "tensorParallelSize": 1})
+    config[f"{PROJECT}:ray"] = {"objectStoreMemoryBytes": 200_000_000}
+    return config
+
+
 def test_the_ray_model_shrinks_to_the_head(stack: Stack) -> None:
     """The Ray model's entry now lists the head alone: its cluster is the head's node (the
     worker's Ray container goes), the mp model across both hosts keeps serving."""
-    config = fleet(stack.lab, (HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[1], THIRD), executor="ray")
-    config[f"{PROJECT}:models"][1].update({"hosts": ["spark1"], "tensorParallelSize": 1})
-    config[f"{PROJECT}:ray"] = {"objectStoreMemoryBytes": 200_000_000}
+    config = ray_on_the_head(stack.lab)
     run = changed_while_serving(stack, "a Ray model shrunk to the head", config)
     assert run.changed().get("ray-spark2") == "delete", run.changed()
     assert not {n for n in run.changed() if n in ("vllm-container", "vllm-spark2", "vllm-ready")}
@@ -292,3 +305,96 @@ def test_the_ray_model_shrinks_to_the_head(stack: Stack) -> None:
     assert f"{PREFIX}-ray-worker" not in worker and f"{PREFIX}-vllm" in worker, worker
     head = host_sh(stack.lab, "spark1", "docker ps --format '{{.Names}}'").split()
     assert {f"{PREFIX}-ray-head", f"{PREFIX}-vllm-s1", f"{PREFIX}-vllm"} <= set(head), head
+
+
+# Monitoring as the lab runs it: Debian's Prometheus and node_exporter (lab/monitoring_image.py)
+# where users pull the official images; no Grafana (no offline package: the dashboards are
+# checked through their queries below). A 2 s scrape interval, so that rates have samples within
+# seconds (the default, 15 s, would make this row wait a minute).
+LAB_MONITORING = {
+    "enabled": True,
+    "prometheus": {"image": {"ref": MONITORING_IMAGE}, "scrapeIntervalSeconds": 2},
+    "grafana": {"enabled": False},
+    "nodeExporter": {"image": {"ref": MONITORING_IMAGE}},
+}
+RATE_WINDOW = "10s"  # Grafana's $__rate_interval at a 2 s scrape interval, and some
+
+
+def prometheus_api(stack: Stack, path: str, **params: str) -> Any:
+    """Prometheus's HTTP API on the head's loopback (where it listens)."""
+    query = " ".join(f"--data-urlencode {shlex.quote(f'{k}={v}')}" for k, v in params.items())
+    answer = host_sh(stack.lab, "spark1", f"curl -sfG {query} http://127.0.0.1:9090{path}")
+    return json.loads(answer)["data"]
+
+
+def test_monitoring_turned_on_scrapes_every_model_and_node(stack: Stack, tmp_path: Path) -> None:
+    """monitoring.enabled on the serving fleet: only its own resources are created (nothing that
+    serves is touched), Prometheus finds every target up, every dashboard query returns series
+    for each deployed model and node, and none of the metrics is reachable from the management
+    network (nor through the front without the key)."""
+    tar = tmp_path / "monitoring.tar"
+    monitoring_rootfs(tar)
+    for host in stack.lab.spec.host_names:
+        stack.lab.import_tarball(host, tar, monitoring_import_argv())
+    config = {**ray_on_the_head(stack.lab), f"{PROJECT}:monitoring": LAB_MONITORING}
+    run = changed_while_serving(stack, "monitoring turned on", config)
+    changed = run.changed()
+    assert set(changed.values()) == {"create"}, changed
+    assert all(name.startswith("monitoring-") for name in changed), changed
+    summary = stack.outputs["monitoring"]
+    assert summary["prometheus"]["url"] == "http://127.0.0.1:9090", summary
+    assert "monitoring: vllm: 2 of 2 targets up" in summary["targets"], summary
+    assert "monitoring: node: 2 of 2 targets up" in summary["targets"], summary
+    targets = prometheus_api(stack, "/api/v1/targets", state="active")["activeTargets"]
+    health = {(t["labels"]["job"], t["labels"].get("node"), t["health"]) for t in targets}
+    record_figure(
+        "several models: monitoring targets",
+        ", ".join(f"{job}@{node} {up}" for job, node, up in sorted(health)),
+    )
+    for job, node in (("vllm", "spark1"), ("front", "spark1"), ("node", "spark1"),
+                      ("node", "spark2"), ("prometheus", "spark1")):  # fmt: skip
+        assert (job, node, "up") in health, health
+    assert {t["labels"]["model"] for t in targets if t["labels"]["job"] == "vllm"} == {
+        SERVED_NAME,
+        THIRD,
+    }
+    # Every dashboard query, as Grafana sends it, returns series for each model and node while
+    # both models serve.
+    with RequestLoop(stack.endpoint, SERVED_NAME), RequestLoop(stack.endpoint, THIRD):
+        time.sleep(12)
+        empty, seen = [], {}
+        for title, expr in dashboard_queries():
+            sent = expr.replace("$model_name", ".+").replace("$__rate_interval", RATE_WINDOW)
+            result = prometheus_api(stack, "/api/v1/query", query=sent)["result"]
+            label = "model_name" if "$model_name" in expr else "node"
+            seen[title] = {series["metric"].get(label) for series in result}
+            if not result or any(math.isnan(float(s["value"][1])) for s in result):
+                empty.append(title)
+    assert empty == [], f"queries without series (or NaN): {empty}"
+    for title, labels in seen.items():
+        expected = {SERVED_NAME, THIRD} if "node" not in title.lower() else {"spark1", "spark2"}
+        assert labels == expected, (title, labels)
+    # Nothing of it from the management network: Prometheus, the front's metrics, the servers'
+    # own ports, the exporters; and the front wants the key for /metrics too.
+    head, worker = (stack.lab.spec.host_mgmt_ip(i) for i in (0, 1))
+    for address, port in ((head, 9090), (head, 8404), (head, 8001), (head, 8002), (head, 9100),
+                          (worker, 9100), (worker, 8001)):  # fmt: skip
+        assert not reachable_from_bastion(stack.lab, address, port), (address, port)
+    status = stack.lab.sh(
+        "bastion", f"curl -s -o /dev/null -w '%{{http_code}}' http://{head}:8000/metrics"
+    ).stdout.strip()
+    assert status == "401", status
+
+
+def test_monitoring_turned_off_deletes_only_its_own(stack: Stack) -> None:
+    run = changed_while_serving(stack, "monitoring turned off", ray_on_the_head(stack.lab))
+    changed = run.changed()
+    assert set(changed.values()) == {"delete"}, changed
+    assert all(name.startswith("monitoring-") for name in changed), changed
+    for host in stack.lab.spec.host_names:
+        names = host_sh(stack.lab, host, "docker ps -a --format '{{.Names}}'").split()
+        assert not [n for n in names if "prometheus" in n or "exporter" in n], names
+    # Its files and Prometheus's data (written as root) are gone from the stack's directory.
+    left = host_sh(stack.lab, "spark1", "ls -A /root/.spark-vllm/monitoring 2>&1; true")
+    assert "No such file" in left, left
+    assert "monitoring" not in stack.outputs
