@@ -1,4 +1,5 @@
-"""python -m lab up|down|status|bench [options]: see lab/README.md (bench: lab/bench.py)."""
+"""python -m lab up|down|status|monitor|bench [options]: see lab/README.md (bench: lab/bench.py;
+monitor: lab/monitor.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from lab.stack import stack_config
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
-    p.add_argument("command", choices=("up", "down", "status", "stack-config"))
+    p.add_argument("command", choices=("up", "down", "status", "stack-config", "monitor"))
+    p.add_argument("--port", type=int, default=9090, help="monitor: the local port of the tunnel")
+    p.add_argument("--screenshot", type=Path, default=None, help="monitor: save a PNG and exit")
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--topology", choices=("bastion", "jump"), default="bastion")
     p.add_argument("--prefix", default="svl", help="short run prefix for netns/ifnames/cgroups")
@@ -75,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "stack-config":
             # For other lab shapes: python -m lab stack-config --hosts 3 > Pulumi.lab3.yaml
             print(yaml.safe_dump({"config": stack_config(lab.spec)}, sort_keys=False), end="")
+        elif args.command == "monitor":
+            from lab.monitor import monitor
+
+            monitor(lab, args.port, args.screenshot)
         elif args.command == "down":
             lab.down()
             print(f"lab down: {args.state_dir}", file=sys.stderr)

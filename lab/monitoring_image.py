@@ -22,6 +22,21 @@ PROGRAMS = {
     "node_exporter": "/usr/bin/prometheus-node-exporter",
 }
 IMAGE_FILES = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
+# Prometheus's web UI as Debian serves it (the classic one, from files, its scripts links into
+# /usr/share/javascript): copied as files, and of moment-timezone's 200 MB only what it loads.
+WEB_DIR = "/usr/share/prometheus"
+TIMEZONE_DATA = "moment-timezone-with-data.min.js"
+
+
+def web_files() -> list[str]:
+    """Every file of WEB_DIR, links followed (tar --dereference stores them as files)."""
+    found = []
+    for root, dirs, names in os.walk(WEB_DIR, followlinks=True):
+        if root.endswith("/moment-timezone"):
+            dirs.clear()
+            names = [TIMEZONE_DATA]
+        found += [os.path.join(root, name) for name in names]
+    return sorted(found)
 
 
 def monitoring_rootfs(out: Path) -> str:
@@ -52,6 +67,8 @@ def monitoring_rootfs(out: Path) -> str:
             [*tar, "-C", "/", "-cf", str(out), "-T", str(listing)],
             [*tar, "-C", str(skel), "-rf", str(out), "lib", "lib64", "bin", "tmp", "prometheus",
              "usr/local", "usr/local/bin", *(f"usr/local/bin/{n}" for n in PROGRAMS)],
+            ["tar", "--numeric-owner", "--dereference", "-C", "/", "-rf", str(out),
+             *(path.lstrip("/") for path in web_files())],
         ):  # fmt: skip
             done = subprocess.run(argv, capture_output=True, timeout=120)
             if done.returncode != 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from lab import HF_MODEL, HF_MORE_MODELS, Lab
+from lab.monitor import free_port, graph_url, screenshot, tunnel
 from lab.monitoring_image import MONITORING_IMAGE, monitoring_rootfs
 from lab.monitoring_image import import_argv as monitoring_import_argv
 from lab.stack import PROJECT, SERVED_NAME
@@ -370,6 +372,11 @@ def test_monitoring_turned_on_scrapes_every_model_and_node(stack: Stack, tmp_pat
             seen[title] = {series["metric"].get(label) for series in result}
             if not result or any(math.isnan(float(s["value"][1])) for s in result):
                 empty.append(title)
+        shot = os.environ.get("SPARK_VLLM_SCREENSHOT")
+        if shot:  # README's picture: a minute more of load, then Prometheus's graph of it
+            time.sleep(60)
+            with tunnel(stack.lab, free_port()) as base:
+                screenshot(graph_url(base, minutes=2), Path(shot))
     assert empty == [], f"queries without series (or NaN): {empty}"
     for title, labels in seen.items():
         expected = {SERVED_NAME, THIRD} if "node" not in title.lower() else {"spark1", "spark2"}
