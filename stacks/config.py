@@ -392,7 +392,9 @@ class NodeExporterConfig(ConfigModel):
     image: MonitoringImageConfig = Field(
         default_factory=lambda: MonitoringImageConfig(ref="prom/node-exporter:v1.9.1")
     )
-    port: Port = 9100
+    # Not node_exporter's usual 9100: a host's own exporter often holds that, and the firewall
+    # keeps this port off every interface but loopback and the fabric.
+    port: Port = 19100
 
 
 class MonitoringConfig(ConfigModel):
@@ -962,7 +964,11 @@ def check_ports(cfg: StackConfig, slots: int) -> None:
         **(
             {
                 "monitoring.prometheus.port": cfg.monitoring.prometheus.port,
-                "monitoring.grafana.port": cfg.monitoring.grafana.port,
+                **(
+                    {"monitoring.grafana.port": cfg.monitoring.grafana.port}
+                    if cfg.monitoring.grafana.enabled
+                    else {}
+                ),
             }
             if cfg.monitoring.enabled
             else {}

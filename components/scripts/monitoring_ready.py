@@ -114,6 +114,8 @@ def main() -> None:
                 "metrics only with its dashboard agent (ray[default] in the image)"
             )
     if args.grafana:
+        # Its own few seconds at least: Prometheus may have taken the whole bound.
+        deadline = max(deadline, time.monotonic() + 30)
         while time.monotonic() < deadline:
             status, _ = get(f"http://{args.grafana}/api/health")
             if status == 200:

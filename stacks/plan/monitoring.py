@@ -46,7 +46,7 @@ HOME_DASHBOARD = "spark-vllm-serving.json"
 # What the container read, as a digest: new files replace it.
 CONFIG_DIGEST_LABEL = "spark-vllm.monitoring-config"
 MONITORING_IMAGE_PULL_MINUTES = 15
-READY_SECONDS = 180  # the readiness step's bound: every target scraped once, both UIs answering
+READY_SECONDS = 180  # the readiness step's bound at least: every target scraped once, UIs answering
 
 
 @dataclass(frozen=True)
@@ -207,8 +207,10 @@ def monitoring_files(plan: DeploymentPlan) -> dict[str, str]:
     files = {f"{config_dir(plan)}/prometheus.yml": prometheus_config(plan)}
     if plan.config.monitoring.grafana.enabled:
         base = grafana_dir(plan)
-        files[f"{base}/provisioning/datasources/spark-vllm.json"] = grafana_datasource(plan)
-        files[f"{base}/provisioning/dashboards/spark-vllm.json"] = grafana_dashboards_provider()
+        # Grafana's provisioning reads `.yaml`/`.yml` files only (pkg/services/provisioning/
+        # {datasources,dashboards}/config_reader.go); JSON is YAML.
+        files[f"{base}/provisioning/datasources/spark-vllm.yaml"] = grafana_datasource(plan)
+        files[f"{base}/provisioning/dashboards/spark-vllm.yaml"] = grafana_dashboards_provider()
         for name, text in shipped_dashboards().items():
             files[f"{base}/dashboards/{name}"] = text
     return files
@@ -230,6 +232,8 @@ def write_files(plan: DeploymentPlan, name: str) -> StepSpec:
     dirs = sorted({path.rsplit("/", 1)[0] for path in files})
     create = " && ".join(
         [
+            # Written afresh: a dashboard no longer shipped, or Grafana off, leaves no file.
+            f"rm -rf {shlex.quote(grafana_dir(plan))}",
             f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}",
             *(_written(p, t) for p, t in files.items()),
         ]
@@ -249,8 +253,10 @@ def write_files(plan: DeploymentPlan, name: str) -> StepSpec:
 
 
 def _drop_monitoring_dir(plan: DeploymentPlan) -> str:
-    """The directory goes with whichever of the files and the data is deleted last."""
-    return f"rmdir --ignore-fail-on-non-empty {shlex.quote(monitoring_dir(plan))}"
+    """The directory goes with whichever of the files and the data is deleted last (the two
+    deletes may run at once; one already gone, or removed by hand, is no failure)."""
+    path = shlex.quote(monitoring_dir(plan))
+    return f"{{ rmdir --ignore-fail-on-non-empty {path} 2>/dev/null || [ ! -e {path} ]; }}"
 
 
 def _written(path: str, text: str) -> str:
@@ -279,12 +285,14 @@ def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     """Waits (bounded) until Prometheus answers, has scraped every target once and finds each up,
     and Grafana answers; prints a line per job (monitoring_ready.py)."""
     head, cfg = plan.head, plan.config.monitoring
+    # Prometheus spreads its first scrapes over one interval: two, and some, at the least.
+    bound = max(READY_SECONDS, 2 * cfg.prometheus.scrape_interval_seconds + 60)
     flags: dict[str, str | float] = {
         "prometheus": prometheus_address(plan),
         "jobs": ",".join(dict.fromkeys(t.job for t in scrape_targets(plan))),
         # Ray's metrics come from its dashboard agent, absent from a minimal Ray install.
         "optional_jobs": "ray",
-        "timeout_seconds": READY_SECONDS,
+        "timeout_seconds": bound,
     }
     if cfg.grafana.enabled:
         flags["grafana"] = grafana_address(plan)
@@ -295,7 +303,7 @@ def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
         name=f"{name}-ready",
         node=head,
         create=words(argv),
-        timeouts=Timeouts(create=READY_SECONDS // 60 + 2),
+        timeouts=Timeouts(create=bound // 60 + 2),
     )
 
 
@@ -328,9 +336,11 @@ def _container(
     mounts: tuple[Mount, ...],
     labels: dict[str, str],
     env: tuple[str, ...] = (),
+    user: str = "0:0",
 ) -> ContainerSpec:
-    """Host network like every container here (so loopback is the head's); root, because what
-    it reads is the deploying user's (the state directory is mode 700); no GPU."""
+    """Host network like every container here (so loopback is the head's); root unless `user`
+    says otherwise, because what Prometheus and Grafana read is the deploying user's (the state
+    directory is mode 700); no GPU."""
     every = {**plan.labels, "spark-vllm.role": role, "spark-vllm.node": node.name, **labels}
     return ContainerSpec(
         name=f"{plan.config.docker.container_prefix}-{role}",
@@ -348,7 +358,7 @@ def _container(
         ulimits=(),
         devices=(),
         stop_seconds=10,
-        user="0:0",
+        user=user,
     )
 
 
@@ -389,6 +399,8 @@ def grafana_container(plan: DeploymentPlan) -> ContainerSpec:
         "GF_SECURITY_ADMIN_PASSWORD__FILE": f"{CONTAINER_API_KEY_DIR}/api-key",
         "GF_ANALYTICS_REPORTING_ENABLED": "false",
         "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
+        "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",
+        "GF_NEWS_NEWS_FEED_ENABLED": "false",
         "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": f"{CONTAINER_DASHBOARDS}/{HOME_DASHBOARD}",
     }
     return _container(
@@ -424,4 +436,7 @@ def node_exporter_container(plan: DeploymentPlan, node: NodePlan) -> ContainerSp
         ),
         (Mount("/", HOST_ROOT, read_only=True),),
         {},
+        # The one of them on a network: `nobody`, as the official image runs it (what it reads
+        # of /proc and /sys is world-readable; the host's secrets under /host are not).
+        user="65534:65534",
     )

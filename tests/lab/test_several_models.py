@@ -384,8 +384,8 @@ def test_monitoring_turned_on_scrapes_every_model_and_node(stack: Stack, tmp_pat
     # Nothing of it from the management network: Prometheus, the front's metrics, the servers'
     # own ports, the exporters; and the front wants the key for /metrics too.
     head, worker = (stack.lab.spec.host_mgmt_ip(i) for i in (0, 1))
-    for address, port in ((head, 9090), (head, 8404), (head, 8001), (head, 8002), (head, 9100),
-                          (worker, 9100), (worker, 8001)):  # fmt: skip
+    for address, port in ((head, 9090), (head, 8404), (head, 8001), (head, 8002), (head, 19100),
+                          (worker, 19100), (worker, 8001)):  # fmt: skip
         assert not reachable_from_bastion(stack.lab, address, port), (address, port)
     status = stack.lab.sh(
         "bastion", f"curl -s -o /dev/null -w '%{{http_code}}' http://{head}:8000/metrics"

@@ -115,8 +115,8 @@ def test_preflight_and_firewall_cover_the_rendezvous_not_rays_ports(mp: Evaluati
 
     # Ray's too: a switch of executors leaves the rules as they are.
     # Then node_exporter's, held whether or not monitoring is on (stacks/plan/firewall.py).
-    assert guarded("spark1").endswith(",10002:10999,29502:29533,29501,8001,9100")
-    assert guarded("spark2").endswith(",10002:10999,29502:29533,9100")
+    assert guarded("spark1").endswith(",10002:10999,29502:29533,29501,8001,19100")
+    assert guarded("spark2").endswith(",10002:10999,29502:29533,19100")
 
 
 def test_the_image_need_not_carry_ray(mp: Evaluation) -> None:

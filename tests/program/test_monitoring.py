@@ -104,8 +104,8 @@ def test_prometheus_scrapes_every_server_the_front_ray_and_each_node(
     ]
     assert by_job["front"] == [("127.0.0.1:8404", {"node": "spark1"})]
     assert by_job["node"] == [
-        ("10.241.0.11:9100", {"node": "spark1"}),
-        ("10.241.0.12:9100", {"node": "spark2"}),
+        ("10.241.0.11:19100", {"node": "spark1"}),
+        ("10.241.0.12:19100", {"node": "spark2"}),
     ]
     assert by_job["ray"] == [
         ("10.241.0.11:6385", {"node": "spark1"}),
@@ -144,13 +144,13 @@ def test_everything_listens_on_loopback_but_the_exporter_on_the_fabric(
     # The key is read from its file: no secret in the container's configuration.
     assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/spark-vllm/api-key"
     assert SECRETS["apiKey"] not in json.dumps(grafana.env)
-    assert "--web.listen-address=10.241.0.12:9100" in exporter.command
+    assert "--web.listen-address=10.241.0.12:19100" in exporter.command
     # The guard holds the exporter's port on every node, monitoring on or off.
     for config in (make_config(hosts=2, executor="mp"), monitored(make_config(hosts=2))):
         off_plan, _ = graph_of(config)
         for node in off_plan.nodes:
             args = guard_args(off_plan, node)
-            assert "9100" in args[args.index("--tcp-ports") + 1].split(","), node.name
+            assert "19100" in args[args.index("--tcp-ports") + 1].split(","), node.name
     assert plan.config.monitoring.enabled
 
 
@@ -165,11 +165,11 @@ def test_the_files_are_what_prometheus_and_grafana_read(make_config: ConfigFacto
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert [s["labels"]["model"] for s in jobs["vllm"]["static_configs"]] == ["qwen", "embed"]
     datasource = json.loads(
-        files[f"{state}/monitoring/grafana/provisioning/datasources/spark-vllm.json"]
+        files[f"{state}/monitoring/grafana/provisioning/datasources/spark-vllm.yaml"]
     )
     assert datasource["datasources"][0]["url"] == "http://127.0.0.1:9090"
     provider = json.loads(
-        files[f"{state}/monitoring/grafana/provisioning/dashboards/spark-vllm.json"]
+        files[f"{state}/monitoring/grafana/provisioning/dashboards/spark-vllm.yaml"]
     )
     assert provider["providers"][0]["options"]["path"] == monitoring.CONTAINER_DASHBOARDS
     shipped = monitoring.shipped_dashboards()
@@ -245,3 +245,68 @@ def test_its_output_names_the_tunnels_and_the_targets(make_config: ConfigFactory
         "monitoring-node-exporter-spark1",
         "monitoring-node-exporter-spark2",
     }
+
+
+def test_grafana_is_given_files_it_reads(make_config: ConfigFactory) -> None:
+    """Grafana's provisioning reads `.yaml`/`.yml` files only (pkg/services/provisioning/
+    {datasources,dashboards}/config_reader.go): a `.json` there is skipped without a word."""
+    plan, graph = graph_of(monitored(make_config(hosts=2, executor="mp")))
+    step = graph.by_name["monitoring-files"].spec
+    assert isinstance(step, StepSpec)
+    provisioning = [p for p in written_files(step) if "/provisioning/" in p]
+    assert len(provisioning) == 2 and all(p.endswith(".yaml") for p in provisioning)
+    # Written afresh each time: a file of an earlier release is not left to be provisioned.
+    assert step.create.startswith(f"rm -rf {plan.head.state_dir}/monitoring/grafana && ")
+
+
+def test_the_exporter_runs_as_nobody_prometheus_and_grafana_as_root(
+    make_config: ConfigFactory,
+) -> None:
+    _, graph = graph_of(monitored(make_config(hosts=2, executor="mp")))
+    users = {
+        name: spec.user
+        for name in (
+            "monitoring-prometheus",
+            "monitoring-grafana",
+            "monitoring-node-exporter-spark2",
+        )
+        if isinstance(spec := graph.by_name[name].spec, ContainerSpec)
+    }
+    assert users == {
+        "monitoring-prometheus": "0:0",
+        "monitoring-grafana": "0:0",
+        "monitoring-node-exporter-spark2": "65534:65534",
+    }
+
+
+@pytest.mark.parametrize(("interval", "bound"), [(15, 180), (120, 300)])
+def test_the_wait_outlasts_two_scrape_intervals(
+    make_config: ConfigFactory, interval: int, bound: int
+) -> None:
+    config = monitored(make_config(hosts=2, executor="mp"))
+    config["monitoring"]["prometheus"] = {"scrapeIntervalSeconds": interval}
+    _, graph = graph_of(config)
+    wait = graph.by_name["monitoring-ready"].spec
+    assert isinstance(wait, StepSpec)
+    assert f"--timeout-seconds {bound} " in wait.create
+    assert wait.timeouts.create == bound // 60 + 2
+
+
+def test_removing_the_directory_twice_or_after_a_hand_is_no_failure(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """The files' and the data's deletes may run at once, each ending with the directory."""
+    config = monitored(make_config(hosts=2, executor="mp"))
+    config["hosts"][0]["stateDir"] = str(tmp_path / "state")
+    plan, _ = graph_of(config)
+    drop = monitoring._drop_monitoring_dir(plan)
+    target = Path(monitoring.monitoring_dir(plan))
+    assert target.is_relative_to(tmp_path), target
+    target.mkdir(parents=True)
+    (target / "prometheus").mkdir()
+    assert subprocess.run(["bash", "-c", drop]).returncode == 0  # not empty: kept
+    assert target.exists()
+    (target / "prometheus").rmdir()
+    assert subprocess.run(["bash", "-c", drop]).returncode == 0
+    assert not target.exists(), drop
+    assert subprocess.run(["bash", "-c", drop]).returncode == 0  # gone already
