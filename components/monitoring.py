@@ -19,6 +19,9 @@ class Monitoring(pulumi.ComponentResource):
         plan = walk.plan
         walk.build(MONITORING, parent=self)
         ready = walk.step(f"{MONITORING}-ready").stdout
+        probe = f"{MONITORING}-ray-targets"
+        if probe in walk.built:  # which of Ray's nodes export metrics, first
+            ready = pulumi.Output.concat(walk.step(probe).stdout, "\n", ready)
         digests = {
             name.removesuffix("-pull"): walk.pulled(name).repo_digest
             for name, _, _, _ in monitoring_pulls(plan)

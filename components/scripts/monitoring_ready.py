@@ -46,10 +46,14 @@ def targets(prometheus: str) -> list[dict[str, Any]] | None:
     return active
 
 
-def summary(active: list[dict[str, Any]], jobs: list[str]) -> list[str]:
+def summary(active: list[dict[str, Any]], jobs: list[str], optional: set[str]) -> list[str]:
+    """A line per job; an optional job with no target (Ray's nodes exporting none) says
+    nothing here (its own step said why)."""
     lines = []
     for job in jobs:
         mine = [t for t in active if t["labels"].get("job") == job]
+        if job in optional and not mine:
+            continue
         up = sum(1 for t in mine if t["health"] == "up")
         lines.append(f"monitoring: {job}: {up} of {len(mine)} targets up")
     return lines
@@ -102,7 +106,7 @@ def main() -> None:
             "the exporter is not running on that node, or a firewall outside spark-vllm drops "
             "its port on the fabric",
         )
-    for line in summary(active, jobs):
+    for line in summary(active, jobs, optional):
         print(line)
     for target in active:
         if target["labels"].get("job") in optional and target["health"] != "up":

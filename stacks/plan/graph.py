@@ -635,6 +635,21 @@ def _monitoring(
             )
         )
         containers.append(GRAFANA)
+    found: tuple[str, ...] = ()
+    probe = monitoring.ray_targets(plan, MONITORING)
+    if probe is not None:
+        # Once Ray's nodes joined; again for a new cluster (its nodes may export otherwise).
+        entries.append(
+            Planned(
+                probe.name,
+                MONITORING,
+                probe,
+                head,
+                after=(files.name, RAY_JOINED),
+                triggers=(RAY_JOINED,),
+            )
+        )
+        found = (probe.name,)
     wait = monitoring.monitoring_ready(plan, MONITORING)
     # After the last server is ready (its /metrics answers); again whenever a container is new.
     entries.append(
@@ -643,7 +658,7 @@ def _monitoring(
             MONITORING,
             wait,
             head,
-            after=(*containers, ready),
+            after=(*containers, *found, ready),
             triggers=tuple(containers),
         )
     )

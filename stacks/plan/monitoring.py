@@ -46,6 +46,7 @@ HOME_DASHBOARD = "spark-vllm-serving.json"
 # What the container read, as a digest: new files replace it.
 CONFIG_DIGEST_LABEL = "spark-vllm.monitoring-config"
 MONITORING_IMAGE_PULL_MINUTES = 15
+RAY_PROBE_SECONDS = 30  # how long a Ray node's metrics agent is given to answer
 READY_SECONDS = 180  # the readiness step's bound at least: every target scraped once, UIs answering
 
 
@@ -141,19 +142,27 @@ def scrape_targets(plan: DeploymentPlan) -> tuple[ScrapeTarget, ...]:
     return tuple(targets)
 
 
+RAY_TARGETS_FILE = "ray-targets.json"  # beside prometheus.yml: the Ray nodes that export
+
+
 def prometheus_config(plan: DeploymentPlan) -> str:
     """prometheus.yml (as JSON, which YAML reads): one job per kind of target, each target with
-    its own labels (a static config per target)."""
+    its own labels (a static config per target). Ray's job reads its targets from a file the
+    `-ray-targets` step writes: only the nodes whose Ray exports metrics."""
     interval = f"{plan.config.monitoring.prometheus.scrape_interval_seconds}s"
     jobs: dict[str, list[dict[str, object]]] = {}
     for target in scrape_targets(plan):
         jobs.setdefault(target.job, []).append(
             {"targets": [target.address], "labels": dict(target.labels)}
         )
+    # Read again when the file changes (Prometheus watches it), and every 30 s besides.
+    ray_file = f"{CONTAINER_CONFIG_DIR}/{RAY_TARGETS_FILE}"
+    discovered = {"file_sd_configs": [{"files": [ray_file], "refresh_interval": "30s"}]}
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "scrape_configs": [
-            {"job_name": job, "static_configs": statics} for job, statics in jobs.items()
+            {"job_name": job, **(discovered if job == "ray" else {"static_configs": statics})}
+            for job, statics in jobs.items()
         ],
     }
     return json.dumps(config, indent=1, sort_keys=True) + "\n"
@@ -304,6 +313,27 @@ def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
         node=head,
         create=words(argv),
         timeouts=Timeouts(create=bound // 60 + 2),
+    )
+
+
+def ray_targets(plan: DeploymentPlan, name: str) -> StepSpec | None:
+    """With a Ray model: the Ray nodes whose metrics port answers, written for Prometheus's
+    `ray` job (monitoring_ray_targets.py); a node whose Ray exports none is said and left out.
+    None without Ray."""
+    ray = [t for t in scrape_targets(plan) if t.job == "ray"]
+    if not ray:
+        return None
+    head = plan.head
+    path = f"{config_dir(plan)}/{RAY_TARGETS_FILE}"
+    argv = ["python3", f"{head.bin_dir}/monitoring_ray_targets.py", "--host", head.name]
+    argv += ["--file", path, "--timeout-seconds", str(RAY_PROBE_SECONDS)]
+    argv += ["--targets", ",".join(f"{t.address}={dict(t.labels)['node']}" for t in ray)]
+    return StepSpec(
+        name=f"{name}-ray-targets",
+        node=head,
+        create=words(argv),
+        delete=owned(plan, head, f"rm -f {shlex.quote(path)}"),
+        timeouts=Timeouts(create=RAY_PROBE_SECONDS // 60 + 2),
     )
 
 

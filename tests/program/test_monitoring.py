@@ -310,3 +310,25 @@ def test_removing_the_directory_twice_or_after_a_hand_is_no_failure(
     assert subprocess.run(["bash", "-c", drop]).returncode == 0
     assert not target.exists(), drop
     assert subprocess.run(["bash", "-c", drop]).returncode == 0  # gone already
+
+
+def test_rays_targets_are_the_nodes_whose_ray_exports_metrics(make_config: ConfigFactory) -> None:
+    """Ray's job reads its targets from a file a step writes once Ray's nodes joined: only those
+    that answer on ray.metricsExportPort (a minimal Ray exports nothing)."""
+    config = fleet(make_config, 2, ("qwen", "coder"))
+    config["models"][1]["executor"] = "ray"
+    plan, graph = graph_of(monitored(config))
+    scrape = json.loads(monitoring.prometheus_config(plan))["scrape_configs"]
+    ray = next(job for job in scrape if job["job_name"] == "ray")
+    assert ray["file_sd_configs"] == [
+        {"files": ["/etc/spark-vllm/ray-targets.json"], "refresh_interval": "30s"}
+    ]
+    assert "static_configs" not in ray
+    probe = graph.by_name["monitoring-ray-targets"]
+    assert probe.after == ("monitoring-files", g.RAY_JOINED)
+    assert probe.triggers == (g.RAY_JOINED,)  # a new cluster is probed again
+    assert isinstance(probe.spec, StepSpec)
+    assert "--targets 10.241.0.11:6385=spark1,10.241.0.12:6385=spark2" in probe.spec.create
+    assert "monitoring-ray-targets" in graph.by_name["monitoring-ready"].after
+    _, without = graph_of(monitored(fleet(make_config, 2, ("qwen", "coder"))))
+    assert "monitoring-ray-targets" not in without.by_name
