@@ -46,7 +46,7 @@ HOME_DASHBOARD = "spark-vllm-serving.json"
 # What the container read, as a digest: new files replace it.
 CONFIG_DIGEST_LABEL = "spark-vllm.monitoring-config"
 MONITORING_IMAGE_PULL_MINUTES = 15
-RAY_PROBE_SECONDS = 30  # how long a Ray node's metrics agent is given to answer
+RAY_PROBE_SECONDS = 15  # how long a Ray node's metrics agent is given to answer (after the join)
 READY_SECONDS = 180  # the readiness step's bound at least: every target scraped once, UIs answering
 
 
