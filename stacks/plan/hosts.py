@@ -213,7 +213,10 @@ def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
         name=step,
         node=head,
         create=" && ".join(
-            [f"mkdir -p {shlex.quote(front_dir(plan))}", *(_written(f, text) for f, text in files)]
+            [
+                f"mkdir -p {shlex.quote(front_dir(plan))}",
+                *(written(f, text) for f, text in files),
+            ]
         ),
         receipts=(Receipt(step, head, tuple(check("files", f) for f, _ in files)),),
         delete=owned(plan, head, "rm -f " + " ".join(shlex.quote(f) for f, _ in files)),
@@ -231,14 +234,15 @@ def write_memory_shares(plan: DeploymentPlan, name: str) -> StepSpec | None:
     return StepSpec(
         name=step,
         node=head,
-        create=f"mkdir -p {shlex.quote(front_dir(plan))} && {_written(path, memory_shares(plan))}",
+        create=f"mkdir -p {shlex.quote(front_dir(plan))} && {written(path, memory_shares(plan))}",
         receipts=(Receipt(step, head, (check("files", path),)),),
         delete=owned(plan, head, f"rm -f {shlex.quote(path)}"),
     )
 
 
-def _written(path: str, text: str) -> str:
-    """`text` into `path` whole (a reader never sees half of it), readable by the front."""
+def written(path: str, text: str) -> str:
+    """`text` into `path` whole (a reader never sees half of it), readable by the containers
+    that read it (the front, Prometheus, Grafana)."""
     target, partial = shlex.quote(path), shlex.quote(f"{path}.tmp")
     return (
         f"printf '%s' {shlex.quote(text)} > {partial} && chmod 644 {partial} && "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
 from stacks.plan.nodes import DeploymentPlan, ImageStream, NodePlan
-from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call, words
+from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
 
 # Running the image once to list `vllm serve`'s flags imports vLLM (and torch): tens of seconds
 # on a real image; bounded so a wedged run cannot hold the deployment.
@@ -254,19 +254,12 @@ def retain_images(plan: DeploymentPlan, name: str, node: NodePlan, stream: Image
     return StepSpec(
         name=f"{name}-{node.name}-retain",
         node=node,
-        create=words(
-            [
-                "python3",
-                f"{node.bin_dir}/image_retain.py",
-                "--host",
-                node.name,
-                "--history",
-                history,
-                "--pinned",
-                stream.later(PINNED_IMAGE).text,
-                "--keep-previous",
-                str(stream.image.keep_previous),
-            ]
+        create=script_call(
+            node,
+            "image_retain.py",
+            history=history,
+            pinned=stream.later(PINNED_IMAGE).text,
+            keep_previous=stream.image.keep_previous,
         ),
         delete=forget,
         # Each removal is bounded (4 min): an image in use is refused at once.

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stacks.plan.containers import RESTART_POLICY, ContainerSpec, Mount, Role
+from stacks.plan.hosts import written
 from stacks.plan.image import ImagePull
 from stacks.plan.later import PINNED_IMAGE, Later
 from stacks.plan.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan, NodePlan
-from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call, words
+from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "components" / "dashboards"
 
@@ -244,7 +245,7 @@ def write_files(plan: DeploymentPlan, name: str) -> StepSpec:
             # Written afresh: a dashboard no longer shipped, or Grafana off, leaves no file.
             f"rm -rf {shlex.quote(grafana_dir(plan))}",
             f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}",
-            *(_written(p, t) for p, t in files.items()),
+            *(written(p, t) for p, t in files.items()),
         ]
     )
     return StepSpec(
@@ -266,11 +267,6 @@ def _drop_monitoring_dir(plan: DeploymentPlan) -> str:
     deletes may run at once; one already gone, or removed by hand, is no failure)."""
     path = shlex.quote(monitoring_dir(plan))
     return f"{{ rmdir --ignore-fail-on-non-empty {path} 2>/dev/null || [ ! -e {path} ]; }}"
-
-
-def _written(path: str, text: str) -> str:
-    target, partial = shlex.quote(path), shlex.quote(f"{path}.tmp")
-    return f"printf '%s' {shlex.quote(text)} > {partial} && mv {partial} {target}"
 
 
 def prometheus_data(plan: DeploymentPlan, name: str) -> StepSpec:
@@ -305,13 +301,10 @@ def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     }
     if cfg.grafana.enabled:
         flags["grafana"] = grafana_address(plan)
-    argv = ["python3", f"{head.bin_dir}/monitoring_ready.py", "--host", head.name]
-    for key, value in flags.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
     return StepSpec(
         name=f"{name}-ready",
         node=head,
-        create=words(argv),
+        create=script_call(head, "monitoring_ready.py", **flags),
         timeouts=Timeouts(create=bound // 60 + 2),
     )
 
@@ -325,13 +318,17 @@ def ray_targets(plan: DeploymentPlan, name: str) -> StepSpec | None:
         return None
     head = plan.head
     path = f"{config_dir(plan)}/{RAY_TARGETS_FILE}"
-    argv = ["python3", f"{head.bin_dir}/monitoring_ray_targets.py", "--host", head.name]
-    argv += ["--file", path, "--timeout-seconds", str(RAY_PROBE_SECONDS)]
-    argv += ["--targets", ",".join(f"{t.address}={dict(t.labels)['node']}" for t in ray)]
+    create = script_call(
+        head,
+        "monitoring_ray_targets.py",
+        file=path,
+        timeout_seconds=RAY_PROBE_SECONDS,
+        targets=",".join(f"{t.address}={dict(t.labels)['node']}" for t in ray),
+    )
     return StepSpec(
         name=f"{name}-ray-targets",
         node=head,
-        create=words(argv),
+        create=create,
         delete=owned(plan, head, f"rm -f {shlex.quote(path)}"),
         timeouts=Timeouts(create=RAY_PROBE_SECONDS // 60 + 2),
     )

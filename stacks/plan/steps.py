@@ -48,12 +48,14 @@ def words(command: Iterable[str]) -> str:
 
 
 def script_call(node: NodePlan, script: str, *positional: str, **flags: str | float) -> str:
-    """`bash <bin>/<script> [positional] --host <node> --flag value ...`.
+    """`bash <bin>/<script> [positional] --host <node> --flag value ...` (`python3` for a
+    `.py` script).
 
     Command lines stay short (the script lives on the host), so a failure shows a readable one,
     and no secret is ever among the words: secrets travel on stdin.
     """
-    command = ["bash", f"{node.bin_dir}/{script}", *positional, "--host", node.name]
+    interpreter = "python3" if script.endswith(".py") else "bash"
+    command = [interpreter, f"{node.bin_dir}/{script}", *positional, "--host", node.name]
     for key, value in flags.items():
         command += [f"--{key.replace('_', '-')}", str(value)]
     return words(command)
