@@ -1,5 +1,8 @@
-"""The firewall: every port the cluster listens on (Ray's, vLLM's, torch's rendezvous) accepted
-on loopback and the fabric only, IPv4 and IPv6, kept in place by a guard container on each host.
+"""The firewall: every port the cluster listens on (Ray's, vLLM's, torch's rendezvous), and every
+port of the fabric's addresses and loopback's, accepted on loopback and the fabric only, IPv4 and
+IPv6, kept in place by a guard container on each host. Connections already established pass (a
+mistake never cuts the SSH session that could mend it); each deployment keeps a chain of its own
+under one parent chain that every deployment on the host shares (components/scripts/firewall.sh).
 
 Why a container (components/scripts/firewall.sh): it needs no root and no sudo, only the Docker
 access the deployment needs anyway (CAP_NET_ADMIN in the host's network namespace, the host's
@@ -95,6 +98,8 @@ def guard_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
         chain_name(plan),
         "--fabric-interface",
         node.fabric_interface,
+        "--fabric-ip",
+        node.fabric_ip,
         "--tcp-ports",
         ",".join(guarded_ports(plan, node)),
         "--digest",

@@ -91,8 +91,8 @@ def test_the_step_names_the_host_the_step_and_the_guards_reason(tmp_path: Path) 
 
 
 # A stand-in for `chroot ROOT env VAR=... iptables ...` as the guard runs it: the host's tables
-# in a JSON file. Before the first `-N` (the guard applying its chain), it plays a delete that
-# runs then (firewall.sh remove: the mark, then the chain down), once.
+# in a JSON file. At the first `iptables-restore` (the guard writing its chain), it plays a delete
+# that runs then (firewall.sh remove: the mark, then the chain down), once.
 FAKE_CHROOT = r"""#!/usr/bin/env python3
 import json, os, sys
 from pathlib import Path
@@ -101,22 +101,47 @@ if args[0] == "env":
     args = args[1:]
     while "=" in args[0]:
         args = args[1:]
-if args[0] == "sh":
+if args[0] in ("sh", "ip"):
     sys.exit(0)
 cmd, rest = args[0], [a for a in args[1:]]
 if rest[:2] == ["-w", "10"]:
     rest = rest[2:]
 path = Path(os.environ["FAKE_TABLES"])
 tables = json.loads(path.read_text()) if path.exists() else {}
+restore = cmd.endswith("-restore")
+cmd = cmd.removesuffix("-restore")
 table = tables.setdefault(cmd, {"INPUT": []})
+if restore:  # iptables-restore --noflush: the chains it declares, then its rules
+    race = Path(os.environ["FAKE_RACE"])
+    lines = [line.split() for line in sys.stdin.read().splitlines()]
+    if race.exists():
+        race.unlink()
+        Path(os.environ["FAKE_REMOVED"]).touch()
+        for t in tables.values():
+            for name in [n for n in t if n.startswith("SPARK-VLLM-")]:
+                t.pop(name)
+            t["SPARK-VLLM"] = []
+    new = json.loads(json.dumps(table))
+    for words in lines:
+        if words[0].startswith(":"):
+            new[words[0][1:]] = []
+        elif words[0] == "-A":
+            new[words[1]].append(" ".join(words[2:]))
+        elif words[0] == "-D":
+            if " ".join(words[2:]) not in new[words[1]]:
+                sys.exit(1)
+            new[words[1]].remove(" ".join(words[2:]))
+        elif words[0] == "-I":
+            new[words[1]].insert(0, " ".join(words[3:]))
+        elif words[0] == "-X":
+            if new.get(words[1]):
+                sys.exit(1)
+            new.pop(words[1], None)
+    tables[cmd] = new
+    Path(f"{path}.tmp").write_text(json.dumps(tables))
+    os.replace(f"{path}.tmp", path)
+    sys.exit(0)
 op, chain, rule = rest[0], rest[1], " ".join(rest[2:])
-race = Path(os.environ["FAKE_RACE"])
-if op == "-N" and race.exists():
-    race.unlink()
-    Path(os.environ["FAKE_REMOVED"]).touch()
-    for t in tables.values():
-        t["INPUT"] = [r for r in t["INPUT"] if r != "-j " + chain]
-        t.pop(chain, None)
 status = 0
 if op == "-S":
     if chain not in table:
