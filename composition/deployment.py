@@ -113,6 +113,13 @@ def build_deployment(settings: Settings) -> Deployment:
             "whoever reaches it. Turn it back on unless every host sits on a network only you "
             "can reach (README, Security)."
         )
+    if config.fabric.shared_with_management:
+        pulumi.log.warn(
+            "fabric.sharedWithManagement is true: the firewall admits everything that arrives on "
+            "each host's fabric interface, and SSH reaches the hosts over it, so whoever else is "
+            "on that network reaches Ray (which runs code for anyone) and vLLM's own ports. Keep "
+            "it only for a fabric no one but these hosts is on (README, Security)."
+        )
     if config.docker.max_restarts is not None:
         pulumi.log.warn(
             "docker.maxRestarts is ignored and can be removed: Ray containers restart after "

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from stacks.fleet import MP_PORT_SPAN, ServedModel, budget_problem, fleet_of
+from stacks.vllm_listeners import LISTENER_ENV, LISTENER_FLAGS
 
 # Names become Pulumi resource names, container names and shell words: keep them boring.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$"
@@ -617,6 +618,10 @@ class FabricConfig(ConfigModel):
     # Every fabric interface must have this MTU (9000 for RoCE at full rate); unset: the head's
     # and each worker's must only agree.
     mtu: int | None = Field(default=None, ge=576, le=65536)
+    # true: a fabric that is also the management network (a host's address is its fabricIp, or
+    # SSH reaches a host through its fabric interface from outside the cluster). The firewall
+    # then admits the whole LAN to Ray and vLLM's ports: only for a fabric no one else shares.
+    shared_with_management: bool = False
 
 
 class KnownBadVersion(ConfigModel):
@@ -680,6 +685,7 @@ class StackConfig(ConfigModel):
         for check in (
             _unique_host_names,
             _unique_fabric_ips,
+            _fabric_apart_from_management,
             _one_head,
             _via_targets_exist,
             _models_named_once,
@@ -732,6 +738,25 @@ def _unique_fabric_ips(cfg: StackConfig) -> None:
                 f"hosts[{index}].fabricIp: {host.fabric_ip} is also {seen[host.fabric_ip]}'s"
             )
         seen[host.fabric_ip] = host.name
+
+
+def _fabric_apart_from_management(cfg: StackConfig) -> None:
+    """A host whose SSH address is its own fabric IP, reached from outside the cluster (directly
+    or through the bastion), is on a fabric that is the management network: the firewall admits
+    everything that arrives on the fabric interface, the whole LAN. Through another host (`via`,
+    the seeds' jump topology) SSH arrives over the fabric from a cluster member: fine."""
+    if cfg.fabric.shared_with_management:
+        return
+    names = {host.name for host in cfg.hosts}
+    for index, host in enumerate(cfg.hosts):
+        if host.address == str(host.fabric_ip) and host.via not in names:
+            raise ConfigError(
+                f"hosts[{index}].address: {host.address} is {host.name}'s fabricIp, so SSH from "
+                "outside the cluster reaches it over the fabric: the firewall admits whatever "
+                "arrives there to Ray's and vLLM's ports, the whole LAN if the fabric is the "
+                "management network. Use the host's management address, reach it `via` another "
+                "host, or set fabric.sharedWithManagement: true if no one else is on that network"
+            )
 
 
 def _one_head(cfg: StackConfig) -> None:
@@ -995,6 +1020,13 @@ def check_ports(cfg: StackConfig, slots: int) -> None:
             f"ray.minWorkerPort..maxWorkerPort ({ray.min_worker_port}-{ray.max_worker_port}); "
             "move one of them"
         )
+    ranges = [
+        *((low, high, "vllm.masterPort", f"vLLM's message queues ({owner} + 1 to + "
+           f"{MP_PORT_SPAN})") for low, high, owner in queues),
+        (ray.min_worker_port, ray.max_worker_port, "ray.minWorkerPort", "Ray's worker ports "
+         "(ray.minWorkerPort..maxWorkerPort)"),
+    ]  # fmt: skip
+    _ssh_ports_apart(cfg, {**ports, **ray.fixed_ports}, ranges)
     for key, port in {**ports, **ray.fixed_ports}.items():
         for low, high, owner in queues:
             if low <= port <= high:
@@ -1013,6 +1045,41 @@ def check_ports(cfg: StackConfig, slots: int) -> None:
         owners[port] = key
 
 
+def ssh_ports(cfg: StackConfig) -> dict[int, str]:
+    """Every port SSH may arrive on at a host of the stack, and whose it is: each host's, the
+    bastion's (it may be one of the hosts), and 22 (the sshd a host's own console users reach,
+    whatever port the stack dials)."""
+    ports = {22: "SSH's own port 22"}
+    if cfg.bastion is not None:
+        ports.setdefault(cfg.bastion.port, "bastion.port (the bastion's SSH)")
+    for index, host in enumerate(cfg.hosts):
+        ports.setdefault(host.port, f"hosts[{index}].port ({host.name}'s SSH)")
+    return ports
+
+
+def _ssh_ports_apart(
+    cfg: StackConfig, ports: dict[str, int], ranges: list[tuple[int, int, str, str]]
+) -> None:
+    """No port the stack listens on or the firewall drops is an SSH port: the guard drops its
+    ports on every interface but loopback and the fabric, on every host, and comes back at each
+    boot, so SSH inside them would be cut for good (only a console recovers)."""
+    ssh = ssh_ports(cfg)
+    for key, port in ports.items():
+        if port in ssh:
+            raise ConfigError(
+                f"{key}: {port} is {ssh[port]}; the firewall would drop it on every host's "
+                "management network, cutting SSH for good: use another port"
+            )
+    for low, high, key, what in ranges:
+        inside = sorted(port for port in ssh if low <= port <= high)
+        if inside:
+            raise ConfigError(
+                f"{key}: {what} cover {low}-{high}, which holds {ssh[inside[0]]} "
+                f"({inside[0]}); the firewall drops that range on every host's management "
+                "network, cutting SSH for good: move the range or SSH's port"
+            )
+
+
 # vLLM's parser (FlexibleArgumentParser.parse_args in vllm/utils/argparse_utils.py; before that
 # vllm/utils/__init__.py) folds `_` into `-` in a long option's name up to its first `.`
 # (`--api_key` is `--api-key`) and reads `--name.key v` as `--name '{"key": v}'`. The rest is
@@ -1021,6 +1088,7 @@ def check_ports(cfg: StackConfig, slots: int) -> None:
 # option's `=value` (`-tp=2`) and a one-letter one's attached value (`-n2`) all reach the option.
 # A multi-letter one's attached value (`-tp2`) does not.
 GUARDED_FLAGS = OWNED_VLLM_FLAGS | {CONFIG_FILE_FLAG}
+LISTENER_FLAG_NAMES = frozenset(LISTENER_FLAGS)
 # What vllm.kvCache sets (vllm/engine/arg_utils.py, 0.10.2 on): a user's own is kept when unset.
 KV_CACHE_FLAGS = frozenset({"--kv-cache-memory-bytes"})
 
@@ -1064,6 +1132,12 @@ def _no_user_overrides_of(settings: ServerSettings, prefix: str) -> None:
                 f"{prefix}.env.{key}: spark-vllm keeps this cache in each node's compile-cache "
                 f"directory, so a replaced server starts warm; remove it from {prefix}.env"
             )
+    for key in settings.env:
+        if key in LISTENER_ENV:
+            raise ConfigError(
+                f"{prefix}.env.{key}: {LISTENER_ENV[key]}; spark-vllm's firewall cannot know "
+                "what it opens, so a stack may not set it"
+            )
     mp = settings.executor == "mp"
     for key in settings.env:
         if mp and key.startswith("RAY_"):
@@ -1081,6 +1155,12 @@ def _no_user_overrides_of(settings: ServerSettings, prefix: str) -> None:
         shown = (
             flags[0] if flags == [written] else f"{written} (vLLM reads it as {' or '.join(flags)})"
         )
+        listener = (_flag_reached(arg, LISTENER_FLAG_NAMES) or ("", []))[1]
+        if listener:
+            raise ConfigError(
+                f"{key}: {written} {LISTENER_FLAGS[listener[0]]}; spark-vllm's firewall cannot "
+                "know what it opens, so a stack may not set it"
+            )
         if CONFIG_FILE_FLAG in flags:
             raise ConfigError(
                 f"{key}: {shown} makes vLLM read more arguments from a YAML file on the head, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,17 +134,44 @@ def _secret_problems(config: pulumi.Config, project: str) -> list[str]:
     """apiKey is required and must not be empty (an empty key turns vLLM's authentication off);
     a token given without --secret would sit in plain text in the stack file and the state."""
     problems = []
-    if not config.get("apiKey"):
+    key = config.get("apiKey")
+    if not key:
         problems.append(
             "apiKey: is required and must not be empty: "
             'pulumi config set --secret apiKey "$(openssl rand -hex 24)"'
         )
+    elif problem := api_key_problem(key):
+        problems.append(f"apiKey: {problem}")
     for key in SECRET_KEYS:
         if config.get(key) and not pulumi.runtime.is_config_secret(f"{project}:{key}"):
             problems.append(
                 f"{key}: is stored in plain text; set it with pulumi config set --secret {key} ..."
             )
     return problems
+
+
+# A bearer token as RFC 6750 (2.1) writes it, b64token: what clients send after `Bearer `. The
+# front matches the whole header line (stacks/plan/front.py), the key file holds one line: a
+# line break, a comma or a space would change what is matched. 24 characters at least (as
+# `openssl rand -hex 24` gives 48): guessing it over the network must be hopeless.
+API_KEY_PATTERN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+MIN_API_KEY_LENGTH = 24
+
+
+def api_key_problem(key: str) -> str | None:
+    """Why `key` cannot be the API key (never quoting it: it is a secret), or None."""
+    if not API_KEY_PATTERN.fullmatch(key):
+        return (
+            "must be one word of letters, digits and - . _ ~ + / (a bearer token, RFC 6750): "
+            'no spaces, commas or line breaks; pulumi config set --secret apiKey "$(openssl '
+            'rand -hex 24)"'
+        )
+    if len(key) < MIN_API_KEY_LENGTH:
+        return (
+            f"is {len(key)} characters long; use at least {MIN_API_KEY_LENGTH}: "
+            'pulumi config set --secret apiKey "$(openssl rand -hex 24)"'
+        )
+    return None
 
 
 def _unknown_keys(project: str) -> list[str]:

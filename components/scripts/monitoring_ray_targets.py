@@ -20,13 +20,17 @@ import time
 import urllib.error
 import urllib.request
 
+# No proxy, whatever the environment says (the image's, vllm.env's or the SSH session's
+# http_proxy): these requests go to this cluster's own addresses, some with the API key.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 POLL_SECONDS = 2
 
 
 def answers(address: str) -> str | None:
     """None when http://address/metrics answers 200; else why not."""
     try:
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+        with DIRECT.open(f"http://{address}/metrics", timeout=5) as response:
             return None if response.status == 200 else f"HTTP {response.status}"
     except urllib.error.HTTPError as error:
         return f"HTTP {error.code}"

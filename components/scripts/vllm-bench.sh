@@ -2,7 +2,8 @@
 # On the server's node, once it is ready (vllm.benchmark): vLLM's own load generator (`vllm bench
 # serve`, in the serving image) inside the server's container against vLLM's port, one
 # concurrency after another. The key reaches it as OPENAI_API_KEY from the mounted key file, in
-# the container only. Prints one `benchmark: {json}` line per concurrency (bench_summary.py).
+# the container only, and never through a proxy (its client, aiohttp with trust_env, would use
+# one the image or vllm.env names: the proxy variables are unset for it). Prints one `benchmark: {json}` line per concurrency (bench_summary.py).
 #   vllm-bench.sh --host H --container C --key-file F --port P --served-name N --model ID --revision R
 #     --concurrencies 1,4 --input-tokens I --output-tokens O --requests-per-stream K
 #     --timeout-seconds S --trust-remote-code yes|no --tokenizer-mode MODE_OR_EMPTY
@@ -33,7 +34,8 @@ for concurrency in "${concurrencies[@]}"; do
   prompts=$(( concurrency * ARG_REQUESTS_PER_STREAM ))
   # The time limit inside the container: a client killed here would leave the load running.
   if ! out="$(timeout $(( left + 30 )) docker exec "$ARG_CONTAINER" timeout -k 10 "$left" sh -c \
-      'key="$1"; shift; OPENAI_API_KEY="$(cat "$key")" exec vllm bench serve "$@"' sh "$ARG_KEY_FILE" \
+      'key="$1"; shift; unset http_proxy HTTP_PROXY https_proxy HTTPS_PROXY all_proxy ALL_PROXY
+       OPENAI_API_KEY="$(cat "$key")" exec vllm bench serve "$@"' sh "$ARG_KEY_FILE" \
       --backend openai --base-url "http://${ARG_SERVER_HOST:-127.0.0.1}:$ARG_PORT" --endpoint /v1/completions \
       --model "$ARG_SERVED_NAME" --tokenizer "$tokenizer" "${tokenizer_flags[@]}" \
       --dataset-name random \

@@ -16,6 +16,10 @@ import time
 import urllib.error
 import urllib.request
 
+# No proxy, whatever the environment says (the image's, vllm.env's or the SSH session's
+# http_proxy): these requests go to this cluster's own addresses, some with the API key.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 MEASURE_SECONDS = 120  # the whole measurement; a slower server reports what it measured
 MEASURE_TOKENS = 64
 MEASURE_PROMPT = "Count from one to one hundred in words, separated by commas:"
@@ -28,7 +32,7 @@ def request(url: str, key: str, body: dict | None = None, timeout: float = 10) -
     if key:
         req.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
+        with DIRECT.open(req, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode(errors="replace")[:200]
@@ -81,7 +85,7 @@ def stream_once(base: str, served_name: str, key: str, timeout: float) -> tuple[
     sent = time.monotonic()
     first = last = None
     tokens = 0
-    with urllib.request.urlopen(req, timeout=timeout) as response:
+    with DIRECT.open(req, timeout=timeout) as response:
         for raw in response:
             line = raw.decode(errors="replace").strip()
             if not line.startswith("data: ") or line == "data: [DONE]":

@@ -54,7 +54,7 @@ def test_before_the_fix_no_committed_stack_could_run(stack: str, message: str) -
     """With `items` added, the old declarations still made every key required."""
     project = load_project(FIXTURES / "Pulumi.before-defaults.yaml")
     stack_file = StackFile.load(project, stack, REPO / f"Pulumi.{stack}.yaml")
-    stack_file.set(project, "apiKey", "k", secret=True)
+    stack_file.set(project, "apiKey", "k-test-0123456789abcdef01", secret=True)
     with pytest.raises(CliError) as caught:
         merge_config(project, stack_file)
     assert str(caught.value) == f"validating stack config: {message}"
@@ -66,7 +66,7 @@ def test_every_committed_stack_runs_once_the_api_key_is_set(stack: str) -> None:
     cli.stack_init(stack)
     with pytest.raises(CliError, match="missing configuration value 'apiKey'"):
         cli.program_config(stack)
-    cli.config_set(stack, "apiKey", "k", secret=True)
+    cli.config_set(stack, "apiKey", "k-test-0123456789abcdef01", secret=True)
     config = cli.program_config(stack)
     assert config.secret_keys == ["spark-vllm:apiKey"]
     assert parse_stack_config(program_keys(config.values)) is not None
@@ -94,7 +94,7 @@ def test_a_stack_can_leave_every_optional_key_out() -> None:
             "vllm": {"tensorParallelSize": 1},
         },
     )  # fmt: skip
-    cli.config_set("minimal", "apiKey", "k", secret=True)
+    cli.config_set("minimal", "apiKey", "k-test-0123456789abcdef01", secret=True)
     config = parse_stack_config(program_keys(cli.program_config("minimal").values))
     assert config.bastion is None and config.ray == RayConfig()
 

@@ -24,7 +24,7 @@ from tests.lab.realmocks import RealMocks, StackOutputs, run_program
 from tests.program.test_scripts import load
 
 REPO = Path(__file__).resolve().parents[2]
-API_KEY = "lab-secret-3f9a"
+API_KEY = "lab-secret-3f9a0c7e2b95d41a"
 PREFIX = "spark-vllm"
 # The lab stack's own directory on each host: <stateDir>/<project>.<stack> (stacks/plan/nodes.py)
 STATE = "/root/.spark-vllm/spark-vllm.lab"

@@ -16,7 +16,7 @@ A failing command's message shows only the output streams its `logging` input al
 
     mocks = RealMocks()                       # command_timeout_s
     cli = PulumiCli(Path("."))                # Pulumi.yaml checked as the CLI checks it
-    cli.stack_init("lab"); cli.config_set("lab", "apiKey", "k", secret=True)
+    cli.stack_init("lab"); cli.config_set("lab", "apiKey", "k-test-0123456789abcdef01", secret=True)
     outputs = run_program(cli, "lab", mocks)
     outputs["endpointUrl"], outputs.secret_names
     mocks.journal, mocks.warnings, mocks.program_log

@@ -233,7 +233,7 @@ def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:
 
 
 def test_rotating_the_api_key(stack: Stack) -> None:
-    old_key, new_key = stack.api_key, "rotated-7c0de"
+    old_key, new_key = stack.api_key, "rotated-7c0de51b9a2f4e8d3c6"
     config = {**stack.config, "spark-vllm:apiKey": new_key}
     run = next_up(stack, "apiKey rotation", config)
     stack.api_key = new_key

@@ -109,7 +109,8 @@ def netns() -> Iterator[Netns]:
     setup = [
         f"ip netns add {spaces.host}",
         f"ip netns add {spaces.neighbour}",
-        f"ip link add {tag}a netns {spaces.host} type veth peer name {tag}b netns {spaces.neighbour}",
+        f"ip link add {tag}a netns {spaces.host} type veth peer name {tag}b "
+        f"netns {spaces.neighbour}",
         f"ip -n {spaces.host} link set lo up",
         f"ip -n {spaces.neighbour} link set lo up",
         f"ip -n {spaces.host} link set {tag}a name mgmt0",
@@ -131,8 +132,7 @@ def netns() -> Iterator[Netns]:
         # Connection tracking on from the start, as on a host where Docker runs (its NAT rules
         # use it): a fresh namespace tracks nothing until a rule asks, and a session it did not
         # see start is NEW to it (nf_conntrack_proto_tcp.c picks a mid-stream packet up so).
-        f"ip netns exec {spaces.host} iptables -t nat -A POSTROUTING -o {FABRIC_IF}p "
-        "-j MASQUERADE",
+        f"ip netns exec {spaces.host} iptables -t nat -A POSTROUTING -o {FABRIC_IF}p -j MASQUERADE",
     ]
     try:
         for command in setup:
@@ -200,8 +200,9 @@ def test_two_guards_close_the_fabric_and_their_ports_and_never_reopen_them(
     wait_for(lambda: "connected" in (tmp_path / "held.log").read_text(), 10, "the held session")
 
     # An older release's layout: INPUT jumps to stack A's chain directly.
-    netns.run(netns.host, "iptables -N SPARK-VLLM-A && iptables -A SPARK-VLLM-A -p tcp "
-                          "--dport 6379 -j DROP && iptables -I INPUT 1 -j SPARK-VLLM-A")  # fmt: skip
+    old_layout = ("iptables -N SPARK-VLLM-A && iptables -A SPARK-VLLM-A -p tcp --dport 6379 "
+                  "-j DROP && iptables -I INPUT 1 -j SPARK-VLLM-A")  # fmt: skip
+    netns.run(netns.host, old_layout)
     state_a, state_b = tmp_path / "a", tmp_path / "b"
     guards = [
         guard(netns, "SPARK-VLLM-A", f"{A_PORTS},16379", state_a),

@@ -573,7 +573,7 @@ def test_every_container_of_the_real_program_translates(
     addresses = [host.get("address") for host in config["hosts"]]
     (tmp_path / "known_hosts").write_text("".join(f"{a} {host_key}\n" for a in addresses))
     monkeypatch.setenv("SPARK_VLLM_LOCAL_DIR", str(tmp_path / "local"))
-    evaluation = harness.evaluate(config, {"apiKey": "k", "hfToken": "t"})
+    evaluation = harness.evaluate(config, {"apiKey": "k-test-0123456789abcdef01", "hfToken": "t"})
     containers = evaluation.by_type(realmocks.TYPE_CONTAINER)
     assert containers
     for registration in containers:

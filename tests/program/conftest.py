@@ -15,7 +15,7 @@ HOST_KEYS = {
        for i in range(1, 9)},
 }  # fmt: skip
 SECRETS = {
-    "apiKey": "sk-test-api-key-0b7c1e",
+    "apiKey": "sk-test-api-key-0b7c1e9f3a",
     "hfToken": "hf_testtokenAbCdEf123456",
 }
 PRIVATE_KEY = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -159,3 +160,25 @@ def test_the_tokenizer_loads_as_the_servers_does(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_trust_remote_code_is_read_as_vllm_reads_it(extra_args: list[str], trusted: bool) -> None:
     assert trusts_remote_code(extra_args) is trusted
+
+
+def test_the_benchmark_client_sees_no_proxy(tmp_path: Path) -> None:
+    """`vllm bench serve`'s client (aiohttp, trust_env) would send the key to a proxy the image
+    or vllm.env names: the script the container runs unsets every proxy variable first."""
+    text = (SCRIPTS / "vllm-bench.sh").read_text()
+    inner = re.search(r"sh -c \\\n\s+'(.*?)' sh \"\$ARG_KEY_FILE\"", text, re.S)
+    assert inner is not None
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    fake_vllm = '#!/bin/sh\nenv | grep -i "^[a-z_]*proxy="; echo "key=$OPENAI_API_KEY"\n'
+    (fake / "vllm").write_text(fake_vllm)
+    (fake / "vllm").chmod(0o755)
+    (tmp_path / "key").write_text("k-0123456789abcdef012345")
+    proxies = {name: "http://127.0.0.1:9" for name in ("http_proxy", "HTTPS_PROXY", "ALL_PROXY")}
+    done = subprocess.run(
+        ["sh", "-c", inner[1], "sh", str(tmp_path / "key"), "--backend", "openai"],
+        capture_output=True, text=True, timeout=30,
+        env={**os.environ, **proxies, "PATH": f"{fake}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["key=k-0123456789abcdef012345"]

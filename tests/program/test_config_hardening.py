@@ -394,3 +394,128 @@ def test_a_held_lock_is_waited_for_not_ignored(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert waited >= 0.8, waited
     assert (ssh / "authorized_keys").read_text() == f"{OTHERS}ssh-ed25519 AAAAh {SPARK1}\n"
+
+
+# --- what the firewall could turn against the user (issue 36) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # A guarded single port on SSH's.
+        (("monitoring", {"nodeExporter": {"port": 22}}),
+         "monitoring.nodeExporter.port: 22 is SSH's own port 22"),
+        (("ray", {"port": 2222}), "ray.port: 2222 is bastion.port (the bastion's SSH)"),
+        # A guarded range over SSH's: vLLM's queues (masterPort 1: 2-33), Ray's worker ports.
+        (("vllm", {"masterPort": 1}),
+         "vllm.masterPort: vLLM's message queues (vllm.masterPort + 1 to + 32) cover 2-33, "
+         "which holds SSH's own port 22 (22)"),
+        (("hosts", 10022),
+         "ray.minWorkerPort: Ray's worker ports (ray.minWorkerPort..maxWorkerPort) cover "
+         "10002-10999, which holds hosts[1].port (spark2's SSH) (10022)"),
+        (("ray", {"minWorkerPort": 2000, "maxWorkerPort": 2300}),
+         "ray.minWorkerPort: Ray's worker ports (ray.minWorkerPort..maxWorkerPort) cover "
+         "2000-2300, which holds bastion.port (the bastion's SSH) (2222)"),
+    ],
+)  # fmt: skip
+def test_no_guarded_port_or_range_covers_an_ssh_port(
+    make_config: ConfigFactory, change: tuple[str, Any], expected: str
+) -> None:
+    """The guard drops its ports on every host's management side and comes back at boot: SSH
+    inside them would be cut for good. Each is refused, keyed, naming whose SSH it is."""
+    config = make_config(hosts=2)
+    section, value = change
+    if section == "hosts":
+        config["hosts"][1]["port"] = value
+    else:
+        with_setting(config, section, **value)
+    text = problem(config)
+    assert text.startswith(expected), text
+    assert "cutting SSH for good" in text
+
+
+def test_ssh_ports_outside_every_guarded_range_pass(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["hosts"][1]["port"] = 11022  # past Ray's worker ports
+    parse_stack_config(config)
+
+
+@pytest.mark.parametrize(
+    ("arg", "opens"),
+    [
+        ("--kv-events-config", "tcp://*:5557"),
+        ('--kv_events_config={"publisher": "zmq"}', "tcp://*:5557"),
+        ("--kv-events-config.endpoint=tcp://*:6000", "tcp://*:5557"),
+        ("--kv-transfer-config", "side channel"),
+        ("-dp=2", "data parallelism"),
+        ("--data-parallel-address", "data parallelism"),
+        ("--data-parallel-rpc-port=29550", "data parallelism"),
+        ("--grpc", "gRPC"),
+        ("--enable-elastic-ep", "TCPStore"),
+    ],
+)
+def test_extra_args_that_open_a_listener_are_refused(
+    make_config: ConfigFactory, arg: str, opens: str
+) -> None:
+    config = make_config(hosts=2)
+    config["vllm"]["extraArgs"] = ["--max-num-seqs", "8", arg]
+    text = problem(config)
+    assert text.startswith(f"vllm.extraArgs[2]: {arg.split('=')[0]} "), text
+    assert opens in text and "firewall cannot know what it opens" in text, text
+
+
+@pytest.mark.parametrize(
+    "name", ["VLLM_SERVER_DEV_MODE", "NCCL_COMM_ID", "VLLM_NIXL_SIDE_CHANNEL_HOST", "MASTER_PORT"]
+)
+def test_env_that_opens_a_listener_or_keyless_routes_is_refused(
+    make_config: ConfigFactory, name: str
+) -> None:
+    config = make_config(hosts=2)
+    config["vllm"]["env"] = {"VLLM_LOGGING_LEVEL": "DEBUG", name: "1"}
+    text = problem(config)
+    assert text.startswith(f"vllm.env.{name}: "), text
+    assert "firewall cannot know what it opens" in text
+
+
+def test_a_fabric_that_is_the_management_network_is_refused_unless_said(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config(hosts=2)
+    config["hosts"][1]["address"] = config["hosts"][1]["fabricIp"]  # through the bastion
+    text = problem(config)
+    assert text.startswith("hosts[1].address: 10.241.0.12 is spark2's fabricIp"), text
+    assert "fabric.sharedWithManagement: true" in text
+    # Through another host (the seeds' jump topology) SSH arrives over the fabric: fine.
+    config["hosts"][1]["via"] = "spark1"
+    parse_stack_config(config)
+    # Said: accepted (the program warns, loudly: test_the_shared_fabric_warns).
+    config["hosts"][1]["via"] = "bastion"
+    config["fabric"] = {"sharedWithManagement": True}
+    parse_stack_config(config)
+
+
+def test_the_shared_fabric_warns(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["fabric"] = {"sharedWithManagement": True}
+    evaluation = evaluate(config, SECRETS)
+    assert any("fabric.sharedWithManagement is true" in w for w in evaluation.warnings)
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("short-key-0123", "apiKey: is 14 characters long; use at least 24"),
+        ("0123456789abcdef01234567,other", "apiKey: must be one word"),
+        ("0123456789abcdef01234567\r", "apiKey: must be one word"),
+        ("0123456789abcdef 01234567", "apiKey: must be one word"),
+    ],
+)
+def test_the_api_key_is_one_long_bearer_token(
+    make_config: ConfigFactory, key: str, expected: str
+) -> None:
+    """The front matches the whole `Bearer <key>` line and the key file holds one line: a comma,
+    a space or a CR changes what is matched; a short key can be guessed."""
+    with pytest.raises(Exception) as caught:
+        evaluate(make_config(hosts=2), {**SECRETS, "apiKey": key})
+    assert expected in str(caught.value)
+    assert key not in str(caught.value)  # a secret, never quoted back

@@ -328,7 +328,7 @@ def test_the_lab_stack_evaluates(key_file, tmp_path) -> None:
         "10.240.1.12 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILabSpark2\n"
     )
     config["ssh"] = {"privateKeyPath": str(key_file), "knownHostsFile": str(known_hosts)}
-    ev = evaluate(config, {"apiKey": "lab-secret"}, stack="lab")
+    ev = evaluate(config, {"apiKey": "lab-secret-0123456789abcdef"}, stack="lab")
     assert ev.outputs["endpointUrl"] == "http://10.240.1.11:8000/v1"
     assert ev.outputs["modelId"] == "tiny-chat"
     # The lab stack leaves vllm.executor to its default: vLLM's own multi-node mode, no Ray.

@@ -52,7 +52,8 @@ def graph(
     monkeypatch.setattr(
         deployment_module, "scripts_bundle", lambda: ScriptsBundle("<archive>", "d" * 64)
     )
-    evaluation = evaluate(config, {"apiKey": "golden-key", "hfToken": "hf_golden"}, stack=stack)
+    secrets = {"apiKey": "golden-key-5d3a9c7e1f2b4086", "hfToken": "hf_golden"}
+    evaluation = evaluate(config, secrets, stack=stack)
     resources = [
         {
             "urn": r.urn,

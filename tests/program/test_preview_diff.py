@@ -82,7 +82,7 @@ def test_rotating_the_api_key_replaces_the_server_and_the_front_only(
     make_config: ConfigFactory,
 ) -> None:
     config = make_config(hosts=2)
-    assert plan(config, config, apiKey="sk-rotated") == {
+    assert plan(config, config, apiKey="sk-rotated-4f1e8d2c7b9a0536") == {
         "front-api-key": "update",
         "front-container": "replace",  # it reads the key's pattern file at start
         "vllm-container": "replace",

@@ -360,6 +360,33 @@ def test_vllm_readiness_needs_the_model_listed_and_a_real_token() -> None:
     assert probe(port, "qwen", "key").startswith(f"starting port {port} not answering")
 
 
+def test_the_probes_never_send_the_key_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The readiness probe runs in the server's container, whose environment (the image's, or
+    vllm.env) may name an HTTP proxy: urllib would hand it the request, key and all. The host
+    scripts that ask local HTTP servers (the supervisor's health check, monitoring's waits)
+    likewise go direct."""
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen(8)
+    proxy.settimeout(0.2)
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StubVllm)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        StubVllm.models, StubVllm.tokens = ["qwen"], 1
+        assert load("vllm_probe").probe(port, "qwen", "key") == 'ready " hi"'
+        assert load("mp_supervisor").healthy(f"http://127.0.0.1:{port}/health")
+        with pytest.raises(TimeoutError):
+            proxy.accept()  # nothing ever connected to the proxy
+    finally:
+        server.shutdown()
+        proxy.close()
+
+
 def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Path) -> None:
     """check_nodes (diagnose.sh) on this host as the head: a missing image and a missing
     snapshot are named as likely causes, with the node's free memory."""
