@@ -3,7 +3,8 @@
 # host does not meet, naming it. Prints the facts as one JSON line on success. Changes nothing.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
-require host role fabric-interface fabric-ip head-fabric-ip ports min-free-memory-bytes \
+require host role fabric-interface fabric-ip head-fabric-ip ports guarded cluster-fabric-ips \
+  shared-fabric min-free-memory-bytes \
   memory-fraction min-free-disk-bytes disk-paths require-gpus require-nvidia-runtime \
   container-names deployment rdma-hcas known-bad allow-known-bad
 SYSFS="${SPARK_VLLM_SYSFS:-/sys}"  # the tests point it at a fake RDMA tree
@@ -120,6 +121,17 @@ if [ "$ARG_ROLE" = worker ]; then
   fi
 fi
 
+# A fabric that is the management network: this session came from outside the cluster through
+# the fabric interface, so the firewall (which admits whatever arrives there) would admit it.
+if [ "$ARG_SHARED_FABRIC" != yes ] && [ "${SSH_CONNECTION:-}" ]; then
+  read -r client _ <<<"$SSH_CONNECTION"
+  if ip route get "$client" 2>/dev/null | grep -qw "dev $iface" \
+     && [[ ",$ARG_CLUSTER_FABRIC_IPS," != *",$client,"* ]]; then
+    fail "this SSH session (from $client) reaches the host through its fabric interface $iface" \
+      "the fabric is also the management network: the firewall admits everything on $iface to Ray's and vLLM's ports; reach the hosts over another network, or set fabric.sharedWithManagement: true if no one else is on it"
+  fi
+fi
+
 # --- containers and ports ---------------------------------------------------------------------
 for name in ${ARG_CONTAINER_NAMES//,/ }; do
   owner="$(docker inspect --format '{{index .Config.Labels "spark-vllm.deployment"}}' "$name" 2>/dev/null)" || continue
@@ -128,14 +140,49 @@ for name in ${ARG_CONTAINER_NAMES//,/ }; do
       "a stale container from an earlier manual or other run; remove it with 'docker rm -f $name' and run again"
   fi
 done
-for port in ${ARG_PORTS//,/ }; do
+# in_list PORT LIST: PORT is one of LIST's ports (`6379`) or inside one of its ranges (`10002:10999`).
+in_list() {
+  local port=$1 item
+  for item in ${2//,/ }; do
+    case "$item" in
+      *:*) [ "$port" -ge "${item%%:*}" ] && [ "$port" -le "${item##*:}" ] && return 0 ;;
+      *) [ "$port" = "$item" ] && return 0 ;;
+    esac
+  done
+  return 1
+}
+# The firewall drops ARG_GUARDED on every interface but loopback and the fabric: never SSH's.
+read -r _ _ _ ssh_port <<<"${SSH_CONNECTION:-- - - -}"
+if [ "$ssh_port" != - ] && in_list "$ssh_port" "$ARG_GUARDED"; then
+  fail "this SSH session arrived on port $ssh_port, which the firewall would drop on every interface but the fabric" \
+    "a port or range in the config covers this host's SSH port; move it (the firewall would cut SSH for good)"
+fi
+# Every listening socket: `PORT PID NAME` (PID and NAME `-` where ss cannot see whose it is).
+listeners="$(ss -Hltnp 2>/dev/null | awk '{
+  n = split($4, a, ":"); pid = "-"; name = "-"
+  if (match($0, /users:\(\("[^"]*",pid=[0-9]+/)) {
+    u = substr($0, RSTART + 9, RLENGTH - 9); split(u, b, "\",pid="); name = b[1]; pid = b[2]
+  }
+  print a[n], pid, name
+}' | sort -u)"
+# This deployment's own containers (a port they hold is this stack's, on a second run).
+own_ids="$(docker ps -q --no-trunc --filter "label=spark-vllm.deployment=$ARG_DEPLOYMENT" 2>/dev/null | paste -sd "|" - || true)"
+ours() { [ "$1" != - ] && [ -n "$own_ids" ] && grep -qE "$own_ids" "/proc/$1/cgroup" 2>/dev/null; }
+while read -r port pid name; do
   [ -n "$port" ] || continue
-  listener="$(ss -Hltnp "sport = :$port" 2>/dev/null | head -1)"
-  if [ -n "$listener" ] && ! own_containers_running; then
-    fail "port $port is already in use: $listener" \
-      "another server or a stale container holds it (host networking); stop it or change the port in the config"
+  if in_list "$port" "$ARG_GUARDED" && [[ "$name" == sshd* ]]; then
+    fail "sshd listens on port $port, which the firewall would drop on every interface but the fabric" \
+      "a port or range in the config covers one of this host's SSH ports; move it (the firewall would cut SSH for good)"
   fi
-done
+  in_list "$port" "$ARG_PORTS,$ARG_GUARDED" || continue
+  ours "$pid" && continue
+  # Whose it is cannot be seen (another user's process, as a non-root SSH user): as before, a
+  # port is taken to be this stack's while one of its containers runs.
+  [ "$pid" = - ] && own_containers_running && continue
+  holder=""; [ "$name" = - ] || holder=" by $name (pid $pid)"
+  fail "port $port is already in use$holder" \
+    "another server or a stale container holds it (host networking), or a range in the config covers a port in use; stop it or change the port or range in the config"
+done <<<"$listeners"
 
 json_text() { local v="${1//\\/\\\\}"; printf '%s' "${v//\"/\\\"}"; }
 printf '{"host":"%s","role":"%s","docker":"%s","gpus":%s,"memTotalBytes":%s,"memAvailableBytes":%s,"diskFreeBytes":%s,"fabricInterface":"%s","fabricIp":"%s","fabricMtu":%s,"kernel":"%s","nvidiaDriver":"%s","knownBad":"%s"}\n' \

@@ -11,6 +11,7 @@ from stacks.plan.firewall import (
     chain_name,
     firewall_dir,
     guard_digest,
+    guarded_ports,
 )
 from stacks.plan.front import (
     CONTAINER_FRONT_DIR,
@@ -23,12 +24,16 @@ from stacks.plan.front import (
 )
 from stacks.plan.hardware import memory_shares, shares_file
 from stacks.plan.image import image_history_file
+from stacks.plan.known_bad import known_bad_flag
 from stacks.plan.nodes import (
+    GIB,
     OWNER_FILE,
     DeploymentPlan,
     NodePlan,
+    cluster_listen_ports,
     keeps_slot_record,
-    preflight_flags,
+    own_container_names,
+    servers_on,
 )
 from stacks.plan.steps import (
     BUNDLE_MARKER,
@@ -132,6 +137,51 @@ def install_scripts(
         quiet="stderr",
         prints=scripts_digest,
     )
+
+
+def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | float]:
+    """preflight.sh's flags for `node`: the ports, ranges and container names it must find
+    free, the memory, disk and GPUs it must find, and what SSH may not be."""
+    cfg = plan.config
+    servers = servers_on(plan, node)
+    listened = [port for server in servers for port in cluster_listen_ports(server, node)]
+    single_ports = [port for port in dict.fromkeys(listened) if ":" not in port]
+    served = [str(s.server_port) for s in plan.per_server if s.runs_server(node)]
+    front = [str(cfg.vllm.port), str(cfg.front.metrics_port)] if node.is_head else []
+    ports = [*front, *served, *single_ports]
+    containers = own_container_names(plan, node)
+    # With several servers on a node each one's memory check runs once the ones before it
+    # started (graph.py): then it sees what they took. Preflight checks only the floor.
+    fraction = plan.served.settings.gpu_memory_utilization
+    guarded = guarded_ports(plan, node) if cfg.fabric.firewall else []
+    return {
+        "role": node.role,
+        "fabric_interface": node.fabric_interface,
+        "fabric_ip": node.fabric_ip,
+        "head_fabric_ip": plan.head.fabric_ip,
+        "ports": ",".join(ports),
+        # What the firewall will drop off the management network: nothing else may hold it,
+        # and SSH never (preflight.sh).
+        "guarded": ",".join(guarded),
+        "cluster_fabric_ips": ",".join(n.fabric_ip for n in plan.nodes),
+        "shared_fabric": "yes" if cfg.fabric.shared_with_management else "no",
+        "min_free_memory_bytes": int(cfg.preflight.min_free_memory_gib * GIB),
+        # With `auto` the memory check derives the fraction later; preflight checks the floor.
+        "memory_fraction": (
+            fraction
+            if cfg.preflight.unified_memory and fraction != "auto" and len(plan.servers) == 1
+            else 0
+        ),
+        "min_free_disk_bytes": int(cfg.preflight.min_free_disk_gib * GIB),
+        "disk_paths": cfg.model.cache_dir,
+        "require_gpus": node.gpus if cfg.docker.request_gpus else 0,
+        "require_nvidia_runtime": "yes" if cfg.preflight.require_nvidia_runtime else "no",
+        "container_names": ",".join(containers),
+        "deployment": plan.deployment_id,
+        "rdma_hcas": ",".join(node.rdma_hcas),
+        "known_bad": known_bad_flag(cfg),
+        "allow_known_bad": "yes" if cfg.preflight.allow_known_bad else "no",
+    }
 
 
 def preflight(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:

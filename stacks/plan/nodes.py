@@ -26,7 +26,6 @@ from stacks.config import (
 )
 from stacks.fleet import ServedModel, ServerSlot, assign_slots
 from stacks.known_hosts import find_host_key
-from stacks.plan.known_bad import known_bad_flag
 from stacks.plan.later import GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES, PINNED_IMAGE, Later
 
 GIB = 1024**3
@@ -396,45 +395,6 @@ def log_specs(plan: DeploymentPlan, include_vllm: bool = False) -> str:
     if include_vllm:
         specs.append(f"{plan.head.name}|-|{plan.container_name('vllm')}")
     return " ".join(specs)
-
-
-def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | float]:
-    """preflight.sh's flags for `node`: the ports and container names it must find free, and
-    the memory, disk and GPUs it must find."""
-    cfg = plan.config
-    servers = servers_on(plan, node)
-    listened = [port for server in servers for port in cluster_listen_ports(server, node)]
-    single_ports = [port for port in dict.fromkeys(listened) if ":" not in port]
-    served = [str(s.server_port) for s in plan.per_server if s.runs_server(node)]
-    front = [str(cfg.vllm.port), str(cfg.front.metrics_port)] if node.is_head else []
-    ports = [*front, *served, *single_ports]
-    containers = own_container_names(plan, node)
-    # With several servers on a node each one's memory check runs once the ones before it
-    # started (graph.py): then it sees what they took. Preflight checks only the floor.
-    fraction = plan.served.settings.gpu_memory_utilization
-    return {
-        "role": node.role,
-        "fabric_interface": node.fabric_interface,
-        "fabric_ip": node.fabric_ip,
-        "head_fabric_ip": plan.head.fabric_ip,
-        "ports": ",".join(ports),
-        "min_free_memory_bytes": int(cfg.preflight.min_free_memory_gib * GIB),
-        # With `auto` the memory check derives the fraction later; preflight checks the floor.
-        "memory_fraction": (
-            fraction
-            if cfg.preflight.unified_memory and fraction != "auto" and len(plan.servers) == 1
-            else 0
-        ),
-        "min_free_disk_bytes": int(cfg.preflight.min_free_disk_gib * GIB),
-        "disk_paths": cfg.model.cache_dir,
-        "require_gpus": node.gpus if cfg.docker.request_gpus else 0,
-        "require_nvidia_runtime": "yes" if cfg.preflight.require_nvidia_runtime else "no",
-        "container_names": ",".join(containers),
-        "deployment": plan.deployment_id,
-        "rdma_hcas": ",".join(node.rdma_hcas),
-        "known_bad": known_bad_flag(cfg),
-        "allow_known_bad": "yes" if cfg.preflight.allow_known_bad else "no",
-    }
 
 
 @dataclass(frozen=True)

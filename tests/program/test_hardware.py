@@ -10,9 +10,9 @@ import pytest
 
 from stacks.config import ConfigError, parse_stack_config
 from stacks.plan import hardware
+from stacks.plan.hosts import preflight_flags
 from stacks.plan.image import pinned_image
 from stacks.plan.known_bad import SHIPPED, known_bad_flag
-from stacks.plan.nodes import preflight_flags
 from tests.program.conftest import ConfigFactory
 from tests.program.harness import evaluate
 from tests.program.test_graph import SECRETS

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
@@ -188,11 +189,84 @@ def preflight(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[s
         "require-gpus": "0", "require-nvidia-runtime": "yes",
         "container-names": "spark-vllm-ray-head,spark-vllm-vllm", "deployment": "spark-vllm/dev",
         "rdma-hcas": "", "known-bad": entries_flag(SHIPPED),
-        "allow-known-bad": "no",
+        "allow-known-bad": "no", "guarded": "", "cluster-fabric-ips": "127.0.0.1",
+        "shared-fabric": "no",
     }  # fmt: skip
     flags.update({k: v for k, v in overrides.items() if not k.isupper()})
     args = [word for key, value in flags.items() for word in (f"--{key}", value)]
     return run("preflight.sh", "--host", "spark1", *args, env=env)
+
+
+LISTENER = """
+import ctypes, socket, sys, time
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)  # PR_SET_NAME: what ss shows
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def listener() -> Iterator[Callable[[str], int]]:
+    """listener(NAME): a process named NAME listening on a free port of loopback; its port."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(name: str) -> int:
+        process = subprocess.Popen(["python3", "-c", LISTENER, name], stdout=subprocess.PIPE,
+                                   text=True)  # fmt: skip
+        started.append(process)
+        assert process.stdout is not None
+        return int(process.stdout.readline())
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def test_preflight_refuses_a_guarded_range_over_a_port_in_use(
+    tmp_path: Path, listener: Callable[[str], int]
+) -> None:
+    """The firewall would cut whatever listens in its ranges off the management network: a
+    port in use there (not by this stack's containers) is refused, naming who holds it."""
+    port = listener("someservice")
+    done = preflight(tmp_path, guarded=f"6379,{port - 5}:{port + 5}")
+    assert done.returncode == 1
+    assert f"port {port} is already in use by someservice (pid " in done.stderr, done.stderr
+    assert "a range in the config covers a port in use" in done.stderr
+    assert preflight(tmp_path, guarded=f"{port + 1}:{port + 9}").returncode == 0
+
+
+def test_preflight_refuses_a_guarded_range_over_sshd_or_this_session(
+    tmp_path: Path, listener: Callable[[str], int]
+) -> None:
+    """The last line before a lock-out: an sshd the config did not know of (a second port, a
+    console's), or the port this very session came in on, inside what the guard drops."""
+    port = listener("sshd")
+    done = preflight(tmp_path, guarded=f"{port - 1}:{port + 1}")
+    assert done.returncode == 1
+    assert f"sshd listens on port {port}, which the firewall would drop" in done.stderr
+    assert "the firewall would cut SSH for good" in done.stderr
+    session = "10.0.0.5 50000 10.0.0.1 2222"
+    done = preflight(tmp_path, guarded="2000:3000", SSH_CONNECTION=session)
+    assert done.returncode == 1
+    assert "this SSH session arrived on port 2222, which the firewall would drop" in done.stderr
+
+
+def test_preflight_refuses_ssh_from_outside_the_cluster_through_the_fabric(tmp_path: Path) -> None:
+    """SSH from a machine that is not a cluster node arriving through the fabric interface: the
+    fabric is the management network, and the firewall admits all of it."""
+    outsider = {"SSH_CONNECTION": "127.0.0.5 50000 127.0.0.1 22"}
+    done = preflight(tmp_path, **outsider)
+    assert done.returncode == 1
+    assert "this SSH session (from 127.0.0.5) reaches the host through its fabric interface lo" in (
+        done.stderr
+    )
+    assert "fabric.sharedWithManagement: true" in done.stderr
+    assert preflight(tmp_path, **outsider, **{"shared-fabric": "yes"}).returncode == 0
+    # A cluster node (the jump topology's head) on the fabric is no outsider.
+    member = {"cluster-fabric-ips": "127.0.0.1,127.0.0.5"}
+    assert preflight(tmp_path, **outsider, **member).returncode == 0
 
 
 def test_preflight_reports_facts_when_the_host_is_ready(tmp_path: Path) -> None:
