@@ -346,6 +346,10 @@ class FrontConfig(ConfigModel):
     # The front's own Prometheus metrics (HAProxy's exporter), on the head's loopback only: for
     # a Prometheus on the head, or an `ssh -L` tunnel; never on the network.
     metrics_port: Port = 8404
+    # At most this many connections at once from one client address, counted before any header
+    # (so clients without the key cannot hold all of the front's); a gateway that pools its
+    # connections (LiteLLM) stays well below it.
+    max_connections_per_client: int = Field(default=64, ge=1, le=4096)
 
 
 class MonitoringImageConfig(ConfigModel):

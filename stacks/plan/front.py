@@ -35,8 +35,11 @@ ROUTER_MAX_CONNECTIONS = 512
 MAX_CONNECTIONS = 4096  # one model: HAProxy's default 16 kB buffers
 
 # A generation can stream for many minutes: the client and server timeouts bound idle time
-# between bytes, not the whole request. A request's headers must arrive within 30 s.
+# between bytes, not the whole request. A request's headers must arrive within
+# HEADERS_SECONDS, and an idle kept-alive connection closes after it: a client without the key
+# (the 401 comes once its headers are in) holds a connection that long at most.
 IDLE_SECONDS = 3600
+HEADERS_SECONDS = 10
 
 
 def front_bind(plan: DeploymentPlan) -> str:
@@ -85,7 +88,10 @@ def front_config(plan: DeploymentPlan) -> str:
     bearer = f"{CONTAINER_API_KEY_DIR}/{BEARER_FILE_NAME}"
     models = f"{CONTAINER_FRONT_DIR}/{MODELS_FILE_NAME}"
     metrics = f"127.0.0.1:{plan.config.front.metrics_port}"
-    return router_config(front_bind(plan), bearer, routes_of(plan), models, metrics)
+    per_client = plan.config.front.max_connections_per_client
+    return router_config(
+        front_bind(plan), bearer, routes_of(plan), models, metrics, per_client=per_client
+    )
 
 
 def error_body(status: int, kind: str, message: str) -> str:
@@ -105,6 +111,8 @@ def router_config(
     routes: Sequence[Route],
     models_file: str,
     metrics_bind: str | None = None,
+    per_client: int = 64,
+    max_connections: int | None = None,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -114,7 +122,9 @@ def router_config(
     (docs/design.md, The front): `tune.bufsize` in bytes (2.6 reads "1m" with atol and
     crashes), a body past the buffer without `model` in the part read is refused (413)
     rather than sent to the first model, and `http-no-delay` lets each SSE event out at once
-    (50-200 ms late without)."""
+    (50-200 ms late without). No client address holds more than `per_client` connections at
+    once (counted as they arrive, before any header: clients without the key cannot hold
+    every connection, slowly sending headers that never end)."""
     unauthorized = haproxy_string(UNAUTHORIZED_BODY)
     unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
         "MODEL", "%[var(txn.model),json(utf8s)]"
@@ -128,11 +138,11 @@ def router_config(
     routing = len(routes) > 1
     # Several routes read each body to find its model: large buffers, fewer connections. One
     # route reads no body: HAProxy's default buffers, and the connections it always had.
-    limits = (
-        [f"    maxconn {ROUTER_MAX_CONNECTIONS}", f"    tune.bufsize {BODY_BUFFER_BYTES}"]
-        if routing
-        else [f"    maxconn {MAX_CONNECTIONS}"]
-    )
+    most = max_connections or (ROUTER_MAX_CONNECTIONS if routing else MAX_CONNECTIONS)
+    limits = [
+        f"    maxconn {most}",
+        *([f"    tune.bufsize {BODY_BUFFER_BYTES}"] if routing else []),
+    ]
     lines = [
         "# Written by spark-vllm (stacks/plan/front.py): changes are replaced on the next up.",
         "global",
@@ -147,7 +157,8 @@ def router_config(
         "    option dontlognull",
         "    option http-no-delay",
         "    timeout connect 5s",
-        "    timeout http-request 30s",
+        f"    timeout http-request {HEADERS_SECONDS}s",
+        f"    timeout http-keep-alive {HEADERS_SECONDS}s",
         f"    timeout client {IDLE_SECONDS}s",
         f"    timeout server {IDLE_SECONDS}s",
         "    timeout check 5s",
@@ -157,6 +168,9 @@ def router_config(
         "    option redispatch",
         "frontend api",
         f"    bind {bind}",
+        "    stick-table type ipv6 size 100k expire 60s store conn_cur",
+        "    tcp-request connection track-sc0 src",
+        f"    tcp-request connection reject if {{ sc0_conn_cur gt {per_client} }}",
         f"    acl has_key req.hdr(authorization) -m str -f {bearer}",
         "    http-request return status 401 content-type application/json"
         f" string {unauthorized} hdr www-authenticate Bearer unless has_key",

@@ -3,7 +3,8 @@ reaches every host's mgmt address (IPv4) and its link-local IPv6 address, but no
 
 What it must find on a deployment with the defaults (README, Security): SSH, and the published
 endpoint, which admits nothing without the key on any route; every other port that listens on
-a host's wildcard address (Ray's, vLLM's own, torch's rendezvous) drops its packets.
+a host's wildcard address (Ray's, vLLM's own, torch's rendezvous) drops its packets; and with
+the route to the fabric a neighbour can add, nothing at all on any host's fabric IP.
 """
 
 from __future__ import annotations
@@ -59,6 +60,40 @@ def wildcard_listeners(lab: Lab, host: str) -> list[Listener]:
     return sorted(found.values(), key=lambda listener: listener.port)
 
 
+def fabric_listeners(lab: Lab, host: str, fabric_ip: str) -> list[int]:
+    """Every TCP port on `host` that a packet for its fabric IP reaches: sockets bound to that
+    address (NCCL's and Gloo's bootstrap, on ports no list names) and to every address."""
+    out = lab.sh(host, "ss -Hltn").stdout
+    ports = set()
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        address, _, port = fields[3].rpartition(":")
+        if address in ("*", "0.0.0.0", "[::]", fabric_ip):
+            ports.add(int(port))
+    return sorted(ports)
+
+
+def assert_a_routed_neighbour_reaches_nothing_on_the_fabric(
+    lab: Lab, hosts: tuple[str, ...]
+) -> dict[str, list[int]]:
+    """A neighbour who routes each host's fabric IP through that host's management address
+    (Linux delivers a packet for any of its addresses on any interface) reaches no port at all
+    there: not SSH, not the endpoint, not a socket bound to the fabric IP alone."""
+    probed: dict[str, list[int]] = {}
+    for index, host in enumerate(hosts):
+        fabric_ip, mgmt_ip = lab.spec.host_fabric_ip(index), lab.spec.host_mgmt_ip(index)
+        ports = fabric_listeners(lab, host, fabric_ip)
+        probed[host] = ports
+        lab.sh("bastion", f"ip route replace {fabric_ip}/32 via {mgmt_ip}")
+        try:
+            assert open_from_bastion(lab, fabric_ip, ports) == [], f"{host} {fabric_ip}: open"
+        finally:
+            lab.sh("bastion", f"ip route del {fabric_ip}/32 via {mgmt_ip}")
+    return probed
+
+
 def link_local(lab: Lab, host: str) -> str:
     """`host`'s IPv6 link-local address on the mgmt LAN, scoped for the bastion's side."""
     out = lab.sh(host, f"ip -6 -o addr show dev {MGMT_IFNAME} scope link").stdout.split()
@@ -96,6 +131,8 @@ def assert_the_lan_reaches_only_ssh_and_the_endpoint(
         scoped = link_local(lab, host)
         assert open_from_bastion(lab, scoped, closed) == [], f"{host} [{scoped}]: open"
         assert open_from_bastion(lab, mgmt_ip, sorted(published)) == sorted(published), host
+    routed = assert_a_routed_neighbour_reaches_nothing_on_the_fabric(lab, hosts)
+    assert all(SSH_PORT in ports for ports in routed.values()), routed  # it probed something
     return probed
 
 

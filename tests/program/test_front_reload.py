@@ -190,3 +190,76 @@ def test_a_front_started_after_the_file_was_written_runs_it_already(front: tuple
     done = reload(config, {**extra["env"], "FAKE_STARTED": started})
     assert done.returncode == 0 and "started with configuration d1" in done.stdout
     assert get(f"{url}/") == "a0\n"
+
+
+def slow_client(port: int, source: str) -> socket.socket | None:
+    """A connection from `source` that sends the start of a request and never its end (as a
+    slowloris client does); None when the front refused it at once."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(2)
+    try:
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: front\r\n")
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def test_slow_clients_without_the_key_never_starve_one_with_it(tmp_path: Path) -> None:
+    """Sixty connections from two addresses of the LAN send headers that never end; a client
+    with the key is served at once all the same: no address holds more than its share of the
+    front's connections (here 8 of 32), counted before any header is read, and the rest are
+    refused at once."""
+    assert HAPROXY is not None
+    server = backend("a")
+    port = free_port()
+    bearer = tmp_path / "bearer"
+    bearer.write_text(f"Bearer {KEY}\n")
+    route = Route("m", "org/m", None, (("s", f"127.0.0.1:{server.server_address[1]}"),))
+    config = tmp_path / "haproxy.cfg"
+    models = str(tmp_path / "m.json")
+    text = router_config(
+        f"127.0.0.1:{port}", str(bearer), [route], models, per_client=8, max_connections=32
+    )
+    config.write_text(text)
+    front = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(config)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                get(f"http://127.0.0.1:{port}/")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "HAProxy did not start"
+                time.sleep(0.1)
+        for source in ("127.0.0.2", "127.0.0.3"):
+            for _ in range(30):
+                sock = slow_client(port, source)
+                if sock is not None:
+                    held.append(sock)
+        # What the front kept of them answers nothing yet (their headers never end); each
+        # address got at most its share: the rest were closed as they came.
+        time.sleep(0.5)
+        alive = 0
+        for sock in held:
+            sock.settimeout(0.05)
+            try:
+                alive += sock.recv(1) != b""
+            except TimeoutError:
+                alive += 1
+            except OSError:
+                pass
+        assert alive <= 16, alive
+        started = time.monotonic()
+        assert get(f"http://127.0.0.1:{port}/") == "a0\n"
+        assert time.monotonic() - started < 2
+    finally:
+        for sock in held:
+            sock.close()
+        front.terminate()
+        front.wait(timeout=10)
+        server.shutdown()
