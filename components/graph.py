@@ -20,7 +20,7 @@ from components.containers import service_container
 from components.steps import StepHost, host_step
 from stacks.plan.containers import ContainerSpec
 from stacks.plan.graph import DeploymentGraph, Planned, Source, later_sources
-from stacks.plan.image import ImagePull
+from stacks.plan.image import ImagePull, is_pinned, unpinned_warning
 from stacks.plan.later import Later, consumed, create_consumes, delete_consumes
 from stacks.plan.nodes import DeploymentPlan
 from stacks.plan.steps import Stdin, StepSpec
@@ -49,6 +49,7 @@ class Walk:
         self._stdin = stdin
         self._sources = sources if sources is not None else later_sources(plan)
         self._values: dict[str, pulumi.Output[str]] = {}
+        self._warned: set[str] = set()
 
     def add_host(self, host: WalkHost) -> None:
         self.hosts[host.node.name] = host
@@ -156,6 +157,16 @@ class Walk:
         )
 
     def _pull(self, entry: Planned, pull: ImagePull, parent: pulumi.Resource) -> docker.RemoteImage:
+        pulled = self._remote_image(entry, pull, parent)
+        if pull.key not in self._warned and not is_pinned(pull.ref):
+            # Once per setting (node_exporter is pulled on every node).
+            self._warned.add(pull.key)
+            pulled.repo_digest.apply(lambda digest: _warn_if_unpinned(pull, digest))
+        return pulled
+
+    def _remote_image(
+        self, entry: Planned, pull: ImagePull, parent: pulumi.Resource
+    ) -> docker.RemoteImage:
         return docker.RemoteImage(
             entry.name,
             name=pull.ref,
@@ -180,3 +191,10 @@ def _joined(ids: list[str]) -> str:
 def _hash(value: str) -> str:
     """A secret's label: its hash, never the secret (still marked secret in the state)."""
     return hashlib.sha256(value.encode()).hexdigest()[:16] if value else "none"
+
+
+def _warn_if_unpinned(pull: ImagePull, repo_digest: str) -> None:
+    """A bare tag: the exact digest to pin it to (stacks/plan/image.py)."""
+    warning = unpinned_warning(pull, repo_digest)
+    if warning is not None:
+        pulumi.log.warn(warning)

@@ -33,7 +33,6 @@ class ImageDistribution(pulumi.ComponentResource):
         pulled = walk.pulled(image_pull_of(stream))
         self.image_id = walk.value(stream.later(IMAGE_ID).name)
         self.repo_digest = pulled.repo_digest
-        pulumi.Output.all(pulled.name, pulled.repo_digest).apply(_warn_if_unpinned)
         self.pinned = walk.value(stream.later(PINNED_IMAGE).name)
         # Each node runs the image once before anything starts from it (image-facts.sh).
         facts = walk.step(image_facts_of(plan.head.name, component)).stdout
@@ -54,13 +53,6 @@ class ImageDistribution(pulumi.ComponentResource):
                 "facts": self.facts,
             }
         )
-
-
-def _warn_if_unpinned(name_and_digest: list[str]) -> None:
-    """A bare tag as image.ref: the exact digest to pin it to (stacks/plan/image.py)."""
-    warning = image.unpinned_warning(*name_and_digest)
-    if warning is not None:
-        pulumi.log.warn(warning)
 
 
 def _warn_about_ray(facts: dict[str, str]) -> None:

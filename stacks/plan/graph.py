@@ -528,7 +528,7 @@ def _front(
     """HAProxy on the head, publishing vllm.port to requests carrying the key: its key file, its
     container and its reload."""
     head = plan.head
-    key_file = server.api_key_file(plan, FRONT)
+    key_file = server.api_key_file(plan, FRONT, grafana=True)
     # Before this release the server's component held it: the same step, not a new one whose
     # predecessor's delete would remove the key after it was written.
     moved = MovedFrom("vllm-api-key", "spark-vllm:index:VllmServer", VLLM)

@@ -26,6 +26,8 @@ class ImagePull:
     platform: str | None
     keep_locally: bool
     timeout_minutes: int
+    key: str = "image.ref"  # the setting that names it, for the unpinned warning
+    output: str = "the imageDigest output"  # where the digest it pulled is published
 
 
 def image_pull(plan: DeploymentPlan, stream: ImageStream) -> ImagePull:
@@ -35,6 +37,8 @@ def image_pull(plan: DeploymentPlan, stream: ImageStream) -> ImagePull:
         platform=image.platform,
         keep_locally=image.keep_on_destroy,
         timeout_minutes=plan.config.timeouts.image_transfer_minutes,
+        key=f"{stream.models[0].model_key}.image.ref" if stream.key else "image.ref",
+        output="the models output" if stream.key else "the imageDigest output",
     )
 
 
@@ -58,31 +62,39 @@ def is_pinned(ref: str) -> bool:
     return DIGEST_MARK in ref
 
 
-def unpinned_warning(ref: str, repo_digest: str) -> str | None:
-    """What to tell a user whose `image.ref` is a bare tag, with the exact ref to pin (the tag
-    kept for the reader, the digest the head pulled: `repo_digest`, `repo@sha256:...`); None
-    when it is pinned. An image with no repo digest (built or loaded on the head, never pulled)
-    cannot be pinned by digest."""
+def unpinned_warning(pull: ImagePull, repo_digest: str) -> str | None:
+    """What to tell a user whose image ref (`pull.key`: image.ref, front.image.ref, ...) is a
+    bare tag, with the exact ref to pin (the tag kept for the reader, the digest pulled:
+    `repo_digest`, `repo@sha256:...`); None when it is pinned. An image with no repo digest
+    (built or loaded there, never pulled) cannot be pinned by digest."""
+    ref, key = pull.ref, pull.key
     if is_pinned(ref):
         return None
     if not repo_digest or DIGEST_MARK not in repo_digest:
         return (
-            f"image.ref {ref} is a tag with no registry digest on the head (built or loaded "
-            "there, not pulled): a new image under the same tag is rolled out to every node "
-            "by the next `pulumi up --refresh`"
+            f"{key} {ref} is a tag with no registry digest where it was pulled (built or "
+            "loaded there, not pulled): a new image under the same tag is rolled out by the "
+            "next `pulumi up --refresh`"
         )
     digest = repo_digest.split("@", 1)[1]
     return (
-        f"image.ref {ref} is a tag, not pinned: a `docker pull` of it on the head, then "
-        "`pulumi up --refresh`, rolls a new image out to every node without a change in the "
-        f"stack. Pin what the head pulled: image.ref: {ref}@{digest} (the imageDigest output)"
+        f"{key} {ref} is a tag, not pinned: a `docker pull` of it there, then "
+        "`pulumi up --refresh`, rolls a new image out without a change in the stack. Pin what "
+        f"was pulled: {key}: {ref}@{digest} ({pull.output})"
     )
 
 
 def front_image_pull(plan: DeploymentPlan) -> ImagePull:
     """The front's image, pulled on the head and kept (small, and what a rollback needs)."""
     image = plan.config.front.image
-    return ImagePull(ref=image.ref, platform=image.platform, keep_locally=True, timeout_minutes=15)
+    return ImagePull(
+        ref=image.ref,
+        platform=image.platform,
+        keep_locally=True,
+        timeout_minutes=15,
+        key="front.image.ref",
+        output="the frontImageDigest output",
+    )
 
 
 # Every container and step names the serving image by a tag made from the head's image ID, on

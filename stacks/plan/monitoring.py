@@ -27,6 +27,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from stacks.config import MonitoringImageConfig
 from stacks.plan.containers import RESTART_POLICY, ContainerSpec, Mount, Role
 from stacks.plan.hosts import written
 from stacks.plan.image import ImagePull
@@ -35,6 +36,8 @@ from stacks.plan.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan, NodePlan
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "components" / "dashboards"
+
+GRAFANA_PASSWORD_FILE = "grafana-admin"  # beside the API key on the head (api-key-file.sh)
 
 # Inside the containers.
 CONTAINER_CONFIG_DIR = "/etc/spark-vllm"  # prometheus.yml
@@ -340,18 +343,26 @@ def image_later(name: str) -> Later:
 
 
 def prometheus_pull(plan: DeploymentPlan) -> ImagePull:
-    image = plan.config.monitoring.prometheus.image
-    return ImagePull(image.ref, image.platform, True, MONITORING_IMAGE_PULL_MINUTES)
+    return _pull(plan.config.monitoring.prometheus.image, "prometheus")
 
 
 def grafana_pull(plan: DeploymentPlan) -> ImagePull:
-    image = plan.config.monitoring.grafana.image
-    return ImagePull(image.ref, image.platform, True, MONITORING_IMAGE_PULL_MINUTES)
+    return _pull(plan.config.monitoring.grafana.image, "grafana")
 
 
 def node_exporter_pull(plan: DeploymentPlan) -> ImagePull:
-    image = plan.config.monitoring.node_exporter.image
-    return ImagePull(image.ref, image.platform, True, MONITORING_IMAGE_PULL_MINUTES)
+    return _pull(plan.config.monitoring.node_exporter.image, "nodeExporter")
+
+
+def _pull(image: MonitoringImageConfig, part: str) -> ImagePull:
+    return ImagePull(
+        image.ref,
+        image.platform,
+        True,
+        MONITORING_IMAGE_PULL_MINUTES,
+        key=f"monitoring.{part}.image.ref",
+        output="the monitoring output",
+    )
 
 
 def _container(
@@ -414,8 +425,9 @@ def prometheus_container(plan: DeploymentPlan) -> ContainerSpec:
 
 def grafana_container(plan: DeploymentPlan) -> ContainerSpec:
     """Grafana with the datasource and dashboards provisioned, on the head's loopback; anonymous
-    visitors view (whoever reaches loopback has SSH to the head), `admin`'s password is the API
-    key (read from its file, never in the container's configuration); no phoning home."""
+    visitors view (whoever reaches loopback has SSH to the head), `admin`'s password is its own,
+    derived one way from the API key (api-key-file.sh; read from its file, never in the
+    container's configuration); no phoning home."""
     cfg = plan.config.monitoring.grafana
     files = monitoring_files(plan)
     env = {
@@ -423,7 +435,7 @@ def grafana_container(plan: DeploymentPlan) -> ContainerSpec:
         "GF_SERVER_HTTP_PORT": str(cfg.port),
         "GF_AUTH_ANONYMOUS_ENABLED": "true",
         "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
-        "GF_SECURITY_ADMIN_PASSWORD__FILE": f"{CONTAINER_API_KEY_DIR}/api-key",
+        "GF_SECURITY_ADMIN_PASSWORD__FILE": f"{CONTAINER_API_KEY_DIR}/{GRAFANA_PASSWORD_FILE}",
         "GF_ANALYTICS_REPORTING_ENABLED": "false",
         "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
         "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",

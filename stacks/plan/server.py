@@ -72,9 +72,11 @@ def _wait(
     )
 
 
-def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
+def api_key_file(plan: DeploymentPlan, name: str, grafana: bool = False) -> StepSpec:
     """The API key (stdin) written to the file the server's launcher reads (on the head; with
-    a server on a worker, there: `server_key_dir`); nothing is logged."""
+    a server on a worker, there: `server_key_dir`); nothing is logged. `grafana`: beside it,
+    Grafana's admin password derived from it (written whether or not monitoring runs, so
+    turning monitoring on changes no step of the front)."""
     node = plan.head if plan.server_node.is_head else plan.server_node
     file = plan.api_key_file if node.is_head else f"{plan.server_key_dir}/api-key"
     return undoable(
@@ -85,6 +87,7 @@ def api_key_file(plan: DeploymentPlan, name: str) -> StepSpec:
         ("write", "remove"),
         {"file": file},
         (check("files", file),),
+        create_flags={"grafana": "yes"} if grafana else None,
         stdin="api-key",
         quiet="none",
     )

@@ -142,7 +142,7 @@ def test_everything_listens_on_loopback_but_the_exporter_on_the_fabric(
     env = dict(e.split("=", 1) for e in grafana.env)
     assert (env["GF_SERVER_HTTP_ADDR"], env["GF_SERVER_HTTP_PORT"]) == ("127.0.0.1", "3000")
     # The key is read from its file: no secret in the container's configuration.
-    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/spark-vllm/api-key"
+    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/spark-vllm/grafana-admin"
     assert SECRETS["apiKey"] not in json.dumps(grafana.env)
     assert "--web.listen-address=10.241.0.12:19100" in exporter.command
     # The guard holds the exporter's port on every node, monitoring on or off.

@@ -165,6 +165,21 @@ def test_the_api_key_file_is_private_and_never_echoed(tmp_path: Path) -> None:
     assert not target.exists()
 
 
+def test_grafanas_password_is_its_own_and_tells_nothing_of_the_key(tmp_path: Path) -> None:
+    target = tmp_path / "state" / "api-key"
+    key = "sk-secret-0123456789abcdef"
+    run("api-key-file.sh", "write", "--host", "h", "--file", str(target), "--grafana", "yes",
+        stdin=f"{key}\n", check=True)  # fmt: skip
+    password = (target.parent / "grafana-admin").read_text().strip()
+    assert len(password) == 32 and key not in password and password not in key
+    assert oct((target.parent / "grafana-admin").stat().st_mode & 0o777) == "0o600"
+    run("api-key-file.sh", "write", "--host", "h", "--file", str(target), "--grafana", "yes",
+        stdin="sk-other-0123456789abcdef\n", check=True)  # fmt: skip
+    assert (target.parent / "grafana-admin").read_text().strip() != password  # rotates with it
+    run("api-key-file.sh", "remove", "--host", "h", "--file", str(target), check=True)
+    assert not target.parent.exists()
+
+
 # --- preflight, with a stand-in docker CLI (the lab runs it against a real daemon) ---------------
 
 FAKE_DOCKER = """#!/usr/bin/env bash
