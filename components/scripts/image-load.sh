@@ -9,13 +9,25 @@
 # stop a stalled load (`stop`, which copy_engine.py runs).
 set -euo pipefail
 bin="$(cd "$(dirname "$0")" && pwd)"
+# started PID: when the process began (clock ticks since boot, /proc/PID/stat's 22nd field,
+# read after the name, which may hold spaces): with the PID, it names one process for good.
+started() {
+  local stat fields
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 0
+  read -r -a fields <<<"${stat##*) }"
+  echo "${fields[19]}"
+}
 if [ "$1" = stop ]; then
-  # Only a load of ours: the group's leader must still be this script (a reused PID is left be).
+  # Only a load of ours: the group's leader must be the process the pidfile names, started when
+  # it says (a PID reused since, even by another load, is left be).
   pidfile="$(dirname "$bin")/image-stage/$2.pid"
-  group="$(cat "$pidfile" 2>/dev/null || true)"
-  case "$group" in
+  read -r group since <"$pidfile" 2>/dev/null || true
+  case "${group:-}" in
     "" | *[!0-9]*) ;;
-    *) if grep -qs image-load "/proc/$group/cmdline"; then kill -KILL -- "-$group" || true; fi ;;
+    *) if [ -n "${since:-}" ] && [ "$(started "$group")" = "$since" ] \
+          && grep -qs image-load "/proc/$group/cmdline"; then
+         kill -KILL -- "-$group" || true
+       fi ;;
   esac
   rm -f "$pidfile"
   exit 0
@@ -24,7 +36,7 @@ stage="$(dirname "$bin")/image-stage/$1"
 pinned=$2
 mkdir -p "$stage"
 read -r _ _ _ _ group _ </proc/$$/stat
-echo "$group" >"$stage.pid"
+echo "$group $(started "$group")" >"$stage.pid"
 decompress=(cat)
 [ "$3" != zstd ] || decompress=(zstd -d -q)
 loaded="$("${decompress[@]}" | python3 "$bin/image_stage.py" receive "$stage" | docker load)"

@@ -621,3 +621,29 @@ case " ${DOWN:-} " in
 esac
 exec bash -c "$*"
 """
+
+
+def test_a_stalled_load_is_stopped_only_if_its_pid_still_names_it(tmp_path: Path) -> None:
+    """image-load.sh stop kills the process group its pidfile names only while that PID is the
+    process that wrote it (its start time too): a PID the kernel gave to another process since
+    (even another load) is left be."""
+    bin_dir, stage = tmp_path / "bin", tmp_path / "image-stage"
+    bin_dir.mkdir()
+    stage.mkdir()
+    shutil.copy(SCRIPTS / "image-load.sh", bin_dir / "image-load.sh")
+    load = subprocess.Popen(["bash", "-c", "exec -a image-load-stand-in sleep 60"],
+                            start_new_session=True)  # fmt: skip
+    try:
+        fields = Path(f"/proc/{load.pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        since = fields[19]
+        for recorded, alive in ((f"{load.pid} {int(since) + 1}", True), (f"{load.pid}", True),
+                                (f"{load.pid} {since}", False)):  # fmt: skip
+            (stage / "s1.pid").write_text(recorded + "\n")
+            subprocess.run(["bash", str(bin_dir / "image-load.sh"), "stop", "s1"], check=True,
+                           timeout=30)  # fmt: skip
+            time.sleep(0.2)
+            assert (load.poll() is None) == alive, recorded
+            assert not (stage / "s1.pid").exists()
+    finally:
+        load.kill()
+        load.wait()
