@@ -6,7 +6,8 @@
 #   image-record.sh remove --host H --pinned NAME --keep yes|no
 # `remove` (the step's delete) takes the pinned name off. With image.keepOnDestroy (`--keep
 # yes`) it does so only while the image has another name: when the pinned name is its last,
-# removing the name would remove the image the user asked to keep.
+# removing the name would remove the image the user asked to keep. Never while a container (of
+# another stack on the host, which shares the name) uses the image.
 . "$(dirname "$0")/lib.sh"
 action="${1:-}"; shift || true
 parse_flags "$@"
@@ -24,7 +25,12 @@ case "$action" in
   remove)
     require keep
     names="$(docker image inspect --format '{{len .RepoTags}}' "$ARG_PINNED" 2>/dev/null)" || exit 0
-    if [ "$ARG_KEEP" = no ] || [ "$names" -gt 1 ]; then
+    # The pinned name is every stack's on this host (by content): another stack's containers
+    # (this one's are gone by now) run by it, so it stays while any container uses the image.
+    users="$(docker ps -aq --filter "ancestor=$ARG_PINNED" 2>/dev/null | wc -l)"
+    if [ "$users" -gt 0 ]; then
+      echo "the name $ARG_PINNED stays: $users container(s) of another deployment use it"
+    elif [ "$ARG_KEEP" = no ] || [ "$names" -gt 1 ]; then
       docker image rm --no-prune "$ARG_PINNED" >/dev/null \
         || fail "cannot take the name $ARG_PINNED off the head's image" "a container still uses it (docker ps -a there)"
     fi ;;

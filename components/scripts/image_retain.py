@@ -66,12 +66,24 @@ def write_history(path: str, names: Sequence[str]) -> None:
 
 
 def remove(name: str) -> str:
-    """`removed`, `gone` (no image has the name any more) or `in use`."""
+    """`removed`, `gone` (no image has the name any more) or `in use`: a container uses the
+    image. Docker itself refuses only to remove an image's last name while a container uses
+    it; an image with another name (the head's pulled ref) would lose the pinned one, which
+    every stack on the host shares, under another stack's containers."""
     present = subprocess.run(
         ["docker", "image", "inspect", name], capture_output=True, timeout=60, check=False
     )
     if present.returncode != 0:
         return "gone"
+    users = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"ancestor={name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if users.returncode != 0 or users.stdout.strip():
+        return "in use"
     result = subprocess.run(
         ["docker", "image", "rm", "--no-prune", name],
         capture_output=True,

@@ -40,3 +40,27 @@ def test_an_entrys_own_image_leaves_image_refs_record_alone(tmp_path: Path) -> N
 def test_image_refs_record_is_the_heads_image_id(tmp_path: Path) -> None:
     record(tmp_path)
     assert (tmp_path / "state" / "image-id").read_text() == f"{IMAGE_ID}\n"
+
+
+REMOVE_DOCKER = """#!/usr/bin/env bash
+case "$1 $2" in
+  "image inspect") echo 2 ;;  # the pinned name and the pulled ref
+  "ps -aq") [ -z "${FAKE_USERS:-}" ] || echo c0ffee ;;
+  "image rm") echo "$@" >> "$LOG" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_the_pinned_name_stays_while_another_stacks_container_uses_it(tmp_path: Path) -> None:
+    """The delete takes the pinned name off, but not from under another stack on the head (the
+    name is by content: every stack's), whose containers run by it."""
+    flags = ["--host", "spark1", "--pinned", "spark-vllm.invalid/image:x", "--keep", "no"]
+    for users, removed in (("1", False), ("", True)):
+        env = {**fake_bin(tmp_path, docker=REMOVE_DOCKER), "LOG": str(tmp_path / "log"),
+               "FAKE_USERS": users}  # fmt: skip
+        done = run("image-record.sh", "remove", *flags, env=env)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "log").exists() == removed, users
+        if not removed:
+            assert "container(s) of another deployment use it" in done.stdout

@@ -41,13 +41,18 @@ def test_retention_keeps_the_current_and_the_newest_previous(
 
 
 def fake_docker(tmp_path: Path, images: dict[str, str]) -> dict[str, str]:
-    """A `docker` on PATH that knows `images` (name -> "free" or "used") and logs its calls."""
+    """A `docker` on PATH that knows `images` (name -> "free", "used": Docker refuses to remove
+    it, or "shared": it has another name, so Docker would only untag it, while a container of
+    another stack runs it) and logs its calls."""
     lines = ['case "$1 $2" in']
+    lines.append('  "ps -aq") case "$4" in')
+    lines += [f'    "ancestor={n}") echo c0ffee ;;' for n, s in images.items() if s == "shared"]
+    lines.append("    *) : ;; esac ;;")
     lines.append('  "image inspect") case "$3" in')
     lines += [f'    "{name}") exit 0 ;;' for name in images]
     lines.append("    *) exit 1 ;; esac ;;")
     lines.append('  "image rm") echo "$@" >> "$LOG"; case "$4" in')
-    lines += [f'    "{n}") exit {0 if s == "free" else 1} ;;' for n, s in images.items()]
+    lines += [f'    "{n}") exit {1 if s == "used" else 0} ;;' for n, s in images.items()]
     lines.append("    *) exit 1 ;; esac ;;")
     lines.append("esac")
     bin_dir = tmp_path / "bin"
@@ -86,6 +91,15 @@ def test_older_images_lose_their_name_one_in_use_is_kept_for_the_next_run(
         f"image rm --no-prune {B}",
     ]
     assert (tmp_path / "h").read_text().splitlines() == [A, C]  # A is tried again next time
+
+
+def test_a_name_another_stacks_container_runs_is_kept(tmp_path: Path) -> None:
+    """Every stack on a host shares the pinned name (by content): an image that has another
+    name too would only be untagged by Docker, under another stack's running container."""
+    env = fake_docker(tmp_path, {A: "shared", C: "free"})
+    (tmp_path / "h").write_text(f"{A}\n")
+    assert retain(tmp_path, env, C, 0) == {"kept": [C], "removed": [], "inUse": [A]}
+    assert not (tmp_path / "log").exists()  # never asked Docker to remove it
 
 
 def test_a_name_already_gone_is_not_removed_again(tmp_path: Path) -> None:
