@@ -165,17 +165,24 @@ listeners="$(ss -Hltnp 2>/dev/null | awk '{
   }
   print a[n], pid, name
 }' | sort -u)"
-# This deployment's own containers (a port they hold is this stack's, on a second run).
-own_ids="$(docker ps -q --no-trunc --filter "label=spark-vllm.deployment=$ARG_DEPLOYMENT" 2>/dev/null | paste -sd "|" - || true)"
-ours() { [ "$1" != - ] && [ -n "$own_ids" ] && grep -qE "$own_ids" "/proc/$1/cgroup" 2>/dev/null; }
+# This deployment's containers (a port they hold is this stack's, on a second run), and every
+# spark-vllm deployment's (another stack's guard drops what its containers listen on too).
+containers() { docker ps -q --no-trunc --filter "label=spark-vllm.deployment$1" 2>/dev/null | paste -sd "|" - || true; }
+own_ids="$(containers "=$ARG_DEPLOYMENT")" spark_ids="$(containers "")"
+in_one_of() { [ "$1" != - ] && [ -n "$2" ] && grep -qE "$2" "/proc/$1/cgroup" 2>/dev/null; }
 while read -r port pid name; do
   [ -n "$port" ] || continue
   if in_list "$port" "$ARG_GUARDED" && [[ "$name" == sshd* ]]; then
     fail "sshd listens on port $port, which the firewall would drop on every interface but the fabric" \
       "a port or range in the config covers one of this host's SSH ports; move it (the firewall would cut SSH for good)"
   fi
-  in_list "$port" "$ARG_PORTS,$ARG_GUARDED" || continue
-  ours "$pid" && continue
+  if in_list "$port" "$ARG_PORTS"; then  # this stack will listen there: only its own may
+    in_one_of "$pid" "$own_ids" && continue
+  elif in_list "$port" "$ARG_GUARDED"; then  # only guarded (the other executor's ports)
+    in_one_of "$pid" "$spark_ids" && continue
+  else
+    continue
+  fi
   # Whose it is cannot be seen (another user's process, as a non-root SSH user): as before, a
   # port is taken to be this stack's while one of its containers runs.
   [ "$pid" = - ] && own_containers_running && continue

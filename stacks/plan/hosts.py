@@ -144,11 +144,11 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     free, the memory, disk and GPUs it must find, and what SSH may not be."""
     cfg = plan.config
     servers = servers_on(plan, node)
+    # What this stack listens on (its executor's ports and ranges): free, or its own.
     listened = [port for server in servers for port in cluster_listen_ports(server, node)]
-    single_ports = [port for port in dict.fromkeys(listened) if ":" not in port]
     served = [str(s.server_port) for s in plan.per_server if s.runs_server(node)]
     front = [str(cfg.vllm.port), str(cfg.front.metrics_port)] if node.is_head else []
-    ports = [*front, *served, *single_ports]
+    ports = list(dict.fromkeys([*front, *served, *listened]))
     containers = own_container_names(plan, node)
     # With several servers on a node each one's memory check runs once the ones before it
     # started (graph.py): then it sees what they took. Preflight checks only the floor.
