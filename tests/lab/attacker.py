@@ -115,15 +115,16 @@ def open_from_bastion(lab: Lab, address: str, ports: list[int]) -> list[int]:
 
 
 def assert_the_lan_reaches_only_ssh_and_the_endpoint(
-    lab: Lab, hosts: tuple[str, ...], endpoint_port: int
+    lab: Lab, hosts: tuple[str, ...], endpoint_port: int, *more_endpoints: int
 ) -> dict[str, list[int]]:
-    """On every host, every wildcard listener but SSH (and the endpoint on the head) is closed
-    to the bastion, over IPv4 and IPv6. Returns what was probed, so callers can check it holds
-    the ports they expect (a test that probed nothing would prove nothing)."""
+    """On every host, every wildcard listener but SSH (and the endpoint on the head: each
+    stack's, with several) is closed to the bastion, over IPv4 and IPv6. Returns what was
+    probed, so callers can check it holds the ports they expect (a test that probed nothing
+    would prove nothing)."""
     probed: dict[str, list[int]] = {}
     for index, host in enumerate(hosts):
         listeners = wildcard_listeners(lab, host)
-        published = {SSH_PORT, endpoint_port} if index == 0 else {SSH_PORT}
+        published = {SSH_PORT, endpoint_port, *more_endpoints} if index == 0 else {SSH_PORT}
         closed = sorted({item.port for item in listeners} - published)
         probed[host] = closed
         mgmt_ip = lab.spec.host_mgmt_ip(index)

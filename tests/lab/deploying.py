@@ -39,15 +39,19 @@ RAY_NODES = (
 
 
 def deploy(
-    lab: Lab, mocks: RealMocks, config: dict[str, Any], project_dir: Path = REPO
+    lab: Lab,
+    mocks: RealMocks,
+    config: dict[str, Any],
+    project_dir: Path = REPO,
+    stack: str = "lab",
 ) -> StackOutputs:
     """`pulumi up` of a stack whose file holds `config`; its apiKey is set with --secret."""
     cli = PulumiCli(project_dir)
     plain = {key: value for key, value in config.items() if key != f"{PROJECT}:apiKey"}
-    cli.stack_from("lab", plain)
+    cli.stack_from(stack, plain)
     if f"{PROJECT}:apiKey" in config:
-        cli.config_set("lab", "apiKey", config[f"{PROJECT}:apiKey"], secret=True)
-    return run_program(cli, "lab", mocks, max_parallel=8)
+        cli.config_set(stack, "apiKey", config[f"{PROJECT}:apiKey"], secret=True)
+    return run_program(cli, stack, mocks, max_parallel=8)
 
 
 def copy_report(outputs: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from tests.lab.deploying import (
     reachable_from_bastion,
 )
 from tests.lab.engine import NextUp
+from tests.lab.realmocks import RealMocks
 from tests.lab.timings import record_figure, record_timing
 from tests.standin.test_metrics import dashboard_queries
 
@@ -411,3 +412,79 @@ def test_monitoring_turned_off_deletes_only_its_own(stack: Stack) -> None:
     left = host_sh(stack.lab, "spark1", "ls -A /root/.spark-vllm/monitoring 2>&1; true")
     assert "No such file" in left, left
     assert "monitoring" not in stack.outputs
+
+
+# A second stack on the same hosts: its own prefix, ports, state directory and firewall chain.
+SECOND_STACK = "lab2"
+SECOND_PREFIX = "svl2"
+
+
+def second_stack(lab: Lab) -> dict[str, Any]:
+    """The committed lab stack moved out of the first one's way: every port it listens on or
+    guards (Ray's too, which an mp stack's guard keeps for a switch of executors), and a fixed
+    share of memory (the hosts share this machine's)."""
+    config = one_model(lab)
+    config[f"{PROJECT}:docker"] = {**config[f"{PROJECT}:docker"], "containerPrefix": SECOND_PREFIX}
+    config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "port": 8100, "serverPort": 8101,
+                                 "masterPort": 29601, "gpuMemoryUtilization": SHARE}  # fmt: skip
+    config[f"{PROJECT}:front"] = {**config[f"{PROJECT}:front"], "metricsPort": 8405}
+    config[f"{PROJECT}:monitoring"] = {"nodeExporter": {"port": 19101}}
+    config[f"{PROJECT}:ray"] = {
+        "port": 6479, "nodeManagerPort": 6480, "objectManagerPort": 6481,
+        "runtimeEnvAgentPort": 6482, "dashboardAgentGrpcPort": 6483,
+        "dashboardAgentListenPort": 6484, "metricsExportPort": 6485,
+        "minWorkerPort": 11002, "maxWorkerPort": 11999,
+    }  # fmt: skip
+    return config
+
+
+def chains(stack: Stack, host: str) -> str:
+    return host_sh(stack.lab, host, "iptables -w 10 -S; ip6tables -w 10 -S")
+
+
+def test_a_second_stack_on_the_same_hosts_opens_no_port_of_either(stack: Stack) -> None:
+    """Two deployments' guards on one host: each keeps its own chain under the shared parent,
+    neither rebuilds its chain once both hold (two guards that fought for INPUT's first rule
+    flushed theirs on every pass, their ports open meanwhile), the LAN reaches nothing but SSH
+    and the two endpoints, and the second stack's destroy leaves the first's rules whole. The
+    first stack serves throughout (0 failed requests)."""
+    lab = stack.lab
+    head = lab.spec.host_mgmt_ip(0)
+    second = RealMocks()
+    with RequestLoop(stack.endpoint, SERVED_NAME) as loop:
+        try:
+            started = time.monotonic()
+            deploy(lab, second, second_stack(lab), stack=SECOND_STACK)
+            record_timing("several models: a second stack on the same hosts, its first up",
+                          time.monotonic() - started)  # fmt: skip
+            body = {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 4}
+            url = f"http://{head}:8100/v1/completions"
+            assert attacker.bastion_request(lab, url, "POST", API_KEY, body) == 200
+            assert attacker.bastion_request(lab, url, "POST", None, body) == 401
+            for host in lab.spec.host_names:
+                rules = chains(stack, host).splitlines()
+                assert rules.count("-A INPUT -j SPARK-VLLM") == 2, rules  # IPv4 and IPv6
+                assert len([r for r in rules if r.startswith("-A SPARK-VLLM -j ")]) == 4, rules
+            guards = [(host, prefix) for host in lab.spec.host_names
+                      for prefix in (PREFIX, SECOND_PREFIX)]  # fmt: skip
+            settled = {guard: guard_log(stack, *guard) for guard in guards}
+            time.sleep(25)  # two of the guards' passes (10 s)
+            for guard, before in settled.items():
+                assert "applying it again" not in guard_log(stack, *guard)[len(before) :], guard
+            hosts = tuple(lab.spec.host_names)
+            attacker.assert_the_lan_reaches_only_ssh_and_the_endpoint(lab, hosts, 8000, 8100)
+        finally:
+            second.teardown()
+        for host in lab.spec.host_names:
+            rules = chains(stack, host).splitlines()
+            first = [r for r in rules if r.startswith("-A SPARK-VLLM -j ")]
+            assert len(first) == 2, rules  # the first stack's, IPv4 and IPv6
+        attacker.assert_the_lan_reaches_only_ssh_and_the_endpoint(
+            lab, tuple(lab.spec.host_names), 8000
+        )
+    record_figure("several models: a second stack up and down beside", loop.summary())
+    assert loop.sent > 10 and loop.failures == [], loop.summary()
+
+
+def guard_log(stack: Stack, host: str, prefix: str) -> str:
+    return host_sh(stack.lab, host, f"docker logs {prefix}-firewall 2>&1")
