@@ -420,21 +420,16 @@ SECOND_PREFIX = "svl2"
 
 
 def second_stack(lab: Lab) -> dict[str, Any]:
-    """The committed lab stack moved out of the first one's way: every port it listens on or
-    guards (Ray's too, which an mp stack's guard keeps for a switch of executors), and a fixed
-    share of memory (the hosts share this machine's)."""
+    """The committed lab stack moved out of the first one's way: every port it listens on, and
+    a fixed share of memory (the hosts share this machine's). Ray's ports stay the defaults,
+    which the first stack's Ray model holds on the head: an mp stack's guard keeps them too
+    (for a switch of executors), and preflight lets another stack's containers hold them."""
     config = one_model(lab)
     config[f"{PROJECT}:docker"] = {**config[f"{PROJECT}:docker"], "containerPrefix": SECOND_PREFIX}
     config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "port": 8100, "serverPort": 8101,
                                  "masterPort": 29601, "gpuMemoryUtilization": SHARE}  # fmt: skip
     config[f"{PROJECT}:front"] = {**config[f"{PROJECT}:front"], "metricsPort": 8405}
     config[f"{PROJECT}:monitoring"] = {"nodeExporter": {"port": 19101}}
-    config[f"{PROJECT}:ray"] = {
-        "port": 6479, "nodeManagerPort": 6480, "objectManagerPort": 6481,
-        "runtimeEnvAgentPort": 6482, "dashboardAgentGrpcPort": 6483,
-        "dashboardAgentListenPort": 6484, "metricsExportPort": 6485,
-        "minWorkerPort": 11002, "maxWorkerPort": 11999,
-    }  # fmt: skip
     return config
 
 
