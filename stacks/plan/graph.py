@@ -305,7 +305,7 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
             front_reload,
             ray_checked,
         )
-    _monitoring(plan, entries, image_ready, firewalled, key_file, ready)
+    _monitoring(plan, entries, image_ready, firewalled, key_file, ready, facts.entry_scripts)
     return DeploymentGraph(tuple(entries))
 
 
@@ -575,6 +575,7 @@ def _monitoring(
     firewalled: dict[str, str],
     key_file: str,
     ready: str,
+    scripts: EntryScripts,
 ) -> None:
     """monitoring.enabled: its files and data directory on the head, its pulls, Prometheus and
     Grafana on the head, an exporter on each node (after the node's rules hold: its port is the
@@ -603,7 +604,7 @@ def _monitoring(
             Planned(
                 exporter,
                 MONITORING,
-                monitoring.node_exporter_container(plan, node),
+                monitoring.node_exporter_container(plan, node, scripts),
                 node.name,
                 after=(f"{exporter}-pull", *rules),
                 image=image_of[exporter],

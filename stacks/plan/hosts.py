@@ -117,7 +117,10 @@ def install_scripts(
         node=node,
         create=(
             f"umask 077 && {claim_state_leaf(plan, node)} && mkdir -p {words(bound)} && "
-            f"chmod 755 {bin_dir} && base64 -d | tar -xzf - -C {bin_dir} && "
+            # The guard's markers (a boot ID and a digest) read by node_exporter's gate as
+            # `nobody`: the directory can be passed through, not listed.
+            f"chmod 755 {bin_dir} && chmod 711 {shlex.quote(firewall_dir(node))} && "
+            f"base64 -d | tar -xzf - -C {bin_dir} && "
             f"echo {digest} > {marker}"
         ),
         receipts=(

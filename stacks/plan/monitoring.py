@@ -28,7 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stacks.config import MonitoringImageConfig
-from stacks.plan.containers import RESTART_POLICY, ContainerSpec, Mount, Role
+from stacks.plan.containers import RESTART_POLICY, ContainerSpec, EntryScripts, Mount, Role
+from stacks.plan.firewall import (
+    CONTAINER_FIREWALL_DIR,
+    FIREWALLED_LABEL,
+    GATE_WAIT_SECONDS,
+    MARKER_FRESH_SECONDS,
+    MARKER_NAME,
+    chain_name,
+    firewall_dir,
+)
 from stacks.plan.hosts import written
 from stacks.plan.image import ImagePull
 from stacks.plan.later import PINNED_IMAGE, Later
@@ -458,23 +467,36 @@ def grafana_container(plan: DeploymentPlan) -> ContainerSpec:
     )
 
 
-def node_exporter_container(plan: DeploymentPlan, node: NodePlan) -> ContainerSpec:
+def node_exporter_container(
+    plan: DeploymentPlan, node: NodePlan, scripts: EntryScripts
+) -> ContainerSpec:
     """node_exporter on `node`'s fabric IP, reading the host through a read-only view of its
-    root; only the collectors the dashboards and a user diagnosing a host need."""
+    root; only the collectors the dashboards and a user diagnosing a host need. With the
+    firewall, behind its gate (exporter-gate.sh, POSIX: the image has no bash): after a reboot
+    it listens only once the guard drops the fabric's addresses off every other interface."""
     collectors = ("meminfo", "cpu", "loadavg", "filesystem", "netdev", "pressure", "uname")
+    entrypoint: tuple[str, ...] = ("node_exporter",)
+    mounts: tuple[Mount, ...] = (Mount("/", HOST_ROOT, read_only=True),)
+    labels: dict[str, str] = {}
+    if plan.config.fabric.firewall:
+        marker = f"{CONTAINER_FIREWALL_DIR}/{MARKER_NAME}"
+        gate = (marker, str(MARKER_FRESH_SECONDS), str(GATE_WAIT_SECONDS))
+        entrypoint = ("sh", "-c", scripts.exporter_gate, "exporter-gate", *gate, "--", *entrypoint)
+        mounts += (Mount(firewall_dir(node), CONTAINER_FIREWALL_DIR, read_only=True),)
+        labels[FIREWALLED_LABEL] = chain_name(plan)
     return _container(
         plan,
         node,
         "node-exporter",
-        ("node_exporter",),
+        entrypoint,
         (
             f"--web.listen-address={node_exporter_address(plan, node)}",
             f"--path.rootfs={HOST_ROOT}",
             "--collector.disable-defaults",
             *(f"--collector.{name}" for name in collectors),
         ),
-        (Mount("/", HOST_ROOT, read_only=True),),
-        {},
+        mounts,
+        labels,
         # The one of them on a network: `nobody`, as the official image runs it (what it reads
         # of /proc and /sys is world-readable; the host's secrets under /host are not).
         user="65534:65534",

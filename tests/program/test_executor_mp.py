@@ -106,8 +106,11 @@ def test_the_head_starts_after_the_worker_and_the_wait_after_both(mp: Evaluation
 def test_preflight_and_firewall_cover_the_rendezvous_not_rays_ports(mp: Evaluation) -> None:
     head = mp.named("spark1-preflight").inputs["create"]
     worker = mp.named("spark2-preflight").inputs["create"]
-    assert "--ports 8000,8404,8001,29501 " in head
-    assert "--ports '' " in worker
+    # What each listens on, its message queues' range too: free, or this stack's own.
+    assert "--ports 8000,8404,8001,29501,29502:29533 " in head
+    assert "--ports 29502:29533 " in worker
+    # What the guard will drop (Ray's ports too): no other process's, never SSH's.
+    assert "--guarded 6379,10001,6380," in head and ",29501,8001,19100 " in head
 
     def guarded(host: str) -> str:
         words = mp.named(f"firewall-{host}-guard").inputs["command"]

@@ -6,9 +6,12 @@ network namespace of its own: the lab runs it, tests/lab/test_day_two.py and tes
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -96,6 +99,8 @@ def test_the_step_names_the_host_the_step_and_the_guards_reason(tmp_path: Path) 
 FAKE_CHROOT = r"""#!/usr/bin/env python3
 import json, os, sys
 from pathlib import Path
+
+import pytest
 args = sys.argv[2:]
 if args[0] == "env":
     args = args[1:]
@@ -254,3 +259,40 @@ def test_the_guard_keeps_a_marker_per_server_and_takes_them_all_down(tmp_path: P
     }, err
     assert all(words[0] == BOOT_ID for words in held.values())
     assert not any(m.exists() for m in markers.values())
+
+
+def exporter_gate(shell: list[str], marker: Path, fresh: int = 60) -> subprocess.CompletedProcess:
+    """exporter-gate.sh as node_exporter's container runs it (`sh -c <text> exporter-gate ...`)."""
+    text = (SCRIPTS / "exporter-gate.sh").read_text()
+    argv = [*shell, "-c", text, "exporter-gate", str(marker), str(fresh), "1"]
+    return subprocess.run(
+        [*argv, "--", "echo", "started"], capture_output=True, text=True, timeout=30
+    )
+
+
+SHELLS = [["dash"], ["busybox", "sh"]]  # Debian's sh; node_exporter's image's (busybox)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=["dash", "busybox"])
+def test_the_exporter_gate_waits_for_any_rules_of_this_boot_in_plain_sh(
+    tmp_path: Path, shell: list[str]
+) -> None:
+    """node_exporter's image has no bash: its gate is POSIX sh, and starts it on any marker of
+    this boot (every version of the rules drops the fabric's addresses off the management
+    network), never on another boot's, a stale one, or none."""
+    if shutil.which(shell[0]) is None:
+        pytest.skip(f"{shell[0]} is not installed (lab/install-deps.sh installs busybox-static)")
+    marker = tmp_path / "applied"
+    marker.write_text(f"{BOOT_ID} any-digest\n")
+    done = exporter_gate(shell, marker)
+    assert done.returncode == 0 and done.stdout.strip() == "started", done.stderr
+    stale = time.time() - 600
+    for content in (None, "00000000-0000-0000-0000-000000000000 d", f"{BOOT_ID} d"):
+        marker.unlink(missing_ok=True)
+        if content is not None:
+            marker.write_text(content + "\n")
+            if content.startswith(BOOT_ID):
+                os.utime(marker, (stale, stale))
+        done = exporter_gate(shell, marker)
+        assert done.returncode == 1 and "started" not in done.stdout, content
+        assert "firewall rules are not in place after 1s" in done.stderr, content

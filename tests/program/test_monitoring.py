@@ -279,6 +279,26 @@ def test_the_exporter_runs_as_nobody_prometheus_and_grafana_as_root(
     }
 
 
+def test_the_exporter_starts_behind_the_firewalls_gate(make_config: ConfigFactory) -> None:
+    """The one of them on a network: after a reboot it listens only once the guard holds this
+    boot's rules (POSIX sh: its image has no bash), reading the guard's marker read-only; and
+    the firewall step keeps the rules while it runs."""
+    _, graph = graph_of(monitored(make_config(hosts=2, executor="mp")))
+    spec = graph.by_name["monitoring-node-exporter-spark2"].spec
+    assert isinstance(spec, ContainerSpec)
+    assert spec.entrypoint[:2] == ("sh", "-c") and "exporter-gate" in spec.entrypoint
+    gate = spec.entrypoint[spec.entrypoint.index("exporter-gate") + 1 :]
+    assert gate == ("/spark-vllm/firewall/applied", "60", "120", "--", "node_exporter")
+    firewall = [m for m in spec.mounts if m.target == "/spark-vllm/firewall"]
+    assert len(firewall) == 1 and firewall[0].read_only
+    assert dict(spec.labels)["spark-vllm.firewalled"].startswith("SPARK-VLLM-")
+    config = monitored(make_config(hosts=2, executor="mp"))
+    config["fabric"] = {"firewall": False}
+    _, bare = graph_of(config)
+    spec = bare.by_name["monitoring-node-exporter-spark2"].spec
+    assert isinstance(spec, ContainerSpec) and spec.entrypoint == ("node_exporter",)
+
+
 @pytest.mark.parametrize(("interval", "bound"), [(15, 180), (120, 300)])
 def test_the_wait_outlasts_two_scrape_intervals(
     make_config: ConfigFactory, interval: int, bound: int
