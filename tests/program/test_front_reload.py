@@ -74,6 +74,18 @@ def get(url: str) -> str:
         return response.read().decode()
 
 
+def wait_until_it_answers(url: str) -> None:
+    """HAProxy answers a keyed request within 20 s of its start."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            get(f"{url}/")
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.1)
+
+
 @pytest.fixture
 def front(tmp_path: Path) -> Iterator[tuple[Path, str, list[ThreadingHTTPServer], dict]]:
     assert HAPROXY is not None
@@ -94,14 +106,7 @@ def front(tmp_path: Path) -> Iterator[tuple[Path, str, list[ThreadingHTTPServer]
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     env = {"PATH": fake_docker_path(tmp_path, FAKE_DOCKER), "FAKE_MASTER_PID": str(master.pid)}
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            get(f"{url}/")
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "HAProxy did not start"
-            time.sleep(0.1)
+    wait_until_it_answers(url)
     try:
         yield config, url, servers, {"env": env, "configure": configure}
     finally:
@@ -228,14 +233,7 @@ def test_slow_clients_without_the_key_never_starve_one_with_it(tmp_path: Path) -
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     held: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                get(f"http://127.0.0.1:{port}/")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "HAProxy did not start"
-                time.sleep(0.1)
+        wait_until_it_answers(f"http://127.0.0.1:{port}")
         for source in ("127.0.0.2", "127.0.0.3"):
             for _ in range(30):
                 sock = slow_client(port, source)
