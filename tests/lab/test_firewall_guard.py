@@ -231,6 +231,12 @@ def test_two_guards_close_the_fabric_and_their_ports_and_never_reopen_them(
         assert rules.count("-A INPUT -j SPARK-VLLM\n") == 1, rules
         assert "-A INPUT -j SPARK-VLLM-A" not in rules, rules  # the old layout's jump is gone
         assert "-A SPARK-VLLM -j SPARK-VLLM-A" in rules and "-A SPARK-VLLM -j SPARK-VLLM-B" in rules
+        # Loopback's addresses from another interface (a host with route_localnet would take
+        # them; a neighbour's own kernel never sends them, so the rule is read, not probed).
+        assert "-A SPARK-VLLM-A -d 127.0.0.0/8 -j DROP" in rules, rules
+        # Established connections pass before any drop: the lock-out's last line.
+        chain = [r for r in rules.splitlines() if r.startswith("-A SPARK-VLLM-A ")]
+        assert chain[1] == "-A SPARK-VLLM-A -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"
 
         poke.touch()
         wait_for(lambda: "echo ping" in (tmp_path / "held.log").read_text(), 10,
