@@ -2,7 +2,7 @@
 node_exporter (lab/install-deps.sh), standing in for the official `prom/prometheus` and
 `prom/node-exporter` images users pull (no registry here). Like those, each program is on PATH
 under the name the plan runs (`prometheus`, `node_exporter`), with nothing else but the C
-library they load. Grafana has no Debian package: the lab runs none (its dashboards are checked
+library they load and, as the official images' busybox base has, a static busybox's sh. Grafana has no Debian package: the lab runs none (its dashboards are checked
 through their queries, tests/lab/test_several_models.py)."""
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ PROGRAMS = {
     "prometheus": "/usr/bin/prometheus",
     "node_exporter": "/usr/bin/prometheus-node-exporter",
 }
+# The official images are built on busybox (quay.io/prometheus/busybox): node_exporter's gate
+# (components/scripts/exporter-gate.sh) runs with its sh and these applets. Debian's static
+# busybox (busybox-static, lab/install-deps.sh) stands in.
+BUSYBOX = "/usr/bin/busybox"
+APPLETS = ("sh", "cat", "date", "stat", "sleep")
 IMAGE_FILES = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
 # Prometheus's web UI as Debian serves it (the classic one, from files, its scripts links into
 # /usr/share/javascript): copied as files, and of moment-timezone's 200 MB only what it loads.
@@ -41,10 +46,10 @@ def web_files() -> list[str]:
 
 def monitoring_rootfs(out: Path) -> str:
     """Write the image's rootfs tarball to `out`; returns its digest (the inputs' hash)."""
-    missing = [path for path in PROGRAMS.values() if not os.path.exists(path)]
+    missing = [path for path in (*PROGRAMS.values(), BUSYBOX) if not os.path.exists(path)]
     if missing:
         raise LabError(f"monitoring image: {missing} missing: run lab/install-deps.sh")
-    files = set(PROGRAMS.values()) | shared_libraries(list(PROGRAMS.values()))
+    files = set(PROGRAMS.values()) | shared_libraries(list(PROGRAMS.values())) | {BUSYBOX}
     files |= {path for path in IMAGE_FILES if os.path.exists(path)}
     h = hashlib.sha256()
     for path in sorted(files):
@@ -56,6 +61,8 @@ def monitoring_rootfs(out: Path) -> str:
         os.chmod(skel / "tmp", 0o1777)
         for name, path in PROGRAMS.items():
             os.symlink(path, skel / "usr/local/bin" / name)
+        for applet in APPLETS:
+            os.symlink(BUSYBOX, skel / "usr/local/bin" / applet)
         # The merged-/usr links the loader's path needs (/lib64/ld-linux...).
         for link, target in {"lib": "usr/lib", "lib64": "usr/lib64", "bin": "usr/bin"}.items():
             os.symlink(target, skel / link)
@@ -66,7 +73,8 @@ def monitoring_rootfs(out: Path) -> str:
         for argv in (
             [*tar, "-C", "/", "-cf", str(out), "-T", str(listing)],
             [*tar, "-C", str(skel), "-rf", str(out), "lib", "lib64", "bin", "tmp", "prometheus",
-             "usr/local", "usr/local/bin", *(f"usr/local/bin/{n}" for n in PROGRAMS)],
+             "usr/local", "usr/local/bin",
+             *(f"usr/local/bin/{n}" for n in (*PROGRAMS, *APPLETS))],
             ["tar", "--numeric-owner", "--dereference", "-C", "/", "-rf", str(out),
              *(path.lstrip("/") for path in web_files())],
         ):  # fmt: skip
