@@ -2,8 +2,9 @@
 node_exporter (lab/install-deps.sh), standing in for the official `prom/prometheus` and
 `prom/node-exporter` images users pull (no registry here). Like those, each program is on PATH
 under the name the plan runs (`prometheus`, `node_exporter`), with nothing else but the C
-library they load and, as the official images' busybox base has, a static busybox's sh. Grafana has no Debian package: the lab runs none (its dashboards are checked
-through their queries, tests/lab/test_several_models.py)."""
+library they load and, as the official images' busybox base has, a static busybox's sh.
+Grafana has no Debian package: the lab runs none (its dashboards are checked through their
+queries, tests/lab/test_several_models.py)."""
 
 from __future__ import annotations
 
