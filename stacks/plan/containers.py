@@ -144,7 +144,7 @@ class EntryScripts:
     launcher: str  # vllm-launcher.sh
     gate: str  # firewall-gate.sh, before every Ray and vLLM entrypoint
     guard: str  # firewall.sh, the firewall container's
-    exporter_gate: str = ""  # exporter-gate.sh (POSIX sh), before node_exporter
+    exporter_gate: str  # exporter-gate.sh (POSIX sh), before node_exporter
 
 
 def ray_container(

@@ -16,7 +16,9 @@ from stacks.plan.steps import StepSpec
 from tests.program.conftest import ConfigFactory
 from tests.program.test_steps import plan_of
 
-SCRIPTS = EntryScripts(launcher="echo launcher", gate="echo gate", guard="echo guard")
+SCRIPTS = EntryScripts(
+    launcher="echo launcher", gate="echo gate", guard="echo guard", exporter_gate="echo gate"
+)
 
 SHAPES = [
     pytest.param(hosts, executor, extra, id=f"{hosts}-{executor}-{label}")

@@ -22,7 +22,9 @@ from stacks.plan.steps import Receipt, StepSpec, create_command
 from tests.program.conftest import ConfigFactory
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = EntryScripts(launcher="echo launcher", gate="echo gate", guard="echo guard")
+SCRIPTS = EntryScripts(
+    launcher="echo launcher", gate="echo gate", guard="echo guard", exporter_gate="echo gate"
+)
 IMAGE_ID = "sha256:" + "ab" * 32
 MANIFEST = "c0ffee1234 7 123456"
 # What the later values are once known (stacks/plan/later.py).
