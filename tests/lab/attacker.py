@@ -19,6 +19,7 @@ from lab import Lab
 from lab.spec import MGMT_IFNAME
 
 SSH_PORT = 22
+WILDCARDS = ("*", "0.0.0.0", "[::]")  # every address, as `ss` prints it
 # vLLM's routes (vllm/entrypoints/openai/api_server.py and serve/*): GET, then POST. vLLM's own
 # key check covers only /v1 (and /v2, /inference, /cohere): the rest answer anyone.
 GET_ROUTES = ("/v1/models", "/health", "/ping", "/version", "/metrics", "/load", "/")
@@ -45,34 +46,32 @@ class Listener:
     bound: str  # the address it listens on, as `ss` prints it (`*`, `0.0.0.0`, `[::]`)
 
 
+def listening(lab: Lab, host: str) -> list[tuple[str, int]]:
+    """Every TCP listener on `host`: (the address it listens on, as `ss` prints it, its port)."""
+    found = []
+    for line in lab.sh(host, "ss -Hltn").stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 4:
+            address, _, port = fields[3].rpartition(":")
+            found.append((address, int(port)))
+    return found
+
+
 def wildcard_listeners(lab: Lab, host: str) -> list[Listener]:
     """Every TCP port on `host` that listens on every address (IPv4 or IPv6): what the LAN could
     reach without a firewall."""
-    out = lab.sh(host, "ss -Hltn").stdout
     found: dict[int, Listener] = {}
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        address, _, port = fields[3].rpartition(":")
-        if address in ("*", "0.0.0.0", "[::]"):
-            found.setdefault(int(port), Listener(host, int(port), address))
+    for address, port in listening(lab, host):
+        if address in WILDCARDS:
+            found.setdefault(port, Listener(host, port, address))
     return sorted(found.values(), key=lambda listener: listener.port)
 
 
 def fabric_listeners(lab: Lab, host: str, fabric_ip: str) -> list[int]:
     """Every TCP port on `host` that a packet for its fabric IP reaches: sockets bound to that
     address (NCCL's and Gloo's bootstrap, on ports no list names) and to every address."""
-    out = lab.sh(host, "ss -Hltn").stdout
-    ports = set()
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        address, _, port = fields[3].rpartition(":")
-        if address in ("*", "0.0.0.0", "[::]", fabric_ip):
-            ports.add(int(port))
-    return sorted(ports)
+    reached = (*WILDCARDS, fabric_ip)
+    return sorted({port for address, port in listening(lab, host) if address in reached})
 
 
 def assert_a_routed_neighbour_reaches_nothing_on_the_fabric(
