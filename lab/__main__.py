@@ -12,7 +12,7 @@ import yaml
 
 from lab.core import Lab
 from lab.proc import LabError
-from lab.spec import DEFAULT_CACHE_DIR, DEFAULT_STATE_DIR, LabSpec, SpecError
+from lab.spec import DEFAULT_CACHE_DIR, DEFAULT_STATE_DIR, VLLM_KINDS, LabSpec, SpecError
 from lab.stack import stack_config
 
 
@@ -37,6 +37,12 @@ def parser() -> argparse.ArgumentParser:
         default="",
         help="comma-separated Docker engine per host: 20.10 (default), 26, 26-containerd",
     )
+    p.add_argument(
+        "--vllm",
+        choices=VLLM_KINDS,
+        default="standin",
+        help="what serves: the stand-in (default) or vLLM's CPU build (real; a ~3 GB image)",
+    )
     p.add_argument("--no-image", action="store_true", help="skip building/importing the image")
     p.add_argument("--no-model", action="store_true", help="skip seeding the head's HF cache")
     return p
@@ -59,6 +65,7 @@ def spec_from(args: argparse.Namespace) -> LabSpec:
         shm_size=args.shm_size,
         with_image=not args.no_image,
         with_model=not args.no_model,
+        vllm=args.vllm,
     )
 
 

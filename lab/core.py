@@ -140,14 +140,23 @@ class Lab:
         if pid is None:
             return
         if self.spec.with_model:
-            hfmodel.seed_models(head.hostdir / "root/.cache/huggingface")
+            self._seed_models(head)
         if self.spec.with_image:
             present = run(
                 in_host(pid, ["docker", "image", "inspect", IMAGE_NAME]), timeout=30, check=False
             )
             if present.returncode != 0:
-                path, digest = image.rootfs_tarball(self.spec.cache_dir)
+                path, digest = image.rootfs_tarball(self.spec.cache_dir, self.spec.vllm)
                 self._import_image(head, {head.name: pid}, path, digest)
+
+    def _seed_models(self, head: Node) -> None:
+        """The lab's models in the head's HF cache: the stand-in's, or with `vllm: real` the
+        tiny real model its image's build wrote."""
+        real_model = None
+        if self.spec.vllm == "real":
+            tarball, _ = image.rootfs_tarball(self.spec.cache_dir, "real")
+            real_model = image.model_dir(tarball)
+        hfmodel.seed_models(head.hostdir / "root/.cache/huggingface", real_model)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -193,7 +202,7 @@ class Lab:
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             # The image build (first time ~1 min, cached ~0 s) overlaps with the hosts starting.
             tarball = (
-                pool.submit(image.rootfs_tarball, self.spec.cache_dir)
+                pool.submit(image.rootfs_tarball, self.spec.cache_dir, self.spec.vllm)
                 if self.spec.with_image
                 else None
             )
@@ -210,12 +219,12 @@ class Lab:
             self.timings["hosts"] = time.monotonic() - started
             info = self._describe(nodes)
             self._write_client_files(info)
-            if self.spec.with_model:
-                hfmodel.seed_models(self.node(info.head.name).hostdir / "root/.cache/huggingface")
             if tarball is not None:
-                path, digest = tarball.result(timeout=1200)
+                path, digest = tarball.result(timeout=1800)
                 self.timings["image_build"] = time.monotonic() - started
                 self._import_image(self.node(self.spec.host_names[0]), pids, path, digest)
+            if self.spec.with_model:
+                self._seed_models(self.node(info.head.name))
         self.timings["total"] = time.monotonic() - started
         info.extra["timings"] = dict(self.timings)
         self.lab_json.write_text(info.to_json())  # written last: its presence means "up"

@@ -118,9 +118,25 @@ def commit_id(blobs: dict[str, str]) -> str:
     return hashlib.sha1(tree.encode()).hexdigest()
 
 
-def seed_cache(hf_home: Path, repo_id: str = HF_MODEL, revision: str = HF_REVISION) -> str:
-    """Write the model under hf_home/hub; return the commit id. Idempotent."""
-    files = model_files(repo_id)
+def real_model_files(model_dir: Path, repo_id: str) -> dict[str, bytes]:
+    """The real tiny model the real-vLLM image's build wrote (lab/image/real_model.py), with a
+    README naming `repo_id`, so each lab model has its own commit."""
+    files = {p.name: p.read_bytes() for p in sorted(model_dir.iterdir()) if p.is_file()}
+    name = repo_id.rsplit("/", 1)[-1]
+    readme = f"# {name}\n\nRandom weights for the spark-vllm lab's real vLLM.\n"
+    files["README.md"] = readme.encode()
+    return files
+
+
+def seed_cache(
+    hf_home: Path,
+    repo_id: str = HF_MODEL,
+    revision: str = HF_REVISION,
+    real_model: Path | None = None,
+) -> str:
+    """Write the model under hf_home/hub (the stand-in's, or with `real_model` the files the
+    real image's build wrote there); return the commit id. Idempotent."""
+    files = model_files(repo_id) if real_model is None else real_model_files(real_model, repo_id)
     blobs = {name: blob_name(name, content) for name, content in files.items()}
     commit = commit_id(blobs)
     repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
@@ -139,7 +155,7 @@ def seed_cache(hf_home: Path, repo_id: str = HF_MODEL, revision: str = HF_REVISI
     return commit
 
 
-def seed_models(hf_home: Path) -> None:
+def seed_models(hf_home: Path, real_model: Path | None = None) -> None:
     """Every lab model (HF_MODEL, then HF_MORE_MODELS) in hf_home/hub. Idempotent."""
     for repo_id in (HF_MODEL, *HF_MORE_MODELS):
-        seed_cache(hf_home, repo_id)
+        seed_cache(hf_home, repo_id, real_model=real_model)

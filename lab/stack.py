@@ -60,6 +60,8 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
         "maxModelLen": 2048,
         "gpuMemoryUtilization": "auto",
     }
+    if spec.vllm == "real":
+        config["vllm"].update(real_vllm_settings())
     config["docker"] = {"requestGpus": False}
     # The firewall is on by default (tests show it). The link floor: the lab's veth fabric on
     # a busy 2-core machine still carries several Gbit/s; a shaped one (tc) falls below it.
@@ -77,6 +79,15 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
         "weightsTransferMinutes": 10,
     }
     return {f"{PROJECT}:{key}": value for key, value in config.items()}
+
+
+def real_vllm_settings() -> dict[str, Any]:
+    """What vLLM's CPU build needs on the lab's hosts, which a GPU host does not:
+    - its KV cache size, 1 GiB (vllm/envs.py VLLM_CPU_KVCACHE_SPACE; its default takes a share
+      of the host's memory, which every lab host shares with this machine);
+    - float32: with `auto` vLLM runs the model in bfloat16 on a CPU that lists avx512_bf16, and
+      its workers died of SIGILL on this machine kind (a VM that lists AMX too)."""
+    return {"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "extraArgs": ["--dtype", "float32"]}
 
 
 def _host(spec: LabSpec, index: int) -> dict[str, Any]:

@@ -768,6 +768,8 @@ class RealMocks(pulumi.runtime.Mocks):
         self.registrations: dict[tuple[str, str], RegistrationOptions] = {}
         # The run's first failed step: the engine starts no step after it (`new_resource`).
         self.first_failure: Exception | None = None
+        # Each remote command's wall time, by resource name (the lab's figures read them).
+        self.command_seconds: dict[str, float] = {}
 
     # -- pulumi.runtime.Mocks ------------------------------------------------------------------
 
@@ -879,7 +881,9 @@ class RealMocks(pulumi.runtime.Mocks):
         if create:
             stdin = unwrap_secrets(inputs.get("stdin"))
             logging_mode = unwrap_secrets(inputs.get("logging"))
+            started = time.monotonic()
             result = self._run_command(connection, str(create), stdin, what, logging_mode)
+            self.command_seconds[args.name] = time.monotonic() - started
             outputs.update(
                 stdout=result.stdout.removesuffix("\n"), stderr=result.stderr.removesuffix("\n")
             )
