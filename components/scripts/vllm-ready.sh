@@ -31,8 +31,9 @@ likely_cause() {
   fi
   printf '%s' "${said:+${said#spark-vllm launcher: }; }$1"
 }
-# What vLLM logs while it loads (tqdm bars end in carriage returns), newest last.
-PROGRESS='to join the rendezvous|remote node\(s\) to join|checkpoint shards|Loading weights|Model loading took|Memory profiling|KV cache|CUDA graph|Graph capturing|init engine|Starting vLLM API server|Application startup complete'
+# What vLLM logs while it loads (tqdm bars end in carriage returns), newest last. The server's
+# start line: vLLM 0.32's "Starting vLLM server on", older releases' "Starting vLLM API server".
+PROGRESS='to join the rendezvous|remote node\(s\) to join|checkpoint shards|Loading weights|Model loading took|Memory profiling|KV cache|CUDA graph|Graph capturing|init engine|Starting vLLM server on|Starting vLLM API server|Application startup complete'
 server_progress() {
   local lines
   lines="$(docker logs --tail 400 "$ARG_CONTAINER" 2>&1 | tr '\r' '\n' | grep -v '^[[:space:]]*$' || true)"

@@ -45,11 +45,20 @@ def test_unknown_flag_is_rejected_like_argparse(standin_bin: Path, driver_hf_hom
 
 
 def test_bad_choice_is_rejected(standin_bin: Path, driver_hf_home: Path) -> None:
+    result = run_cli(standin_bin, driver_hf_home, "serve", TINY_MODEL, "--dtype", "x")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_an_unknown_executor_fails_at_start_as_vllms(
+    standin_bin: Path, driver_hf_home: Path
+) -> None:
+    """No argparse choices for it in vLLM 0.32: its config's validation refuses it, exit 1."""
     result = run_cli(
         standin_bin, driver_hf_home, "serve", TINY_MODEL, "--distributed-executor-backend", "x"
     )
-    assert result.returncode == 2
-    assert "invalid choice" in result.stderr
+    assert result.returncode == 1
+    assert "1 validation error for VllmConfig" in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -162,18 +171,29 @@ def test_unknown_model_is_404_like_vllm(uni_server: StandinProcess) -> None:
     status, body = http("POST", uni_server.base_url + "/v1/completions", request, API_KEY)
     assert status == 404
     assert json.loads(body)["error"] == {
-        "message": "The model `nope` does not exist.",
+        "message": "The model `nope` does not exist. Valid aliases: tiny.",
         "type": "NotFoundError",
         "param": "model",
         "code": 404,
     }
 
 
-def test_context_length_is_enforced(uni_server: StandinProcess) -> None:
+def test_context_length_is_enforced_as_vllm_032_does(uni_server: StandinProcess) -> None:
+    """max_tokens above the context and a prompt that fills it are refused (`param` names
+    which); a prompt and max_tokens that overflow it together are cut to fit."""
+    url = uni_server.base_url + "/v1/completions"
     request = {"model": SERVED_NAME, "prompt": "x", "max_tokens": 5000}
-    status, body = http("POST", uni_server.base_url + "/v1/completions", request, API_KEY)
+    status, body = http("POST", url, request, API_KEY)
     assert status == 400
-    assert "maximum context length is 1024" in json.loads(body)["error"]["message"]
+    error = json.loads(body)["error"]
+    assert error["param"] == "max_tokens"
+    assert "max_tokens=5000 cannot be greater than max_model_len=1024" in error["message"]
+    request = {"model": SERVED_NAME, "prompt": "x " * 1100, "max_tokens": 4}
+    status, body = http("POST", url, request, API_KEY)
+    assert status == 400 and json.loads(body)["error"]["param"] == "input_tokens"
+    request = {"model": SERVED_NAME, "prompt": "x " * 1000, "max_tokens": 100}
+    status, body = http("POST", url, request, API_KEY)
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 24
 
 
 def test_streaming_is_server_sent_events(uni_server: StandinProcess) -> None:

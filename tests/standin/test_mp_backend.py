@@ -50,7 +50,7 @@ def test_two_nodes_meet_at_the_master_and_serve_from_both(standin: StandinFactor
     assert "Node rank 1 joined the process group: ranks [1]" in worker.log
     assert "rank 1: node_ip=" in head.log and "GLOO_SOCKET_IFNAME=lo" in head.log
     # A headless node serves no API.
-    assert "Starting vLLM API server" not in worker.log
+    assert "Starting vLLM server on" not in worker.log
     for run in (head, worker):
         assert run.process is not None
         run.process.terminate()  # `docker stop`

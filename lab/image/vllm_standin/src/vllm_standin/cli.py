@@ -49,7 +49,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="Require this bearer key on /v1/*.")
     parser.add_argument("--served-model-name", nargs="+", default=None)
     parser.add_argument("--uvicorn-log-level", choices=UVICORN_LOG_LEVELS, default="info")
-    parser.add_argument("--disable-log-requests", action="store_true")
     parser.add_argument("--enable-log-requests", action="store_true")
     parser.add_argument("--disable-log-stats", action="store_true")
     parser.add_argument("--enable-auto-tool-choice", action="store_true")
@@ -76,7 +75,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    parser.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default=None)
+    # No argparse choices in vLLM (0.32): any string parses, and VllmConfig's validation refuses
+    # an unknown one at start-up, exit 1 (tests/standin/test_conformance.py).
+    parser.add_argument("--distributed-executor-backend", default=None)
     # vllm/engine/arg_utils.py (0.11.1 on): multi-node with the mp executor.
     parser.add_argument("--nnodes", "-n", type=int, default=1)
     parser.add_argument("--node-rank", "-r", type=int, default=0)
@@ -177,4 +178,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     from vllm_standin.config import ServeConfig
     from vllm_standin.serve import run_serve
 
+    backend = args.distributed_executor_backend
+    if backend is not None and backend not in EXECUTOR_BACKENDS:
+        # What vLLM 0.32 prints for `--distributed-executor-backend x` (a pydantic error).
+        print(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+            "  Value error, not enough values to unpack (expected 2, got 1) [type=value_error]",
+            file=sys.stderr,
+        )
+        sys.exit(1)
     sys.exit(run_serve(ServeConfig.from_args(args)))

@@ -89,7 +89,10 @@ def resolve_model_name(body: dict[str, Any], served: ServedModel) -> str:
     if not requested:
         return served.served_names[0]
     if requested not in served.served_names:
-        raise ApiError(404, f"The model `{requested}` does not exist.", "NotFoundError", "model")
+        # vLLM 0.32 names the served aliases (the front's own 404 names none: front.py).
+        aliases = ", ".join(served.served_names)
+        message = f"The model `{requested}` does not exist. Valid aliases: {aliases}."
+        raise ApiError(404, message, "NotFoundError", "model")
     return str(requested)
 
 
@@ -146,16 +149,29 @@ def requested_max_tokens(body: dict[str, Any], *keys: str) -> int:
     return DEFAULT_MAX_TOKENS
 
 
-def check_context_length(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
-    if prompt_tokens + max_tokens > max_model_len:
+def allowed_max_tokens(prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
+    """What vLLM 0.32 generates for a request: `max_tokens` above max_model_len and a prompt
+    that fills the context alone are refused (its messages, `param` naming the parameter); a
+    prompt and `max_tokens` that together overflow it are cut to fit, not refused."""
+    if max_tokens > max_model_len:
         raise ApiError(
             400,
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-            f"{max_tokens} in the completion). Please reduce the length of the messages or "
-            "completion.",
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
             "BadRequestError",
+            "max_tokens",
         )
+    if prompt_tokens >= max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains at least {prompt_tokens} input tokens, which exceeds this limit "
+            "even without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={prompt_tokens})",
+            "BadRequestError",
+            "input_tokens",
+        )
+    return min(max_tokens, max_model_len - prompt_tokens)
 
 
 def generate_tokens(served: ServedModel, prompt: str, max_tokens: int) -> list[str]:
@@ -193,8 +209,10 @@ def plan_completion(body: dict[str, Any], served: ServedModel) -> PlannedRespons
     model_name = resolve_model_name(body, served)
     max_tokens = requested_max_tokens(body, "max_tokens")
     prompts = completion_prompts(body)
-    for _, prompt_tokens in prompts:
-        check_context_length(prompt_tokens, max_tokens, served.max_model_len)
+    max_tokens = min(
+        allowed_max_tokens(prompt_tokens, max_tokens, served.max_model_len)
+        for _, prompt_tokens in prompts
+    )
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     texts = [generate_tokens(served, prompt, max_tokens) for prompt, _ in prompts]
@@ -231,7 +249,7 @@ def plan_chat_completion(body: dict[str, Any], served: ServedModel) -> PlannedRe
     model_name = resolve_model_name(body, served)
     max_tokens = requested_max_tokens(body, "max_completion_tokens", "max_tokens")
     prompt, prompt_tokens = chat_prompt(body)
-    check_context_length(prompt_tokens, max_tokens, served.max_model_len)
+    max_tokens = allowed_max_tokens(prompt_tokens, max_tokens, served.max_model_len)
     tokens = generate_tokens(served, prompt, max_tokens)
     header = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",

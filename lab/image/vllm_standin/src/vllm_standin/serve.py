@@ -183,7 +183,8 @@ def serve_until_stopped(
     server.state = state
     server.server_activate()
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    logger.info("Starting vLLM API server 0 on http://%s:%d", config.host or "0.0.0.0", config.port)
+    # vLLM 0.32's line (vllm/entrypoints/.../entry.py); older releases said "API server 0".
+    logger.info("Starting vLLM server on http://%s:%d", config.host or "0.0.0.0", config.port)
     uvicorn = logging.getLogger("uvicorn")
     uvicorn.info("Started server process [%d]", os.getpid())
     uvicorn.info("Waiting for application startup.")
