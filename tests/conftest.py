@@ -37,11 +37,14 @@ from tests.lab import timings
 MODULE_COST: dict[str, float] = {
     "tests/lab/test_faults.py": 723,
     "tests/lab/test_day_two.py": 659,
+    # Real vLLM (its CPU build): the image built once per run, torch.compile cold then warm.
+    "tests/lab/test_real_vllm.py": 640,
     "tests/lab/test_executor_mp.py": 306,
     "tests/lab/test_e2e.py": 282,
     "tests/lab/test_bench.py": 259,
     "tests/lab/test_day_two_grow.py": 200,
     "tests/lab/test_hardware_faults.py": 164,
+    "tests/standin/test_conformance.py": 310,
     "tests/standin/test_ray_backend.py": 87,
     # Its time in a full run is mostly its lab's setup waiting out the exclusive module.
     "tests/lab/test_lab_infra.py": 45,

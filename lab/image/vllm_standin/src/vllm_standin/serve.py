@@ -20,6 +20,7 @@ from vllm_standin.engine import (
     build_engine,
 )
 from vllm_standin.http_api import ServerState, StandinServer
+from vllm_standin.metrics import KV_CACHE_SEQUENCES
 from vllm_standin.model_files import (
     kv_bytes_per_token,
     measure_snapshot,
@@ -101,6 +102,10 @@ def start_engine(config: ServeConfig) -> tuple[Engine, int]:
     load_weights_like_vllm(driver_snapshot.path)
     if config.kv_cache_memory_bytes is not None and driver_snapshot.path:
         check_kv_cache_like_vllm(config, driver_snapshot.path, max_model_len)
+    else:
+        # vLLM logs the KV cache its profiling found (kv_cache_utils.py); the stand-in's holds
+        # KV_CACHE_SEQUENCES sequences of the maximum length (metrics.py).
+        log_kv_cache_size(KV_CACHE_SEQUENCES * max_model_len, max_model_len)
     # vLLM's own figure for the engine's start (v1/engine/core.py), compile included.
     logger.info(
         "init engine (profile, create kv cache, warmup model) took %.2f seconds",
@@ -158,7 +163,10 @@ def check_kv_cache_like_vllm(config: ServeConfig, snapshot_path: str, max_model_
             "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
             "initializing the engine."
         )
-    tokens = kv_bytes // per_token
+    log_kv_cache_size(kv_bytes // per_token, max_model_len)
+
+
+def log_kv_cache_size(tokens: int, max_model_len: int) -> None:
     logger.info("GPU KV cache size: %s tokens", f"{tokens:,}")
     logger.info(
         "Maximum concurrency for %s tokens per request: %.2fx",
