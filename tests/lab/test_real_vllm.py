@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from lab import Lab
+from lab import HF_MODEL, HF_MORE_MODELS, Lab
 from lab.bench import SHORT, Bench
 from lab.image import REAL_VLLM_VERSION
 from lab.stack import IMAGE_NAME, PROJECT, SERVED_NAME
@@ -28,6 +28,8 @@ from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import (
     API_KEY,
     PREFIX,
+    RequestLoop,
+    as_fleet,
     complete,
     copy_report,
     default_lab_config,
@@ -197,6 +199,49 @@ def test_a_clean_rerun_starts_warm_from_the_hosts_compile_cache(stack: Stack) ->
         -3000:
     ]
     assert complete(stack.endpoint, SERVED_NAME)[0] == 200
+
+
+SECOND = "tiny-chat-b"  # a second lab model (HF_MORE_MODELS[0]), the same real weights
+
+
+def two_models(lab: Lab, **second: Any) -> dict[str, Any]:
+    """The stack with a second real server beside the first (each on both hosts): the first
+    keeps its settings (so nothing of it changes); the second starts eager (no compile: it is
+    the module's cheap one), with a fixed share, without the benchmark; `second` changes it."""
+    models = ((HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
+    config = as_fleet(real_config(lab), *models)
+    entry = config[f"{PROJECT}:models"][1]
+    entry.pop("benchmark", None)
+    entry.update(
+        gpuMemoryUtilization=0.15,
+        extraArgs=[*entry["extraArgs"], "--enforce-eager"],
+        **second,
+    )
+    return config
+
+
+def changed_beside_the_first(stack: Stack, scenario: str, config: dict[str, Any]) -> None:
+    """The next `up` while a client asks the first model for completions: none may fail."""
+    with RequestLoop(stack.endpoint, SERVED_NAME) as loop:
+        run = next_up(stack, scenario, config)
+    record_figure(f"real vLLM: {scenario}", loop.summary())
+    assert loop.sent > 10 and loop.failures == [], loop.summary()
+    touched = {name for name in run.changed() if name.startswith(("vllm-container", "vllm-spark"))}
+    assert touched == set(), run.changed()
+
+
+def test_a_second_real_server_joins_and_changes_without_failing_a_request_to_the_first(
+    stack: Stack,
+) -> None:
+    changed_beside_the_first(stack, "a second model added", two_models(stack.lab))
+    client = OpenAI(base_url=stack.endpoint, api_key=API_KEY, max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list()] == [SERVED_NAME, SECOND]
+    attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)
+    changed_beside_the_first(
+        stack, "the second model's flags changed", two_models(stack.lab, maxModelLen=1024)
+    )
+    reply = client.completions.create(model=SECOND, prompt="Hello", max_tokens=8)
+    assert reply.choices[0].text and reply.usage and reply.usage.completion_tokens == 8
 
 
 def test_teardown_then_the_engine_and_the_raw_copy_side_by_side(stack: Stack) -> None:
