@@ -119,7 +119,7 @@ def commit_id(blobs: dict[str, str]) -> str:
 
 
 def real_model_files(model_dir: Path, repo_id: str) -> dict[str, bytes]:
-    """The real tiny model the real-vLLM image's build wrote (lab/image/real_model.py), with a
+    """The real tiny model the real-vLLM image's build wrote (lab/image/real_model.py), and a
     README naming `repo_id`, so each lab model has its own commit."""
     files = {p.name: p.read_bytes() for p in sorted(model_dir.iterdir()) if p.is_file()}
     name = repo_id.rsplit("/", 1)[-1]

@@ -356,7 +356,7 @@ def run_logged(steps: list[list[str]], log: Path, timeout: float = 1800) -> None
 
 def write_real_model(venv: Path, out: Path, log: Path) -> None:
     """The real tiny model's files, written by the image's own torch and transformers."""
-    run_logged([[str(venv / "bin/python"), str(REAL_MODEL_SCRIPT), str(out), "tiny-chat"]], log)
+    run_logged([[str(venv / "bin/python"), str(REAL_MODEL_SCRIPT), str(out)]], log)
 
 
 # -- the tarball --------------------------------------------------------------------------------

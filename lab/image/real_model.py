@@ -1,11 +1,11 @@
 """A tiny Llama that real vLLM loads: written by the real-vLLM image's own Python at build time
 (lab/image.py), never fetched from a hub.
 
-    python real_model.py OUT_DIR NAME
+    python real_model.py OUT_DIR
 
 Writes config.json, generation_config.json, model.safetensors (random weights, a fixed seed),
 tokenizer.json and tokenizer_config.json (a byte-level BPE trained here on a few sentences, with
-a chat template) and README.md into OUT_DIR.
+a chat template) into OUT_DIR; each lab model's README is the seeding's (lab/hfmodel.py).
 
 No end-of-sequence token (none in the tokenizer's config nor the model's): random weights would
 sample one at any step, and a completion that stops before its first token has no text; without
@@ -87,12 +87,9 @@ def write_model(out: Path, vocab_size: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    out, name = Path(argv[1]), argv[2]
+    out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    vocab_size = write_tokenizer(out)
-    write_model(out, vocab_size)
-    readme = f"# {name}\n\nRandom weights for the spark-vllm lab's real vLLM. Not a useful model.\n"
-    (out / "README.md").write_text(readme)
+    write_model(out, write_tokenizer(out))
     return 0
 
 

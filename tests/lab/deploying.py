@@ -63,6 +63,15 @@ def copy_report(outputs: dict[str, Any], kind: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1].removeprefix(prefix)))
 
 
+def benchmark_figure(rows: list[dict[str, Any]]) -> str:
+    """The `benchmark` output's rows as one line of the lab figures."""
+    return "; ".join(
+        f"{r['concurrency']} concurrent: {r['outputTokensPerSecond']:.0f} tok/s out, "
+        f"median TTFT {r['medianTtftMs']:.1f} ms"
+        for r in rows
+    )
+
+
 def default_lab_config(lab: Lab) -> dict[str, Any]:
     """The lab stack as committed (Pulumi.lab.yaml), with an API key: every default, executor
     mp included."""

@@ -29,6 +29,7 @@ from tests.lab.deploying import (
     RAY_NODES,
     STATE,
     as_fleet,
+    benchmark_figure,
     complete,
     copy_report,
     default_lab_config,
@@ -130,14 +131,7 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     rows = outputs["benchmark"]
     assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 4), (4, 16)], rows
     assert all(r["outputTokensPerSecond"] > 0 and r["medianTtftMs"] > 0 for r in rows), rows
-    record_figure(
-        "benchmark (stand-in, 128 tokens in, 64 out)",
-        "; ".join(
-            f"{r['concurrency']} concurrent: {r['outputTokensPerSecond']:.0f} tok/s out, "
-            f"median TTFT {r['medianTtftMs']:.1f} ms"
-            for r in rows
-        ),
-    )
+    record_figure("benchmark (stand-in, 128 tokens in, 64 out)", benchmark_figure(rows))
     (model,) = outputs["models"]
     assert model["servedName"] == SERVED_NAME
     assert model["timeToFirstTokenSeconds"] > 0 and model["tokensPerSecond"] > 0

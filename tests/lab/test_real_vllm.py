@@ -30,6 +30,7 @@ from tests.lab.deploying import (
     PREFIX,
     RequestLoop,
     as_fleet,
+    benchmark_figure,
     complete,
     copy_report,
     default_lab_config,
@@ -132,11 +133,7 @@ def test_the_readiness_wait_and_the_benchmark_read_real_vllm(stack: Stack) -> No
     assert all(r["outputTokensPerSecond"] > 0 and r["medianTtftMs"] > 0 for r in rows), rows
     record_figure(
         "real vLLM: benchmark (mp TP=2 over the lab fabric, 32 tokens in, 16 out)",
-        "; ".join(
-            f"{r['concurrency']} concurrent: {r['outputTokensPerSecond']:.0f} tok/s out, "
-            f"median TTFT {r['medianTtftMs']:.1f} ms"
-            for r in rows
-        ),
+        benchmark_figure(rows),
     )
 
 
