@@ -1,12 +1,12 @@
-"""Each node's compile caches, kept on the host across server replacements (stacks/plan/nodes.py
-compile_cache_env, stacks/plan/image.py compile_cache)."""
+"""Each node's compile caches, kept on the host across server replacements
+(stacks/plan/arguments.py compile_cache_env, stacks/plan/image.py compile_cache)."""
 
 from __future__ import annotations
 
 import pulumi
 
 from components.graph import Walk
-from stacks.plan.graph import COMPILE_CACHE
+from stacks.plan.names import COMPILE_CACHE
 
 
 class CompileCache(pulumi.ComponentResource):

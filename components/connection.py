@@ -11,7 +11,7 @@ from typing import Any
 from pulumi_command import remote
 
 from stacks.credentials import SshAuth
-from stacks.plan.nodes import NodePlan, SshEndpoint
+from stacks.plan.cluster import NodePlan, SshEndpoint
 
 
 def connection_args(node: NodePlan, auth: SshAuth) -> remote.ConnectionArgs:

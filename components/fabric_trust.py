@@ -10,7 +10,7 @@ import pulumi
 from pulumi_command import remote
 
 from components.graph import Walk
-from stacks.plan.graph import FABRIC, FABRIC_HEAD_KEY, link_of
+from stacks.plan.names import FABRIC, FABRIC_HEAD_KEY, link_of
 
 
 class FabricTrust(pulumi.ComponentResource):

@@ -31,7 +31,7 @@ from pulumi_command import local
 from components.bundle import facts_script
 from components.connection import docker_ssh_opts
 from stacks.credentials import SshAuth
-from stacks.plan.nodes import NodePlan
+from stacks.plan.cluster import NodePlan
 
 FACTS_HEADER = "spark-vllm-facts 1"
 MISSING = "-"

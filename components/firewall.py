@@ -6,7 +6,7 @@ from __future__ import annotations
 import pulumi
 
 from components.graph import Walk
-from stacks.plan.graph import FIREWALL
+from stacks.plan.names import FIREWALL
 
 
 class Firewall(pulumi.ComponentResource):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pulumi
 
 from components.graph import Walk
-from stacks.plan.graph import FRONT, FRONT_CONTAINER, FRONT_PULL
+from stacks.plan.names import FRONT, FRONT_CONTAINER, FRONT_PULL
 
 
 class Front(pulumi.ComponentResource):

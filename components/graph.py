@@ -18,12 +18,12 @@ from pulumi_command import remote
 
 from components.containers import service_container
 from components.steps import StepHost, host_step
+from stacks.plan.cluster import ClusterPlan
 from stacks.plan.containers import ContainerSpec
 from stacks.plan.graph import DeploymentGraph, Planned, Source, later_sources
 from stacks.plan.image import ImagePull, is_pinned, unpinned_warning
-from stacks.plan.later import Later, consumed, create_consumes, delete_consumes
-from stacks.plan.nodes import DeploymentPlan
-from stacks.plan.steps import Stdin, StepSpec
+from stacks.plan.later import Later, consumed
+from stacks.plan.steps import Stdin, StepSpec, create_consumes, delete_consumes
 
 
 class WalkHost(StepHost, Protocol):
@@ -37,7 +37,7 @@ class Walk:
 
     def __init__(
         self,
-        plan: DeploymentPlan,
+        plan: ClusterPlan,
         graph: DeploymentGraph,
         stdin: Mapping[Stdin, pulumi.Input[str]],
         sources: Mapping[str, Source] | None = None,

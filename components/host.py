@@ -14,8 +14,8 @@ from components.connection import connection_args, docker_host, docker_ssh_opts
 from components.facts import HostFacts
 from components.graph import Walk
 from stacks.credentials import SshAuth
-from stacks.plan.graph import preflight_of, scripts_of
-from stacks.plan.nodes import NodePlan
+from stacks.plan.cluster import NodePlan
+from stacks.plan.names import docker_of, preflight_of, scripts_of
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Host(pulumi.ComponentResource):
         self.connection = connection_args(node, args.auth)
         self.facts = args.facts
         self.provider = docker.Provider(
-            f"{name}-docker",
+            docker_of(name),
             host=docker_host(node),
             ssh_opts=docker_ssh_opts(node, args.auth, args.known_hosts_file, args.control_dir),
             opts=pulumi.ResourceOptions(parent=self),

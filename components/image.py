@@ -6,9 +6,8 @@ import pulumi
 
 from components.graph import Walk
 from stacks.plan import image
-from stacks.plan.graph import IMAGE, image_facts_of, image_pull_of, retained_on
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
-from stacks.plan.nodes import ImageStream
+from stacks.plan.names import IMAGE, image_facts_of, image_pull_of, retained_on
 from stacks.plan.ray_versions import ray_layout_warning
 
 
@@ -25,12 +24,15 @@ class ImageDistribution(pulumi.ComponentResource):
     facts: pulumi.Output[dict[str, str]]  # what the image carries (vllm, ray, python, machine)
     held: dict[str, pulumi.Output[list[str]]]  # by node: the images it keeps, newest first
 
-    def __init__(self, walk: Walk, stream: ImageStream, opts: pulumi.ResourceOptions | None = None):
-        component = stream.named(IMAGE)  # image.ref's: `image`; an entry's own: `image-i<hash>`
+    def __init__(
+        self, walk: Walk, component: str = IMAGE, opts: pulumi.ResourceOptions | None = None
+    ):
+        # image.ref's: `image`; an entry's own: `image-i<hash>`
+        stream = next(s for s in image.image_streams(walk.plan) if s.component == component)
         super().__init__("spark-vllm:index:ImageDistribution", component, None, opts)
         plan = walk.plan
         walk.build(component, parent=self)
-        pulled = walk.pulled(image_pull_of(stream))
+        pulled = walk.pulled(image_pull_of(component))
         self.image_id = walk.value(stream.later(IMAGE_ID).name)
         self.repo_digest = pulled.repo_digest
         self.pinned = walk.value(stream.later(PINNED_IMAGE).name)

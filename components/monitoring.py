@@ -7,8 +7,16 @@ from __future__ import annotations
 import pulumi
 
 from components.graph import Walk
-from stacks.plan.graph import GRAFANA, MONITORING, PROMETHEUS, monitoring_pulls
+from stacks.plan.graph import monitoring_pulls
 from stacks.plan.monitoring import published_views
+from stacks.plan.names import (
+    GRAFANA,
+    MONITORING,
+    MONITORING_RAY_TARGETS,
+    MONITORING_READY,
+    PROMETHEUS,
+    pull_of,
+)
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -18,13 +26,13 @@ class Monitoring(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:Monitoring", MONITORING, None, opts)
         plan = walk.plan
         walk.build(MONITORING, parent=self)
-        ready = walk.step(f"{MONITORING}-ready").stdout
-        probe = f"{MONITORING}-ray-targets"
+        ready = walk.step(MONITORING_READY).stdout
+        probe = MONITORING_RAY_TARGETS
         if probe in walk.built:  # which of Ray's nodes export metrics, first
             ready = pulumi.Output.concat(walk.step(probe).stdout, "\n", ready)
         digests = {
-            name.removesuffix("-pull"): walk.pulled(name).repo_digest
-            for name, _, _, _ in monitoring_pulls(plan)
+            container: walk.pulled(pull_of(container)).repo_digest
+            for container, _, _, _ in monitoring_pulls(plan)
         }
         views = published_views(plan)
         self.summary = pulumi.Output.all(ready, digests).apply(

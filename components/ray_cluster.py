@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 
 from components.graph import Walk
-from stacks.plan.graph import RAY, RAY_HEAD
+from stacks.plan.names import RAY, RAY_HEAD
 
 
 class RayCluster(pulumi.ComponentResource):

@@ -10,15 +10,18 @@ import pulumi
 from pulumi_command import remote
 
 from components.facts import HostFacts
-from stacks.plan.later import (
-    Later,
+from stacks.plan.cluster import NodePlan
+from stacks.plan.later import Later, resolve
+from stacks.plan.steps import (
+    Receipt,
+    Stdin,
+    StepSpec,
+    Timeouts,
+    create_command,
     create_consumes,
     delete_consumes,
-    resolve,
     resolve_create,
 )
-from stacks.plan.nodes import NodePlan
-from stacks.plan.steps import Receipt, Stdin, StepSpec, Timeouts, create_command
 
 _LOGGING = {"stderr": remote.Logging.STDERR, "none": remote.Logging.NONE}
 

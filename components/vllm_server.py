@@ -9,8 +9,7 @@ import pulumi
 from pulumi_command import remote
 
 from components.graph import Walk
-from stacks.plan import server
-from stacks.plan.graph import VLLM
+from stacks.plan import names, server
 
 
 class VllmServer(pulumi.ComponentResource):
@@ -18,17 +17,19 @@ class VllmServer(pulumi.ComponentResource):
     benchmark: remote.Command | None  # vllm.benchmark's measures, when asked for
     fabric_transport: pulumi.Output[str]  # which network NCCL chose (README, Outputs)
 
-    def __init__(self, walk: Walk, name: str = VLLM, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self, walk: Walk, name: str = names.VLLM, opts: pulumi.ResourceOptions | None = None
+    ):
         """`name`: the server's slot's (`vllm`, `vllm-s1`...)."""
         super().__init__("spark-vllm:index:VllmServer", name, None, opts)
         walk.build(name, parent=self)
-        self.readiness = walk.step(f"{name}-ready")
-        benchmark = f"{name}-benchmark"
+        self.readiness = walk.step(names.ready_of(name))
+        benchmark = names.benchmark_of(name)
         self.benchmark = walk.step(benchmark) if benchmark in walk.graph.by_name else None
         self.fabric_transport = self.readiness.stdout.apply(
             functools.partial(_checked_transport, expected_rdma=walk.plan.expects_rdma)
         )
-        container = walk.container(f"{name}-container")
+        container = walk.container(names.container_of(name))
         self.register_outputs({"containerId": container.id, "ready": self.readiness.stdout})
 
 

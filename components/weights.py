@@ -5,7 +5,8 @@ from __future__ import annotations
 import pulumi
 
 from components.graph import Walk
-from stacks.plan.graph import WEIGHTS, fetched_manifest
+from stacks.plan import names
+from stacks.plan.graph import fetched_manifest
 
 
 class ModelWeights(pulumi.ComponentResource):
@@ -16,9 +17,11 @@ class ModelWeights(pulumi.ComponentResource):
 
     manifest: pulumi.Output[str]  # "commit files bytes" as the head sees it
 
-    def __init__(self, walk: Walk, name: str = WEIGHTS, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self, walk: Walk, name: str = names.WEIGHTS, opts: pulumi.ResourceOptions | None = None
+    ):
         """`name`: the model's server slot's (`weights`, `weights-s1`...)."""
         super().__init__("spark-vllm:index:ModelWeights", name, None, opts)
         walk.build(name, parent=self)
-        self.manifest = walk.step(f"{name}-fetch").stdout.apply(fetched_manifest)
+        self.manifest = walk.step(names.fetch_of(name)).stdout.apply(fetched_manifest)
         self.register_outputs({"manifest": self.manifest})

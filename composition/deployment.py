@@ -4,6 +4,7 @@ Ray (executor ray) -> vLLM."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +26,18 @@ from components.vllm_server import VllmServer
 from components.weights import ModelWeights
 from stacks.config import ConfigError
 from stacks.known_hosts import write_known_hosts
-from stacks.plan import hardware, hosts, server
-from stacks.plan.graph import MEMORY, VLLM, WEIGHTS, GraphFacts, plan_graph
-from stacks.plan.nodes import DeploymentPlan, placed, plan_deployment, unpinned_endpoints
+from stacks.plan import hardware, names, server
+from stacks.plan.cluster import ClusterPlan, placed, plan_cluster, unpinned_endpoints
+from stacks.plan.graph import DeploymentGraph, GraphFacts, plan_graph
+from stacks.plan.server_plan import ServerPlan, per_server
 from stacks.plan.steps import Stdin
 from stacks.settings import Settings
 
 
 @dataclass(frozen=True)
 class Deployment:
-    plan: DeploymentPlan
+    plan: ClusterPlan
+    hosts: dict[str, Host]
     trust: FabricTrust
     image: ImageDistribution
     memories: tuple[ServerMemory, ...]  # per server, in the fleet's order
@@ -45,11 +48,12 @@ class Deployment:
 
     def outputs(self) -> dict[str, object]:
         plan, first, memory = self.plan, self.servers[0], self.memories[0]
+        first_model = plan.servers[0].model
         every_ready = pulumi.Output.all(*(s.readiness.stdout for s in self.servers))
         outputs: dict[str, object] = {
             # Resolves only once every server answered a real completion.
             "endpointUrl": every_ready.apply(lambda _: plan.endpoint_url),
-            "modelId": plan.served.served_name,
+            "modelId": first_model.served_name,
             "head": {"name": plan.head.name, "address": plan.head.ssh.address},
             "nodes": [
                 {"name": n.name, "role": n.role, "fabricIp": n.fabric_ip, "gpus": n.gpus}
@@ -65,7 +69,7 @@ class Deployment:
             "frontImageDigest": self.front.image_digest,
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
-            "executor": plan.served.settings.executor,
+            "executor": first_model.settings.executor,
             "readiness": first.readiness.stdout.apply(lambda out: out.strip()),
             # Per model: what it is, where it runs, its memory share and what it showed once
             # ready (time to first token, tokens/s). `modelId` stays for existing consumers.
@@ -76,7 +80,9 @@ class Deployment:
                         m.sizing,
                         s.benchmark.stdout if s.benchmark is not None else None,
                     ).apply(functools.partial(_model_output, each))
-                    for each, s, m in zip(plan.per_server, self.servers, self.memories, strict=True)
+                    for each, s, m in zip(
+                        per_server(plan), self.servers, self.memories, strict=True
+                    )
                 )
             ),
             "fabricTransport": first.fabric_transport,
@@ -97,7 +103,7 @@ class Deployment:
 
 def build_deployment(settings: Settings) -> Deployment:
     config = settings.config
-    plan = plan_deployment(config, settings.deployment_id, settings.known_hosts)
+    plan = plan_cluster(config, settings.deployment_id, settings.known_hosts)
     _refuse_unpinned(plan)
     if not plan.runs_ray and config.ray.customized:
         pulumi.log.warn(
@@ -144,7 +150,7 @@ def build_deployment(settings: Settings) -> Deployment:
     except ConfigError as error:  # a slot left by removals whose ports collide
         raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
     bundle = scripts_bundle()
-    mounts_tokens = {name: facts[name].token(hosts.mounts_step(name)) for name in facts}
+    mounts_tokens = {name: facts[name].token(names.mounts_of(name)) for name in facts}
     graph = plan_graph(plan, GraphFacts(bundle.digest, entry_scripts(), mounts_tokens))
     stdin: dict[Stdin, pulumi.Input[str]] = {
         "scripts-bundle": bundle.archive_b64,
@@ -152,50 +158,80 @@ def build_deployment(settings: Settings) -> Deployment:
         "api-key": settings.api_key,
     }
     walk = Walk(plan, graph, stdin)
-    # The walk, once: each component registers its entries, in the graph's order.
-    host_components = {
-        node.name: Host(
-            node.name,
-            HostArgs(
-                node,
-                settings.ssh_auth,
-                derived_known_hosts,
-                control_dir,
-                facts[node.name],
-                walk,
-            ),
-        )
-        for node in plan.nodes
-    }
-    _warn_hardware(host_components)
-    trust = FabricTrust(walk)
-    # image.ref's, then each image an entry names (its own component: image-i<hash of its ref>).
-    images = [ImageDistribution(walk, stream) for stream in plan.image_streams]
-    image = images[0]
-    slots = plan.servers
-    for slot in slots:
-        ModelWeights(walk, slot.named(WEIGHTS))
-    memories = [ServerMemory(walk, slots[0].named(MEMORY))]
-    Firewall(walk)
-    front = Front(walk)
-    # Ray's and vLLM's containers start once the image and the node's compile cache are there.
-    CompileCache(walk)
-    if plan.runs_ray:
-        RayCluster(walk)
-    servers = [VllmServer(walk, slots[0].named(VLLM))]
-    # Each further server, its memory checked once the one before it is ready (graph.py).
-    for slot in slots[1:]:
-        memories.append(ServerMemory(walk, slot.named(MEMORY)))
-        servers.append(VllmServer(walk, slot.named(VLLM)))
-    monitoring = Monitoring(walk) if config.monitoring.enabled else None
+    host_args = functools.partial(
+        HostArgs,
+        auth=settings.ssh_auth,
+        known_hosts_file=derived_known_hosts,
+        control_dir=control_dir,
+        walk=walk,
+    )
+    nodes = {node.name: node for node in plan.nodes}
+    deployment = _register(graph, walk, lambda name: host_args(nodes[name], facts=facts[name]))
+    _warn_hardware(deployment.hosts)
     unbuilt = [entry.name for entry in graph if entry.name not in walk.built]
     assert not unbuilt, f"planned but never registered: {unbuilt}"
-    return Deployment(
-        plan, trust, image, tuple(memories), front, tuple(servers), settings.api_key, monitoring
-    )
+    return Deployment(plan=plan, api_key=settings.api_key, **deployment.parts())
 
 
-def _model_output(plan: DeploymentPlan, done: list[Any]) -> dict[str, Any]:
+@dataclass
+class _Registered:
+    """The components as the graph lists them, registered in that order."""
+
+    hosts: dict[str, Host]
+    images: list[ImageDistribution]
+    memories: list[ServerMemory]
+    servers: list[VllmServer]
+    trust: FabricTrust | None = None
+    front: Front | None = None
+    monitoring: Monitoring | None = None
+
+    def parts(self) -> dict[str, Any]:
+        assert self.trust is not None and self.front is not None, "the graph lists both"
+        return {
+            "hosts": self.hosts,
+            "trust": self.trust,
+            "image": self.images[0],
+            "memories": tuple(self.memories),
+            "front": self.front,
+            "servers": tuple(self.servers),
+            "monitoring": self.monitoring,
+        }
+
+
+def _register(
+    graph: DeploymentGraph, walk: Walk, host_args: Callable[[str], HostArgs]
+) -> _Registered:
+    """Each component of the graph, in its order (stacks/plan/graph.py `_components`)."""
+    done = _Registered(hosts={}, images=[], memories=[], servers=[])
+    for component in graph.components:
+        name = component.name
+        match component.kind:
+            case "host":
+                done.hosts[name] = Host(name, host_args(name))
+            case "fabric":
+                done.trust = FabricTrust(walk)
+            case "image":
+                done.images.append(ImageDistribution(walk, name))
+            case "weights":
+                ModelWeights(walk, name)
+            case "memory":
+                done.memories.append(ServerMemory(walk, name))
+            case "firewall":
+                Firewall(walk)
+            case "front":
+                done.front = Front(walk)
+            case "compile-cache":
+                CompileCache(walk)
+            case "ray":
+                RayCluster(walk)
+            case "vllm":
+                done.servers.append(VllmServer(walk, name))
+            case "monitoring":
+                done.monitoring = Monitoring(walk)
+    return done
+
+
+def _model_output(plan: ServerPlan, done: list[Any]) -> dict[str, Any]:
     """One entry of the `models` output, from its server's readiness, memory check and (with
     vllm.benchmark) its benchmark."""
     output = server.model_output(plan, done[0], done[1])
@@ -218,7 +254,7 @@ def _warn_hardware(hosts: dict[str, Host]) -> None:
     facts.apply(warn)
 
 
-def _refuse_unpinned(plan: DeploymentPlan) -> None:
+def _refuse_unpinned(plan: ClusterPlan) -> None:
     """Every SSH server must have a pinned key (the HF token, the API key and root-level commands
     go to it), unless ssh.allowUnpinned accepts whatever key they present, loudly."""
     unpinned = unpinned_endpoints(plan)

@@ -10,6 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from stacks.plan.arguments import node_env, ray_start_args, vllm_launcher_args
+from stacks.plan.cluster import ClusterPlan, NodePlan
+from stacks.plan.container_paths import (
+    CONTAINER_API_KEY_DIR,
+    CONTAINER_COMPILE_CACHE,
+    CONTAINER_HF_HOME,
+    CONTAINER_RAY_DIR,
+    CONTAINER_SCRIPTS_DIR,
+)
 from stacks.plan.firewall import (
     CONTAINER_FIREWALL_DIR,
     FIREWALLED_LABEL,
@@ -20,19 +29,8 @@ from stacks.plan.firewall import (
     guard_args,
 )
 from stacks.plan.front import CONTAINER_FRONT_DIR, FRONT_CONFIG_NAME
-from stacks.plan.nodes import (
-    CONTAINER_API_KEY_DIR,
-    CONTAINER_COMPILE_CACHE,
-    CONTAINER_HF_HOME,
-    CONTAINER_RAY_DIR,
-    CONTAINER_SCRIPTS_DIR,
-    DeploymentPlan,
-    NodePlan,
-    ServerSizing,
-    node_env,
-    ray_start_args,
-    vllm_launcher_args,
-)
+from stacks.plan.server_plan import ServerPlan
+from stacks.plan.sizing import ServerSizing
 
 ServiceRole = Literal["ray-head", "ray-worker", "vllm", "vllm-headless"]
 Role = Literal[
@@ -148,16 +146,16 @@ class EntryScripts:
 
 
 def ray_container(
-    plan: DeploymentPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
+    plan: ServerPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
 ) -> ContainerSpec:
     """Ray as the container's main process (`ray start --block`), head or worker."""
     role: ServiceRole = "ray-head" if node.is_head else "ray-worker"
-    command = tuple(ray_start_args(plan, node))
+    command = tuple(ray_start_args(plan.cluster, node))
     return _service(plan, node, role, ("ray",), command, mounts_token, scripts)
 
 
 def vllm_container(
-    plan: DeploymentPlan, mounts_token: str, scripts: EntryScripts, sizing: ServerSizing
+    plan: ServerPlan, mounts_token: str, scripts: EntryScripts, sizing: ServerSizing
 ) -> ContainerSpec:
     """The server on its node (the head, or a worker for a model on workers only): the
     launcher (vllm-launcher.sh) waits for Ray's GPUs and reads the API key from a mounted
@@ -177,7 +175,7 @@ def vllm_container(
 
 
 def headless_container(
-    plan: DeploymentPlan,
+    plan: ServerPlan,
     node: NodePlan,
     mounts_token: str,
     scripts: EntryScripts,
@@ -196,7 +194,7 @@ def headless_container(
     )
 
 
-def front_container(plan: DeploymentPlan, mounts_token: str) -> ContainerSpec:
+def front_container(plan: ClusterPlan, mounts_token: str) -> ContainerSpec:
     """HAProxy on the head, publishing `vllm.port` (stacks/plan/front.py). It reads its
     configuration and the key's pattern file as root (they are the deploying user's, mode 600),
     then runs as `nobody` (the configuration's `uid`). The component adds the key's hash label."""
@@ -233,7 +231,7 @@ def front_container(plan: DeploymentPlan, mounts_token: str) -> ContainerSpec:
 
 
 def firewall_container(
-    plan: DeploymentPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
+    plan: ClusterPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
 ) -> ContainerSpec:
     """The guard (components/scripts/firewall.sh): the host's own iptables through a read-only
     view of its root, with CAP_NET_ADMIN (CAP_NET_RAW for legacy iptables) in the host's
@@ -273,7 +271,7 @@ def firewall_container(
 
 
 def _gated(
-    plan: DeploymentPlan, node: NodePlan, entrypoint: tuple[str, ...], scripts: EntryScripts
+    plan: ServerPlan, node: NodePlan, entrypoint: tuple[str, ...], scripts: EntryScripts
 ) -> tuple[str, ...]:
     """`entrypoint` behind the firewall gate (firewall-gate.sh), when the firewall is on."""
     if not plan.config.fabric.firewall:
@@ -282,7 +280,7 @@ def _gated(
 
 
 def _service(
-    plan: DeploymentPlan,
+    plan: ServerPlan,
     node: NodePlan,
     role: ServiceRole,
     entrypoint: tuple[str, ...],
@@ -302,17 +300,17 @@ def _service(
     """
     cfg = plan.config
     labels = {
-        **plan.labels,
+        **plan.cluster.labels,
         "spark-vllm.role": role,
         "spark-vllm.node": node.name,
         MOUNTS_LABEL: mounts_token,
     }
     gate: tuple[Mount, ...] = ()
     if cfg.fabric.firewall:
-        labels[FIREWALLED_LABEL] = chain_name(plan)
+        labels[FIREWALLED_LABEL] = chain_name(plan.cluster)
         gate = (Mount(firewall_dir(node), CONTAINER_FIREWALL_DIR, read_only=True),)
     return ContainerSpec(
-        name=plan.container_name(role),
+        name=_service_name(plan, role),
         node=node,
         role=role,
         entrypoint=_gated(plan, node, entrypoint, scripts),
@@ -333,3 +331,9 @@ def _service(
         ulimits=_ulimits(node),
         devices=RDMA_DEVICES if node.rdma_hcas else (),
     )
+
+
+def _service_name(plan: ServerPlan, role: ServiceRole) -> str:
+    if role in ("ray-head", "ray-worker"):
+        return plan.cluster.container_name("ray-head" if role == "ray-head" else "ray-worker")
+    return plan.vllm_container

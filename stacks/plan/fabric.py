@@ -6,52 +6,53 @@ receipt kept on the worker), shared by the image and the weights."""
 from __future__ import annotations
 
 from stacks.known_hosts import known_hosts_name
-from stacks.plan.nodes import DeploymentPlan, NodePlan, node_lines
+from stacks.plan import names
+from stacks.plan.cluster import ClusterPlan, NodePlan, node_lines
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, script_call, undoable
 
 
-def fabric_trust_managed(plan: DeploymentPlan) -> bool:
+def fabric_trust_managed(plan: ClusterPlan) -> bool:
     """The program makes the head's fabric key and authorizes it (`fabric.trust: managed`)."""
     return plan.config.fabric.trust != "existing" and bool(plan.workers)
 
 
-def fabric_key_file(plan: DeploymentPlan) -> str:
+def fabric_key_file(plan: ClusterPlan) -> str:
     return f"{plan.head.state_dir}/fabric_ed25519"
 
 
-def fabric_known_hosts(plan: DeploymentPlan) -> str:
+def fabric_known_hosts(plan: ClusterPlan) -> str:
     return f"{plan.head.state_dir}/fabric_known_hosts"
 
 
-def fabric_flags(plan: DeploymentPlan) -> dict[str, str]:
+def fabric_flags(plan: ClusterPlan) -> dict[str, str]:
     """What a head-side step needs to reach workers: flags for lib.sh's fabric_ssh."""
     if not fabric_trust_managed(plan):
         return {}
     return {"fabric_key": fabric_key_file(plan), "fabric_known_hosts": fabric_known_hosts(plan)}
 
 
-def fabric_marker(plan: DeploymentPlan) -> str:
+def fabric_marker(plan: ClusterPlan) -> str:
     """The comment that names this deployment's head key in a worker's authorized_keys."""
     return f"spark-vllm-fabric:{plan.deployment_id}:{plan.head.name}"
 
 
-def head_fabric_key(plan: DeploymentPlan, name: str) -> StepSpec:
+def head_fabric_key(plan: ClusterPlan) -> StepSpec:
     head = plan.head
     flags = {"state_dir": head.state_dir, "comment": fabric_marker(plan)}
     key_file = fabric_key_file(plan)
     checks = (check("files", key_file, f"{key_file}.pub"),)
     return undoable(
-        plan, f"{name}-head-key", head, "fabric-key.sh", ("ensure", "remove"), flags, checks
+        plan, names.FABRIC_HEAD_KEY, head, "fabric-key.sh", ("ensure", "remove"), flags, checks
     )
 
 
-def authorize_head_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+def authorize_head_key(plan: ClusterPlan, worker: NodePlan) -> StepSpec:
     """The head's public key (stdin) authorized on `worker`, over the worker's own connection;
     it prints the worker's host keys, which the head then pins."""
     marker = fabric_marker(plan)
     return undoable(
         plan,
-        f"{name}-{worker.name}-authorize",
+        names.authorize_of(worker.name),
         worker,
         "authorize-key.sh",
         ("add", "remove"),
@@ -64,7 +65,7 @@ def authorize_head_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> Ste
     )
 
 
-def pin_worker_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+def pin_worker_key(plan: ClusterPlan, worker: NodePlan) -> StepSpec:
     """`worker`'s host key pinned on the head under its fabric address. The configured pin wins;
     otherwise the keys the worker printed over its own authenticated connection (stdin), never a
     trust-on-first-use scan over the fabric."""
@@ -74,7 +75,7 @@ def pin_worker_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpe
     pinned = worker.ssh.host_key
     return undoable(
         plan,
-        f"{name}-{worker.name}-pin",
+        names.pin_of(worker.name),
         head,
         "pin-host-key.sh",
         ("add", "remove"),
@@ -85,26 +86,29 @@ def pin_worker_key(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpe
     )
 
 
-def relay_leader(plan: DeploymentPlan) -> NodePlan | None:
+def relay_leader(plan: ClusterPlan, workers: tuple[NodePlan, ...]) -> NodePlan | None:
     """The worker whose image and weights steps relay to every worker (relay.sh: one stream
     passed from worker to worker, so the head's link carries one copy, not one per worker):
     the first, when there are two or more and the program manages the fabric key it forwards.
     With `fabric.trust: existing` each worker's step copies on its own."""
-    if len(plan.workers) < 2 or not fabric_trust_managed(plan):
+    if len(workers) < 2 or not fabric_trust_managed(plan):
         return None
-    return plan.workers[0]
+    return workers[0]
 
 
-def relay_flags(plan: DeploymentPlan, worker: NodePlan) -> dict[str, str]:
-    """`--relay` (every worker, in order) for the leader's copies; nothing for the others."""
-    leader = relay_leader(plan)
+def relay_flags(
+    plan: ClusterPlan, workers: tuple[NodePlan, ...], worker: NodePlan
+) -> dict[str, str]:
+    """`--relay` (every one of `workers`, in order) for the leader's copies; nothing for the
+    others."""
+    leader = relay_leader(plan, workers)
     if leader is None or worker.name != leader.name:
         return {}
-    return {"relay": node_lines(plan.workers)}
+    return {"relay": node_lines(workers)}
 
 
 def head_to_worker(
-    plan: DeploymentPlan,
+    plan: ClusterPlan,
     step: str,
     worker: NodePlan,
     script: str,

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 
-from stacks.plan.nodes import DeploymentPlan, NodePlan, cluster_listen_ports, servers_on
+from stacks.plan.cluster import ClusterPlan, NodePlan
+from stacks.plan.server_plan import ServerPlan, cluster_listen_ports, servers_on
 
 CONTAINER_FIREWALL_DIR = "/spark-vllm/firewall"  # the host's <state>/firewall: the marker
 HOST_ROOT = "/host"  # the guard's read-only view of the host's root (its iptables)
@@ -28,14 +29,14 @@ READY_WAIT_SECONDS = 90  # the firewall step's wait for the guard's first marker
 FIREWALLED_LABEL = "spark-vllm.firewalled"  # on containers behind the gate: the chain
 
 
-def chain_name(plan: DeploymentPlan) -> str:
+def chain_name(plan: ClusterPlan) -> str:
     """One chain per deployment (two stacks on a host keep their own rules). iptables allows
     28 characters."""
     digest = hashlib.sha256(plan.deployment_id.encode()).hexdigest()[:12]
     return f"SPARK-VLLM-{digest.upper()}"
 
 
-def guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+def guarded_ports(plan: ClusterPlan, node: NodePlan) -> list[str]:
     """Every cluster port on `node` (`6379`, `10002:10999`) with either executor, the server's
     own port, which listens on loopback anyway, and node_exporter's. Both executors' ports: a
     switch of executors then leaves the rules as they are while the old executor's containers
@@ -47,7 +48,7 @@ def guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     return list(dict.fromkeys(ports))
 
 
-def server_guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+def server_guarded_ports(plan: ServerPlan, node: NodePlan) -> list[str]:
     """The ports of the plan's server (its slot's) and of Ray on `node`."""
     ports = [*cluster_listen_ports(plan, node, uses_ray=True)]
     ports += [p for p in cluster_listen_ports(plan, node, uses_ray=False) if p not in ports]
@@ -56,24 +57,24 @@ def server_guarded_ports(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     return ports
 
 
-def rules_digest(plan: DeploymentPlan, node: NodePlan) -> str:
+def rules_digest(plan: ServerPlan, node: NodePlan) -> str:
     """What the plan's server needs of the guard's rules on `node`, as a hash: its containers'
     gate accepts only a marker with it. One per server: another server added or removed changes
     the rules, not what a running server's gate was started with (its container stays)."""
-    words = [chain_name(plan), node.fabric_interface, *server_guarded_ports(plan, node)]
+    words = [chain_name(plan.cluster), node.fabric_interface, *server_guarded_ports(plan, node)]
     return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
 
 
-def marker_name(plan: DeploymentPlan) -> str:
+def marker_name(plan: ServerPlan) -> str:
     """Where the guard says the plan's server's rules hold (slot 0: MARKER_NAME, as before)."""
-    return plan.server.named(MARKER_NAME)
+    return plan.slot.named(MARKER_NAME)
 
 
-def guard_markers(plan: DeploymentPlan, node: NodePlan) -> list[tuple[str, str]]:
+def guard_markers(plan: ClusterPlan, node: NodePlan) -> list[tuple[str, str]]:
     """Every marker the guard on `node` keeps, and its digest: MARKER_NAME first (slot 0's,
     which the firewall step waits for; the whole rules' when no server holds slot 0), then
     each other server's."""
-    by_slot = sorted(servers_on(plan, node), key=lambda server: server.server.index)
+    by_slot = sorted(servers_on(plan, node), key=lambda server: server.slot.index)
     markers = [(marker_name(server), rules_digest(server, node)) for server in by_slot]
     if not markers or markers[0][0] != MARKER_NAME:
         words = [chain_name(plan), node.fabric_interface, *guarded_ports(plan, node)]
@@ -81,7 +82,7 @@ def guard_markers(plan: DeploymentPlan, node: NodePlan) -> list[tuple[str, str]]
     return markers
 
 
-def guard_digest(plan: DeploymentPlan, node: NodePlan) -> str:
+def guard_digest(plan: ClusterPlan, node: NodePlan) -> str:
     """MARKER_NAME's digest: what the firewall step waits for."""
     return guard_markers(plan, node)[0][1]
 
@@ -90,7 +91,7 @@ def firewall_dir(node: NodePlan) -> str:
     return f"{node.state_dir}/firewall"
 
 
-def guard_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+def guard_args(plan: ClusterPlan, node: NodePlan) -> list[str]:
     """firewall.sh's arguments in the guard container."""
     return [
         "guard",
@@ -114,7 +115,7 @@ def guard_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     ]
 
 
-def gate_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+def gate_args(plan: ServerPlan, node: NodePlan) -> list[str]:
     """firewall-gate.sh's arguments before `--` and the container's own entrypoint."""
     return [
         f"{CONTAINER_FIREWALL_DIR}/{marker_name(plan)}",
@@ -124,7 +125,7 @@ def gate_args(plan: DeploymentPlan, node: NodePlan) -> list[str]:
     ]
 
 
-def _other_markers(plan: DeploymentPlan, node: NodePlan) -> list[str]:
+def _other_markers(plan: ClusterPlan, node: NodePlan) -> list[str]:
     """`--markers name=digest,...` for every server but slot 0 (none with one server)."""
     others = guard_markers(plan, node)[1:]
     return ["--markers", ",".join(f"{name}={digest}" for name, digest in others)] if others else []

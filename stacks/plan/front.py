@@ -19,7 +19,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stacks.plan.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan
+from stacks.plan.cluster import ClusterPlan
+from stacks.plan.container_paths import CONTAINER_API_KEY_DIR
+from stacks.plan.server_plan import ServerPlan, per_server
 
 CONTAINER_FRONT_DIR = "/spark-vllm/front"  # the host's <state>/front, read-only
 FRONT_CONFIG_NAME = "haproxy.cfg"
@@ -42,7 +44,7 @@ IDLE_SECONDS = 3600
 HEADERS_SECONDS = 10
 
 
-def front_bind(plan: DeploymentPlan) -> str:
+def front_bind(plan: ClusterPlan) -> str:
     """HAProxy's `bind` address for `vllm.listen`: every interface (IPv4 and IPv6), the head's
     fabric IP, or loopback (reached through an SSH tunnel)."""
     port = plan.config.vllm.port
@@ -63,27 +65,25 @@ class Route:
     servers: tuple[tuple[str, str], ...]  # (label, host:port)
 
 
-def routes_of(plan: DeploymentPlan) -> tuple[Route, ...]:
+def routes_of(plan: ClusterPlan) -> tuple[Route, ...]:
     """One route per served name, in the fleet's order (the first is where a request without
     `model` goes); entries sharing a name are its replicas. Each server listens at its slot's
     port on the head's loopback, or on its worker's fabric IP."""
-    servers: dict[str, list[DeploymentPlan]] = {}
-    for server in plan.per_server:
+    servers: dict[str, list[ServerPlan]] = {}
+    for server in per_server(plan):
         servers.setdefault(server.served.served_name, []).append(server)
     return tuple(
         Route(
             name,
             replicas[0].served.id,
             replicas[0].served.settings.max_model_len,
-            tuple(
-                (r.server.named("vllm"), f"{r.server_address}:{r.server_port}") for r in replicas
-            ),
+            tuple((r.slot.named("vllm"), f"{r.server_address}:{r.server_port}") for r in replicas),
         )
         for name, replicas in servers.items()
     )
 
 
-def front_config(plan: DeploymentPlan) -> str:
+def front_config(plan: ClusterPlan) -> str:
     """haproxy.cfg for the plan's routes (router_config)."""
     bearer = f"{CONTAINER_API_KEY_DIR}/{BEARER_FILE_NAME}"
     models = f"{CONTAINER_FRONT_DIR}/{MODELS_FILE_NAME}"
@@ -262,7 +262,7 @@ def models_document(routes: Sequence[Route]) -> str:
     return json.dumps({"object": "list", "data": data})
 
 
-def front_config_digest(plan: DeploymentPlan) -> str:
+def front_config_digest(plan: ClusterPlan) -> str:
     """The configuration's hash (with several models, the models list's too): in the reload
     step's command, so a changed file reloads the front (front-reload.sh)."""
     served = front_config(plan)

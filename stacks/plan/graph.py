@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from stacks.plan import fabric, hardware, hosts, image, monitoring, server, weights
+from stacks.plan import fabric, hardware, hosts, image, monitoring, names, server, weights
+from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.containers import (
     API_KEY_HASH_LABEL,
     MP_NODES_LABEL,
@@ -43,7 +44,7 @@ from stacks.plan.containers import (
     ray_container,
     vllm_container,
 )
-from stacks.plan.image import ImagePull
+from stacks.plan.image import ImagePull, ImageStream
 from stacks.plan.later import (
     FRONT_IMAGE_ID,
     GPU_MEMORY_UTILIZATION,
@@ -52,61 +53,9 @@ from stacks.plan.later import (
     PINNED_IMAGE,
     Later,
 )
-from stacks.plan.nodes import (
-    DeploymentPlan,
-    ImageStream,
-    NodePlan,
-    checked_sizing,
-    server_sizing,
-    sizing_values,
-)
+from stacks.plan.server_plan import ServerPlan, per_server
+from stacks.plan.sizing import checked_sizing, server_sizing, sizing_values
 from stacks.plan.steps import Stdin, StepSpec
-
-# The components, by the name their resources are registered under (part of every child's URN).
-FABRIC, IMAGE, WEIGHTS, MEMORY = "fabric", "image", "weights", "memory"
-FIREWALL, FRONT, COMPILE_CACHE, RAY, VLLM = "firewall", "front", "compile-cache", "ray", "vllm"
-
-# Resources the components and the stack outputs read (the others are found by name in `after`).
-FRONT_PULL, FRONT_CONTAINER = f"{FRONT}-pull", f"{FRONT}-container"
-FABRIC_HEAD_KEY = f"{FABRIC}-head-key"
-RAY_HEAD, RAY_JOINED = f"{RAY}-head", f"{RAY}-joined"
-# The first model's (slot 0's) check, server and wait; slot k's are `<component>-s<k>-...`.
-MEMORY_CHECK = f"{MEMORY}-check"
-MONITORING = "monitoring"
-PROMETHEUS, GRAFANA = f"{MONITORING}-prometheus", f"{MONITORING}-grafana"
-SERVER, READINESS = f"{VLLM}-container", f"{VLLM}-ready"
-
-
-def preflight_of(node: str) -> str:
-    return f"{node}-preflight"
-
-
-def scripts_of(node: str) -> str:
-    return f"{node}-scripts"
-
-
-def shares_of(node: str) -> str:
-    """The head's step writing the fleet's memory shares (stacks/plan/hosts.py)."""
-    return f"{node}-shares"
-
-
-def link_of(worker: str) -> str:
-    """The head's link test to `worker` (its stdout: the figures, hardware.parse_fabric_link)."""
-    return f"{FABRIC}-{worker}-link"
-
-
-def image_facts_of(node: str, component: str = IMAGE) -> str:
-    """The image's check on `node` (its stdout: what the image carries)."""
-    return f"{component}-{node}-facts"
-
-
-def retained_on(node: str, component: str = IMAGE) -> str:
-    """`node`'s image history step (its stdout: the images it keeps, image.parse_retained)."""
-    return f"{component}-{node}-retain"
-
-
-def image_pull_of(stream: ImageStream) -> str:
-    return f"{stream.named(IMAGE)}-pull"
 
 
 @dataclass(frozen=True)
@@ -118,12 +67,13 @@ class Source:
     derive: Callable[[str], str]
 
 
-def later_sources(plan: DeploymentPlan) -> dict[str, Source]:
+def later_sources(plan: ClusterPlan) -> dict[str, Source]:
     """Every later value (stacks/plan/later.py) by name, and its source: each server's manifest
     and sizing come from its own fetch and memory check."""
     manifest, sizing = {}, {}
     for slot in plan.servers:
-        fetch, check = f"{slot.named(WEIGHTS)}-fetch", f"{slot.named(MEMORY)}-check"
+        fetch = names.fetch_of(names.weights_of(slot))
+        check = names.check_of(names.memory_of(slot))
         for later in weights.MANIFEST_FIELDS:
             derive = functools.partial(_manifest_field, later.name)
             manifest[later.of_slot(slot.index).name] = Source(fetch, "stdout", derive)
@@ -131,47 +81,45 @@ def later_sources(plan: DeploymentPlan) -> dict[str, Source]:
             derive = functools.partial(_sizing_field, later.name)
             sizing[later.of_slot(slot.index).name] = Source(check, "stdout", derive)
     images = {}
-    for stream in plan.image_streams:
-        pull = image_pull_of(stream)
+    for stream in image.image_streams(plan):
+        pull = names.image_pull_of(stream.component)
         images[stream.later(IMAGE_ID).name] = Source(pull, "image_id", str)
         pinned = functools.partial(image.pinned_image, key=stream.key)
         images[stream.later(PINNED_IMAGE).name] = Source(pull, "image_id", pinned)
     watched = {
-        later.name: Source(pull, "image_id", str) for pull, _, _, later in monitoring_pulls(plan)
+        later.name: Source(names.pull_of(container), "image_id", str)
+        for container, _, _, later in monitoring_pulls(plan)
     }
     return {
         **images,
-        FRONT_IMAGE_ID.name: Source(FRONT_PULL, "image_id", str),
+        FRONT_IMAGE_ID.name: Source(names.FRONT_PULL, "image_id", str),
         **watched,
         **manifest,
         **sizing,
     }
 
 
-def monitoring_pulls(plan: DeploymentPlan) -> list[tuple[str, str, ImagePull, Later]]:
-    """Monitoring's image pulls (none when it is off): (resource name, node, the pull, the later
-    value naming the image there). Prometheus and Grafana on the head; each node pulls its own
+def monitoring_pulls(plan: ClusterPlan) -> list[tuple[str, str, ImagePull, Later]]:
+    """Monitoring's image pulls (none when it is off): (the container it is for, node, the pull,
+    the later value naming the image there; the pull's resource: `names.pull_of(container)`).
+    Prometheus and Grafana on the head; each node pulls its own
     exporter (a small image; nothing else there runs it)."""
     cfg = plan.config.monitoring
     if not cfg.enabled:
         return []
     head = plan.head.name
-    pulls = [(f"{PROMETHEUS}-pull", head, monitoring.prometheus_pull(plan))]
+    pulls = [(names.PROMETHEUS, head, monitoring.prometheus_pull(plan))]
     if cfg.grafana.enabled:
-        pulls.append((f"{GRAFANA}-pull", head, monitoring.grafana_pull(plan)))
+        pulls.append((names.GRAFANA, head, monitoring.grafana_pull(plan)))
     if cfg.node_exporter.enabled:
         pulls += [
-            (node_exporter_of(node.name) + "-pull", node.name, monitoring.node_exporter_pull(plan))
+            (names.node_exporter_of(node.name), node.name, monitoring.node_exporter_pull(plan))
             for node in plan.nodes
         ]
     return [
         (name, node, pull, monitoring.image_later(f"image-{index}"))
         for index, (name, node, pull) in enumerate(pulls)
     ]
-
-
-def node_exporter_of(node: str) -> str:
-    return f"{MONITORING}-node-exporter-{node}"
 
 
 def fetched_manifest(stdout: str) -> str:
@@ -228,9 +176,36 @@ class Planned:
     moved_from: tuple[MovedFrom, ...] = ()
 
 
+ComponentKind = Literal[
+    "host",
+    "fabric",
+    "image",
+    "weights",
+    "memory",
+    "firewall",
+    "front",
+    "compile-cache",
+    "ray",
+    "vllm",
+    "monitoring",
+]
+
+
+@dataclass(frozen=True)
+class PlannedComponent:
+    """One component of the deployment: what it is, and the name its resources are registered
+    under (a host's: the host's name)."""
+
+    kind: ComponentKind
+    name: str
+
+
 @dataclass(frozen=True)
 class DeploymentGraph:
     entries: tuple[Planned, ...]
+    # In registration order: the composition registers them so (their order is the URNs' and
+    # the engine's, and each one's resources come after the ones they run after).
+    components: tuple[PlannedComponent, ...] = ()
     by_name: dict[str, Planned] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -243,6 +218,10 @@ class DeploymentGraph:
                 raise ValueError(f"spark-vllm: {entry.name} runs after {missing}, not before it")
             by_name[entry.name] = entry
         object.__setattr__(self, "by_name", by_name)
+        named = {c.name for c in self.components}
+        homeless = sorted({e.component for e in self.entries} - named) if self.components else []
+        if homeless:
+            raise ValueError(f"spark-vllm: resources under components never planned: {homeless}")
 
     def of(self, component: str) -> list[Planned]:
         return [entry for entry in self.entries if entry.component == component]
@@ -251,19 +230,20 @@ class DeploymentGraph:
         return iter(self.entries)
 
 
-def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
+def plan_graph(plan: ClusterPlan, facts: GraphFacts) -> DeploymentGraph:
     """Every resource of the deployment, in registration order."""
     entries: list[Planned] = []
     for node in plan.nodes:
         entries += _host(plan, node, facts)
     links = _fabric(plan, entries)
     synced: dict[str, str] = {}  # by worker: the last image copy to it so far
-    streams = {s.key: _image(plan, entries, links, s, synced) for s in plan.image_streams}
+    every_stream = image.image_streams(plan)
+    streams = {s.key: _image(plan, entries, links, s, synced) for s in every_stream}
     image_ready = streams[""]
-    servers = plan.per_server
+    servers = per_server(plan)
     # By worker: the last copy to it so far (one transfer per link): the images' first. With
     # image.ref's alone, its check on the worker (image_ready) already comes after its copy.
-    copied = dict(synced) if len(plan.image_streams) > 1 else {}
+    copied = dict(synced) if len(every_stream) > 1 else {}
     weights_ready = [_weights(each, entries, image_ready, copied) for each in servers]
     check = _memory(servers[0], entries, weights_ready[0], streams)
     firewalled = _firewall(plan, entries, facts, image_ready, check)
@@ -306,56 +286,58 @@ def plan_graph(plan: DeploymentPlan, facts: GraphFacts) -> DeploymentGraph:
             ray_checked,
         )
     _monitoring(plan, entries, image_ready, firewalled, key_file, ready, facts.entry_scripts)
-    return DeploymentGraph(tuple(entries))
+    return DeploymentGraph(tuple(entries), _components(plan, servers, every_stream))
 
 
-def _host(plan: DeploymentPlan, node: NodePlan, facts: GraphFacts) -> list[Planned]:
-    scripts = hosts.install_scripts(plan, node.name, node, facts.scripts_digest)
+def _host(plan: ClusterPlan, node: NodePlan, facts: GraphFacts) -> list[Planned]:
+    scripts = hosts.install_scripts(plan, node, facts.scripts_digest)
     # A new bundle re-runs the preflight: its checks live in the scripts.
     steps = [
         Planned(scripts.name, node.name, scripts, node.name),
         Planned(
-            preflight_of(node.name),
+            names.preflight_of(node.name),
             node.name,
-            hosts.preflight(plan, node.name, node),
+            hosts.preflight(plan, node),
             node.name,
             after=(scripts.name,),
             triggers=(scripts.name,),
         ),
     ]
-    shares = hosts.write_memory_shares(plan, node.name) if node.is_head else None
+    shares = hosts.write_memory_shares(plan) if node.is_head else None
     if shares is not None:
         steps.append(Planned(shares.name, node.name, shares, node.name, after=(scripts.name,)))
     return steps
 
 
-def _fabric(plan: DeploymentPlan, entries: list[Planned]) -> dict[str, str]:
+def _fabric(plan: ClusterPlan, entries: list[Planned]) -> dict[str, str]:
     """The head's access to each worker over the fabric, then each link's test: by worker."""
     head = plan.head
     trusted: dict[str, tuple[str, ...]] = {
-        w.name: (preflight_of(head.name), preflight_of(w.name)) for w in plan.workers
+        w.name: (names.preflight_of(head.name), names.preflight_of(w.name)) for w in plan.workers
     }
     if fabric.fabric_trust_managed(plan):
-        key = fabric.head_fabric_key(plan, FABRIC)
-        entries.append(Planned(key.name, FABRIC, key, head.name, after=(preflight_of(head.name),)))
+        key = fabric.head_fabric_key(plan)
+        entries.append(
+            Planned(key.name, names.FABRIC, key, head.name, after=(names.preflight_of(head.name),))
+        )
         for worker in plan.workers:
-            authorize = fabric.authorize_head_key(plan, FABRIC, worker)
+            authorize = fabric.authorize_head_key(plan, worker)
             entries.append(
                 Planned(
                     authorize.name,
-                    FABRIC,
+                    names.FABRIC,
                     authorize,
                     worker.name,
-                    after=(preflight_of(worker.name),),
+                    after=(names.preflight_of(worker.name),),
                     stdout_stdin=key.name,
                 )
             )
             # The worker's host key, as its authorize step read it, pinned on the head.
-            pin = fabric.pin_worker_key(plan, FABRIC, worker)
+            pin = fabric.pin_worker_key(plan, worker)
             entries.append(
                 Planned(
                     pin.name,
-                    FABRIC,
+                    names.FABRIC,
                     pin,
                     head.name,
                     after=(authorize.name, key.name),
@@ -365,15 +347,15 @@ def _fabric(plan: DeploymentPlan, entries: list[Planned]) -> dict[str, str]:
             trusted[worker.name] = (pin.name,)
     links: dict[str, str] = {}
     for worker in plan.workers:
-        link = hardware.fabric_link(plan, FABRIC, worker)
-        after = (*trusted[worker.name], scripts_of(worker.name))
-        entries.append(Planned(link.name, FABRIC, link, head.name, after=after))
+        link = hardware.fabric_link(plan, worker)
+        after = (*trusted[worker.name], names.scripts_of(worker.name))
+        entries.append(Planned(link.name, names.FABRIC, link, head.name, after=after))
         links[worker.name] = link.name
     return links
 
 
 def _image(
-    plan: DeploymentPlan,
+    plan: ClusterPlan,
     entries: list[Planned],
     links: dict[str, str],
     stream: ImageStream,
@@ -383,40 +365,41 @@ def _image(
     the image copied there before it: one transfer at a time per link, and one stage per image
     on the worker), checked on each of its nodes: by node, the step after which it has the
     image. `copied`: by worker, the last image copy to it so far (updated)."""
-    head, component = plan.head, stream.named(IMAGE)
-    pull = image_pull_of(stream)
+    head, component = plan.head, stream.component
+    pull = names.image_pull_of(component)
     pulled = image.image_pull(plan, stream)
-    entries.append(Planned(pull, component, pulled, head.name, after=(preflight_of(head.name),)))
-    record = image.record_image(plan, component, stream)
+    entries.append(
+        Planned(pull, component, pulled, head.name, after=(names.preflight_of(head.name),))
+    )
+    record = image.record_image(plan, stream)
     entries.append(Planned(record.name, component, record, head.name, after=(pull,)))
 
     def ready_for(worker: NodePlan) -> tuple[str, ...]:
         before = (copied[worker.name],) if worker.name in copied else ()
-        return (record.name, preflight_of(worker.name), *links.values(), *before)
+        return (record.name, names.preflight_of(worker.name), *links.values(), *before)
 
     # Its copies and their relay chain cover its nodes alone.
-    carried = replace(plan, nodes=stream.nodes)
     synced = {head.name: record.name}
     for worker, spec, after in _head_to_workers(
-        carried, lambda w: image.sync_image(carried, component, w, stream), ready_for
+        plan, stream.workers, lambda w: image.sync_image(plan, w, stream), ready_for
     ):
         entries.append(Planned(spec.name, component, spec, head.name, after=after))
         synced[worker.name] = spec.name
     copied.update({w: step for w, step in synced.items() if w != head.name})
     checked: dict[str, str] = {}
     for node in stream.nodes:
-        spec = image.image_facts(plan, component, node, stream)
+        spec = image.image_facts(plan, node, stream)
         entries.append(Planned(spec.name, component, spec, node.name, after=(synced[node.name],)))
         checked[node.name] = spec.name
     # Then each node's history of images: older ones than image.keepPrevious lose their name.
     for node in stream.nodes:
-        spec = image.retain_images(plan, component, node, stream)
+        spec = image.retain_images(plan, node, stream)
         entries.append(Planned(spec.name, component, spec, node.name, after=(checked[node.name],)))
     return checked
 
 
 def _weights(
-    plan: DeploymentPlan,
+    plan: ServerPlan,
     entries: list[Planned],
     image_ready: dict[str, str],
     copied: dict[str, str],
@@ -424,8 +407,8 @@ def _weights(
     """The plan's server's model fetched on the head (which runs the serving image for it),
     copied to every worker: the steps after which each node has the snapshot. `copied`: by
     worker, the last copy to it so far (updated)."""
-    head, component = plan.head, plan.server.named(WEIGHTS)
-    fetch = weights.fetch_weights(plan, component)
+    head, component = plan.head, names.weights_of(plan.slot)
+    fetch = weights.fetch_weights(plan)
     entries.append(
         Planned(fetch.name, component, fetch, head.name, after=(image_ready[head.name],))
     )
@@ -433,11 +416,11 @@ def _weights(
     # One transfer at a time per worker: the image's and every model's share its fabric link.
     def ready_for(worker: NodePlan) -> tuple[str, ...]:
         before = (copied[worker.name],) if worker.name in copied else ()
-        return (fetch.name, scripts_of(worker.name), image_ready[worker.name], *before)
+        return (fetch.name, names.scripts_of(worker.name), image_ready[worker.name], *before)
 
     mine = {}
     for worker, spec, after in _head_to_workers(
-        plan, lambda w: weights.copy_weights(plan, component, w), ready_for
+        plan.cluster, plan.workers, lambda w: weights.copy_weights(plan, w), ready_for
     ):
         entries.append(Planned(spec.name, component, spec, head.name, after=after))
         mine[worker.name] = spec.name
@@ -446,19 +429,20 @@ def _weights(
 
 
 def _head_to_workers(
-    plan: DeploymentPlan,
+    plan: ClusterPlan,
+    workers: tuple[NodePlan, ...],
     spec_for: Callable[[NodePlan], StepSpec],
     ready_for: Callable[[NodePlan], tuple[str, ...]],
 ) -> list[tuple[NodePlan, StepSpec, tuple[str, ...]]]:
-    """A step the head runs for each worker, in registration order, with what it runs after.
+    """A step the head runs for each of `workers`, in registration order, with what it runs after.
 
     With a relay leader (stacks/plan/fabric.py relay_leader), the leader's step relays to every
     worker: it runs once every worker is ready for it, and the other workers' steps run after
     it, to find what it brought (or copy what its chain could not)."""
-    leader = fabric.relay_leader(plan)
+    leader = fabric.relay_leader(plan, workers)
     if leader is None:
-        return [(w, spec_for(w), ready_for(w)) for w in plan.workers]
-    others = [w for w in plan.workers if w.name != leader.name]
+        return [(w, spec_for(w), ready_for(w)) for w in workers]
+    others = [w for w in workers if w.name != leader.name]
     relayed = spec_for(leader)
     every_ready = tuple(name for w in others for name in ready_for(w))
     return [
@@ -468,7 +452,7 @@ def _head_to_workers(
 
 
 def _memory(
-    plan: DeploymentPlan,
+    plan: ServerPlan,
     entries: list[Planned],
     after: Sequence[str],
     images: dict[str, dict[str, str]],
@@ -477,9 +461,9 @@ def _memory(
     server starts (the first server's: before anything of ours starts); beside others once
     the fleet's shares are on the head. A server on an image of its own: once that image is
     on its nodes too (the probe runs it there for CUDA's figure)."""
-    component = plan.server.named(MEMORY)
-    check = hardware.memory_check(plan, component)
-    shares = (shares_of(plan.head.name),) if len(plan.servers) > 1 else ()
+    component = names.memory_of(plan.slot)
+    check = hardware.memory_check(plan)
+    shares = (names.shares_of(plan.head.name),) if len(plan.cluster.servers) > 1 else ()
     key = plan.image_stream.key
     own = tuple(images[key][n.name] for n in plan.nodes) if key else ()
     entries.append(
@@ -489,7 +473,7 @@ def _memory(
 
 
 def _firewall(
-    plan: DeploymentPlan,
+    plan: ClusterPlan,
     entries: list[Planned],
     facts: GraphFacts,
     image_ready: dict[str, str],
@@ -499,77 +483,85 @@ def _firewall(
     rules hold: by node, that step (none with the firewall off)."""
     ready: dict[str, str] = {}
     for node in plan.nodes:
-        step = hosts.firewall(plan, FIREWALL, node)
+        step = hosts.firewall(plan, node)
         if step is None:
             continue
         guard = firewall_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)
-        guard_name = f"{FIREWALL}-{node.name}-guard"
+        guard_name = names.guard_of(node.name)
         entries.append(
             Planned(
                 guard_name,
-                FIREWALL,
+                names.FIREWALL,
                 guard,
                 node.name,
-                after=(preflight_of(node.name), image_ready[node.name], check),
+                after=(names.preflight_of(node.name), image_ready[node.name], check),
                 image=PINNED_IMAGE,
             )
         )
         # Not replaced with its guard (a new image replaces the guard): the old step's delete
         # would take the rules down after the new one waited. A new guard's rules are awaited
         # by the gate of every container that starts after it.
-        entries.append(Planned(step.name, FIREWALL, step, node.name, after=(guard_name,)))
+        entries.append(Planned(step.name, names.FIREWALL, step, node.name, after=(guard_name,)))
         ready[node.name] = step.name
     return ready
 
 
 def _front(
-    plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, check: str
+    plan: ClusterPlan, entries: list[Planned], facts: GraphFacts, check: str
 ) -> tuple[str, str, str]:
     """HAProxy on the head, publishing vllm.port to requests carrying the key: its key file, its
     container and its reload."""
     head = plan.head
-    key_file = server.api_key_file(plan, FRONT, grafana=True)
+    key_file = server.front_key_file(plan)
     # Before this release the server's component held it: the same step, not a new one whose
     # predecessor's delete would remove the key after it was written.
-    moved = MovedFrom("vllm-api-key", "spark-vllm:index:VllmServer", VLLM)
+    moved = MovedFrom("vllm-api-key", "spark-vllm:index:VllmServer", names.VLLM)
     entries.append(
         Planned(
             key_file.name,
-            FRONT,
+            names.FRONT,
             key_file,
             head.name,
-            after=(scripts_of(head.name),),
+            after=(names.scripts_of(head.name),),
             moved_from=(moved,),
         )
     )
-    config = hosts.write_front_config(plan, FRONT)
-    entries.append(Planned(config.name, FRONT, config, head.name, after=(scripts_of(head.name),)))
-    pull = FRONT_PULL
+    config = hosts.write_front_config(plan)
+    entries.append(
+        Planned(config.name, names.FRONT, config, head.name, after=(names.scripts_of(head.name),))
+    )
+    pull = names.FRONT_PULL
     entries.append(
         Planned(
-            pull, FRONT, image.front_image_pull(plan), head.name, after=(preflight_of(head.name),)
+            pull,
+            names.FRONT,
+            image.front_image_pull(plan),
+            head.name,
+            after=(names.preflight_of(head.name),),
         )
     )
-    container = FRONT_CONTAINER
+    container = names.FRONT_CONTAINER
     entries.append(
         Planned(
             container,
-            FRONT,
+            names.FRONT,
             front_container(plan, facts.mounts_tokens[head.name]),
             head.name,
-            after=(preflight_of(head.name), config.name, key_file.name, check),
+            after=(names.preflight_of(head.name), config.name, key_file.name, check),
             # A new key must restart the front (it loads the pattern file at start).
             secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
             image=FRONT_IMAGE_ID,
         )
     )
-    reload = hosts.reload_front(plan, FRONT)
-    entries.append(Planned(reload.name, FRONT, reload, head.name, after=(config.name, container)))
+    reload = hosts.reload_front(plan)
+    entries.append(
+        Planned(reload.name, names.FRONT, reload, head.name, after=(config.name, container))
+    )
     return key_file.name, container, reload.name
 
 
 def _monitoring(
-    plan: DeploymentPlan,
+    plan: ClusterPlan,
     entries: list[Planned],
     image_ready: dict[str, str],
     firewalled: dict[str, str],
@@ -585,78 +577,87 @@ def _monitoring(
     if not pulls:
         return
     head = plan.head.name
-    files = monitoring.write_files(plan, MONITORING)
-    entries.append(Planned(files.name, MONITORING, files, head, after=(scripts_of(head),)))
-    # After the head's image: its delete empties the directory from that image.
-    data = monitoring.prometheus_data(plan, MONITORING)
+    files = monitoring.write_files(plan)
     entries.append(
-        Planned(data.name, MONITORING, data, head, after=(scripts_of(head), image_ready[head]))
+        Planned(files.name, names.MONITORING, files, head, after=(names.scripts_of(head),))
+    )
+    # After the head's image: its delete empties the directory from that image.
+    data = monitoring.prometheus_data(plan)
+    entries.append(
+        Planned(
+            data.name,
+            names.MONITORING,
+            data,
+            head,
+            after=(names.scripts_of(head), image_ready[head]),
+        )
     )
     image_of: dict[str, Later] = {}
-    for name, puller, pull, later in pulls:
-        entries.append(Planned(name, MONITORING, pull, puller, after=(preflight_of(puller),)))
-        image_of[name.removesuffix("-pull")] = later
+    for container, puller, pull, later in pulls:
+        name, after = names.pull_of(container), (names.preflight_of(puller),)
+        entries.append(Planned(name, names.MONITORING, pull, puller, after=after))
+        image_of[container] = later
     containers = []
     for node in plan.nodes if plan.config.monitoring.node_exporter.enabled else ():
-        exporter = node_exporter_of(node.name)
+        exporter = names.node_exporter_of(node.name)
         rules = (firewalled[node.name],) if node.name in firewalled else ()
         entries.append(
             Planned(
                 exporter,
-                MONITORING,
+                names.MONITORING,
                 monitoring.node_exporter_container(plan, node, scripts),
                 node.name,
-                after=(f"{exporter}-pull", *rules),
+                after=(names.pull_of(exporter), *rules),
                 image=image_of[exporter],
             )
         )
         containers.append(exporter)
     entries.append(
         Planned(
-            PROMETHEUS,
-            MONITORING,
+            names.PROMETHEUS,
+            names.MONITORING,
             monitoring.prometheus_container(plan),
             head,
-            after=(f"{PROMETHEUS}-pull", files.name, data.name),
-            image=image_of[PROMETHEUS],
+            after=(names.pull_of(names.PROMETHEUS), files.name, data.name),
+            image=image_of[names.PROMETHEUS],
         )
     )
-    containers.append(PROMETHEUS)
+    containers.append(names.PROMETHEUS)
     if plan.config.monitoring.grafana.enabled:
         entries.append(
             Planned(
-                GRAFANA,
-                MONITORING,
+                names.GRAFANA,
+                names.MONITORING,
                 monitoring.grafana_container(plan),
                 head,
-                after=(f"{GRAFANA}-pull", files.name, key_file),
+                after=(names.pull_of(names.GRAFANA), files.name, key_file),
                 # `admin`'s password is the key, set when Grafana first starts.
                 secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
-                image=image_of[GRAFANA],
+                image=image_of[names.GRAFANA],
             )
         )
-        containers.append(GRAFANA)
+        containers.append(names.GRAFANA)
     found: tuple[str, ...] = ()
-    probe = monitoring.ray_targets(plan, MONITORING)
+    probe = monitoring.ray_targets(plan)
     if probe is not None:
         # Once Ray's nodes joined; again for a new cluster (its nodes may export otherwise).
         entries.append(
             Planned(
                 probe.name,
-                MONITORING,
+                names.MONITORING,
                 probe,
                 head,
-                after=(files.name, RAY_JOINED),
-                triggers=(RAY_JOINED,),
+                after=(files.name, names.RAY_JOINED),
+                triggers=(names.RAY_JOINED,),
             )
         )
         found = (probe.name,)
-    wait = monitoring.monitoring_ready(plan, MONITORING)
+    wait = monitoring.monitoring_ready(plan)
     # After the last server is ready (its /metrics answers); again whenever a container is new.
     entries.append(
         Planned(
             wait.name,
-            MONITORING,
+            names.MONITORING,
             wait,
             head,
             after=(*containers, *found, ready),
@@ -666,15 +667,17 @@ def _monitoring(
 
 
 def _compile_cache(
-    plan: DeploymentPlan, entries: list[Planned], image_ready: dict[str, str]
+    plan: ClusterPlan, entries: list[Planned], image_ready: dict[str, str]
 ) -> dict[str, str]:
     """Each node's compile caches, after its image: its Ray and vLLM containers start after
     it, so a destroy deletes them first and the image last. By node."""
     ready: dict[str, str] = {}
     for node in plan.nodes:
-        spec = image.compile_cache(plan, COMPILE_CACHE, node)
+        spec = image.compile_cache(plan, node)
         entries.append(
-            Planned(spec.name, COMPILE_CACHE, spec, node.name, after=(image_ready[node.name],))
+            Planned(
+                spec.name, names.COMPILE_CACHE, spec, node.name, after=(image_ready[node.name],)
+            )
         )
         ready[node.name] = spec.name
     return ready
@@ -695,23 +698,29 @@ class _Gates:
         """`stream`: the image the container runs (image.ref's comes before the cache)."""
         rules = (self.firewalled[node.name],) if node.name in self.firewalled else ()
         own = (self.images[stream][node.name],) if stream else ()
-        return (preflight_of(node.name), *rules, self.cache_ready[node.name], *own, self.check)
+        return (
+            names.preflight_of(node.name),
+            *rules,
+            self.cache_ready[node.name],
+            *own,
+            self.check,
+        )
 
 
-def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates: _Gates) -> str:
+def _ray(plan: ServerPlan, entries: list[Planned], facts: GraphFacts, gates: _Gates) -> str:
     """A container per node with Ray as its main process, then a bounded join wait (`plan`:
     the Ray model's server's, whose firewall marker the containers' gate reads)."""
-    names = []
+    started = []
     # The head first: the workers join it (and carry its ID), wherever it is in hosts.
     for node in sorted(plan.nodes, key=lambda n: not n.is_head):
         spec = ray_container(plan, node, facts.mounts_tokens[node.name], facts.entry_scripts)
-        name = RAY_HEAD if node.is_head else f"{RAY}-{node.name}"
+        name = names.RAY_HEAD if node.is_head else names.ray_worker_of(node.name)
         after = gates.of(node, plan.image_stream.key)
-        head_name = RAY_HEAD
+        head_name = names.RAY_HEAD
         entries.append(
             Planned(
                 name,
-                RAY,
+                names.RAY,
                 spec,
                 node.name,
                 after=after if node.is_head else (*after, head_name),
@@ -720,17 +729,24 @@ def _ray(plan: DeploymentPlan, entries: list[Planned], facts: GraphFacts, gates:
                 image=plan.pinned_image,
             )
         )
-        names.append(name)
-    wait = server.ray_wait(plan, RAY)
+        started.append(name)
+    wait = server.ray_wait(plan)
     # A replaced container means a new cluster: wait for it again.
     entries.append(
-        Planned(wait.name, RAY, wait, plan.head.name, after=tuple(names), triggers=tuple(names))
+        Planned(
+            wait.name,
+            names.RAY,
+            wait,
+            plan.head.name,
+            after=tuple(started),
+            triggers=tuple(started),
+        )
     )
     return wait.name
 
 
 def _vllm(
-    plan: DeploymentPlan,
+    plan: ServerPlan,
     entries: list[Planned],
     facts: GraphFacts,
     gates: _Gates,
@@ -745,10 +761,10 @@ def _vllm(
     its other hosts), then its readiness wait, through the front (its name: returned). A
     server on a worker gets the key file there."""
     node, sizing = plan.server_node, server_sizing(plan)
-    component = plan.server.named(VLLM)
+    component = names.vllm_of(plan.slot)
     if not node.is_head:
-        own_key = server.api_key_file(plan, component)
-        scripts = (scripts_of(node.name),)
+        own_key = server.server_key_file(plan)
+        scripts = (names.scripts_of(node.name),)
         entries.append(Planned(own_key.name, component, own_key, node.name, after=scripts))
         key_file = own_key.name
     # mp: each worker's ranks first; they wait (bounded) for the head's rendezvous. The server
@@ -759,7 +775,7 @@ def _vllm(
     # launcher restarts them when the rendezvous they joined is gone).
     headless: list[str] = []
     for worker in plan.ranks[1:] if joined is None else []:
-        name = f"{component}-{worker.name}"
+        name = names.headless_of(component, worker.name)
         spec = headless_container(
             plan, worker, facts.mounts_tokens[worker.name], facts.entry_scripts, sizing
         )
@@ -774,7 +790,7 @@ def _vllm(
     if joined is not None and gates.check not in ray_checked:
         # Ray's containers waited for another server's check: this one waits for its own.
         started = (gates.check,)
-    container = f"{component}-container"
+    container = names.container_of(component)
     entries.append(
         Planned(
             container,
@@ -792,7 +808,7 @@ def _vllm(
         )
     )
     containers = (container, *headless, front)
-    ready = server.vllm_ready(plan, component)
+    ready = server.vllm_ready(plan)
     entries.append(
         # After the front's reload too: the wait probes what the front serves now.
         Planned(
@@ -804,7 +820,7 @@ def _vllm(
             triggers=containers,
         )
     )
-    benchmark = server.vllm_benchmark(plan, component)
+    benchmark = server.vllm_benchmark(plan)
     if benchmark is not None:
         # A new server is measured again.
         entry = Planned(
@@ -817,3 +833,34 @@ def _vllm(
         )
         entries.append(entry)
     return ready.name
+
+
+def _components(
+    plan: ClusterPlan, servers: Sequence[ServerPlan], streams: Sequence[ImageStream]
+) -> tuple[PlannedComponent, ...]:
+    """Every component, in the order the composition registers them: the hosts, the fabric, the
+    images, each server's weights, the first server's memory check, the firewall, the front,
+    the compile caches, Ray (when a server drives it), the first server, then each further
+    server's memory check and server, and monitoring (when on). A component without
+    resources (the fabric of one host, the firewall when off) is still registered: its URN
+    stays the parent of what a later change adds under it."""
+    first, *others = servers
+    components = [PlannedComponent("host", node.name) for node in plan.nodes]
+    components.append(PlannedComponent("fabric", names.FABRIC))
+    components += [PlannedComponent("image", stream.component) for stream in streams]
+    components += [PlannedComponent("weights", names.weights_of(s.slot)) for s in servers]
+    components += [
+        PlannedComponent("memory", names.memory_of(first.slot)),
+        PlannedComponent("firewall", names.FIREWALL),
+        PlannedComponent("front", names.FRONT),
+        PlannedComponent("compile-cache", names.COMPILE_CACHE),
+    ]
+    if plan.runs_ray:
+        components.append(PlannedComponent("ray", names.RAY))
+    components.append(PlannedComponent("vllm", names.vllm_of(first.slot)))
+    for other in others:
+        components.append(PlannedComponent("memory", names.memory_of(other.slot)))
+        components.append(PlannedComponent("vllm", names.vllm_of(other.slot)))
+    if plan.config.monitoring.enabled:
+        components.append(PlannedComponent("monitoring", names.MONITORING))
+    return tuple(components)

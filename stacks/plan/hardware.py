@@ -1,7 +1,7 @@
 """What the hardware must show before the deployment trusts it, as pure specs: the fabric link
 between the head and each worker (MTU, negotiated speed, measured throughput), and the memory
 the server will find on every node, which sizes it (vllm.gpuMemoryUtilization, or `auto`).
-Kernel, driver and RDMA port facts are read by preflight (stacks/plan/nodes.py
+Kernel, driver and RDMA port facts are read by preflight (stacks/plan/hosts.py
 preflight_flags); `hardware_warnings` compares them across nodes."""
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stacks.fleet import MIN_AUTO_SHARE, SERVER_OVERHEAD_SHARE
+from stacks.plan import names
+from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.fabric import fabric_flags
 from stacks.plan.later import WEIGHTS_COMMIT
-from stacks.plan.nodes import GIB, DeploymentPlan, NodePlan, serving_container_names
+from stacks.plan.server_plan import ServerPlan, per_server, serving_container_names
 from stacks.plan.steps import StepSpec, Timeouts, script_call
+
+GIB = 1024**3
 
 # Seconds the link test sends for: long enough for TCP to leave slow start on a 200G link and
 # for a shaped link's bucket to drain, short enough to cost nothing next to the copies.
@@ -42,7 +46,7 @@ FABRIC_LINK_PREFIX = "spark-vllm-fabric-link "
 MEMORY_SIZING_PREFIX = "spark-vllm-memory-sizing "
 
 
-def fabric_link(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+def fabric_link(plan: ClusterPlan, worker: NodePlan) -> StepSpec:
     """On the head, before anything is copied to `worker`: the same (or fabric.mtu's) MTU on
     both ends, and TCP throughput at least fabric.minLinkGbps (fabric-link.sh)."""
     fabric = plan.config.fabric
@@ -59,14 +63,14 @@ def fabric_link(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
         **fabric_flags(plan),
     }
     return StepSpec(
-        name=f"{name}-{worker.name}-link",
+        name=names.link_of(worker.name),
         node=plan.head,
         create=script_call(plan.head, "fabric-link.sh", **flags),
         timeouts=Timeouts(create=3),
     )
 
 
-def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
+def memory_check(plan: ServerPlan) -> StepSpec:
     """On the head, once the image and the weights are on every node and before Ray or the
     server starts: what each node will have free for the server, against the configured
     fraction, or the fraction `auto` derives (memory-check.sh, memory-probe.sh on each node);
@@ -87,16 +91,16 @@ def memory_check(plan: DeploymentPlan, name: str) -> StepSpec:
         "utilization": str(plan.served.settings.gpu_memory_utilization),
         "margin_fraction": AUTO_MARGIN_FRACTION,
         "min_margin_bytes": AUTO_MIN_MARGIN_BYTES,
-        "server_container": plan.container_name("vllm"),
+        "server_container": plan.vllm_container,
         # A server on a worker: its arguments are read there.
         **(
             {} if plan.server_node.is_head else {"server_dest": plan.server_node.fabric_destination}
         ),
-        **fabric_flags(plan),
+        **fabric_flags(plan.cluster),
         **kv_cache_flags(plan),
     }
     return StepSpec(
-        name=f"{name}-check",
+        name=names.check_of(names.memory_of(plan.slot)),
         node=plan.head,
         create=script_call(plan.head, "memory-check.sh", **flags),
         # One CUDA query per node (the image run once with the GPUs), bounded to 3 min each.
@@ -111,21 +115,21 @@ SHARES_FILE_NAME = "shares"
 SHARES_HEADER = "spark-vllm-shares"
 
 
-def shares_file(plan: DeploymentPlan) -> str:
+def shares_file(plan: ClusterPlan) -> str:
     return f"{plan.head.state_dir}/front/{SHARES_FILE_NAME}"
 
 
-def memory_shares(plan: DeploymentPlan) -> str:
+def memory_shares(plan: ClusterPlan) -> str:
     """What memory-check.sh keeps free for the servers after the one it sizes: a header with
     what a server takes beside its fraction and the least share of an `auto` one, then every
     server in the fleet's order (the order their checks run in), a line each:
     `servedName|container|dest|share|host,host` (its container where it serves, read there to
     learn whether it runs and with what fraction; its gpuMemoryUtilization; its hosts)."""
     lines = [f"{SHARES_HEADER} {SERVER_OVERHEAD_SHARE} {MIN_AUTO_SHARE}\n"]
-    for each in plan.per_server:
+    for each in per_server(plan):
         node = each.server_node
         lines.append(
-            f"{each.served.served_name}|{each.container_name('vllm')}|"
+            f"{each.served.served_name}|{each.vllm_container}|"
             f"{'-' if node.is_head else node.fabric_destination}|"
             f"{each.served.settings.gpu_memory_utilization}|"
             + ",".join(n.name for n in each.nodes)
@@ -134,7 +138,7 @@ def memory_shares(plan: DeploymentPlan) -> str:
     return "".join(lines)
 
 
-def kv_cache_flags(plan: DeploymentPlan) -> dict[str, str | int]:
+def kv_cache_flags(plan: ServerPlan) -> dict[str, str | int]:
     """What kv_sizing.py needs for vllm.kvCache (none when unset: vLLM's profiler sizes it)."""
     served = plan.served
     settings = served.settings

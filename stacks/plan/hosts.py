@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 
+from stacks.plan import names
+from stacks.plan.cluster import OWNER_FILE, ClusterPlan, NodePlan, keeps_slot_record
 from stacks.plan.firewall import (
     FIREWALLED_LABEL,
     READY_WAIT_SECONDS,
@@ -22,17 +24,13 @@ from stacks.plan.front import (
     models_document,
     routes_of,
 )
-from stacks.plan.hardware import memory_shares, shares_file
+from stacks.plan.hardware import GIB, memory_shares, shares_file
 from stacks.plan.image import image_history_file
 from stacks.plan.known_bad import known_bad_flag
-from stacks.plan.nodes import (
-    GIB,
-    OWNER_FILE,
-    DeploymentPlan,
-    NodePlan,
+from stacks.plan.server_plan import (
     cluster_listen_ports,
-    keeps_slot_record,
     own_container_names,
+    per_server,
     servers_on,
 )
 from stacks.plan.steps import (
@@ -49,22 +47,17 @@ from stacks.plan.steps import (
 SLOTS_FILE_NAME = "slots"  # in the head's <state>/front
 
 
-def mounts_step(name: str) -> str:
-    """The receipt of the host directories containers bind (a recreated one replaces them)."""
-    return f"{name}-mounts"
-
-
-def bound_dirs(plan: DeploymentPlan, node: NodePlan) -> tuple[str, ...]:
+def bound_dirs(plan: ClusterPlan, node: NodePlan) -> tuple[str, ...]:
     own = (node.bin_dir, node.ray_dir, node.compile_cache_dir, firewall_dir(node))
     front = (front_dir(plan),) if node.is_head else ()
     return (*own, *front, plan.config.model.cache_dir)
 
 
-def front_dir(plan: DeploymentPlan) -> str:
+def front_dir(plan: ClusterPlan) -> str:
     return f"{plan.head.state_dir}/front"
 
 
-def claim_state_leaf(plan: DeploymentPlan, node: NodePlan) -> str:
+def claim_state_leaf(plan: ClusterPlan, node: NodePlan) -> str:
     """Make `node`'s state leaf and mark it this deployment's; refuse a leaf that holds files
     without the mark (not made by spark-vllm) or another deployment's mark."""
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
@@ -86,9 +79,7 @@ def claim_state_leaf(plan: DeploymentPlan, node: NodePlan) -> str:
     )
 
 
-def install_scripts(
-    plan: DeploymentPlan, name: str, node: NodePlan, scripts_digest: str
-) -> StepSpec:
+def install_scripts(plan: ClusterPlan, node: NodePlan, scripts_digest: str) -> StepSpec:
     """Unpack the step scripts (a tarball on stdin) into `<stateDir>/bin`.
 
     A changed bundle is an update (pulumi-command replaces only on `triggers`), which runs this
@@ -102,7 +93,7 @@ def install_scripts(
     digest = shlex.quote(scripts_digest)  # hex: the same word quoted or not
     bin_dir = shlex.quote(node.bin_dir)
     marker = shlex.quote(f"{node.bin_dir}/{BUNDLE_MARKER}")
-    marks = words(f"{d}/.spark-vllm-mark.{mounts_step(name)}" for d in bound)
+    marks = words(f"{d}/.spark-vllm-mark.{names.mounts_of(node.name)}" for d in bound)
     # What the deployment made inside its leaf: gone with the scripts, the last step on the host.
     made = words(
         [node.bin_dir, f"{node.state_dir}/receipts", node.ray_dir, firewall_dir(node)]
@@ -113,7 +104,7 @@ def install_scripts(
     )
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
     return StepSpec(
-        name=f"{name}-scripts",
+        name=names.scripts_of(node.name),
         node=node,
         create=(
             f"umask 077 && {claim_state_leaf(plan, node)} && mkdir -p {words(bound)} && "
@@ -124,8 +115,8 @@ def install_scripts(
             f"echo {digest} > {marker}"
         ),
         receipts=(
-            Receipt(f"{name}-scripts", node, (check("sha256sums", node.bin_dir),)),
-            Receipt(mounts_step(name), node, tuple(check("mark", d) for d in bound)),
+            Receipt(names.scripts_of(node.name), node, (check("sha256sums", node.bin_dir),)),
+            Receipt(names.mounts_of(node.name), node, tuple(check("mark", d) for d in bound)),
         ),
         delete=owned(
             plan,
@@ -142,20 +133,20 @@ def install_scripts(
     )
 
 
-def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | float]:
+def preflight_flags(plan: ClusterPlan, node: NodePlan) -> dict[str, str | float]:
     """preflight.sh's flags for `node`: the ports, ranges and container names it must find
     free, the memory, disk and GPUs it must find, and what SSH may not be."""
     cfg = plan.config
     servers = servers_on(plan, node)
     # What this stack listens on (its executor's ports and ranges): free, or its own.
     listened = [port for server in servers for port in cluster_listen_ports(server, node)]
-    served = [str(s.server_port) for s in plan.per_server if s.runs_server(node)]
+    served = [str(s.server_port) for s in per_server(plan) if s.runs_server(node)]
     front = [str(cfg.vllm.port), str(cfg.front.metrics_port)] if node.is_head else []
     ports = list(dict.fromkeys([*front, *served, *listened]))
     containers = own_container_names(plan, node)
     # With several servers on a node each one's memory check runs once the ones before it
     # started (graph.py): then it sees what they took. Preflight checks only the floor.
-    fraction = plan.served.settings.gpu_memory_utilization
+    fraction = plan.servers[0].model.settings.gpu_memory_utilization
     guarded = guarded_ports(plan, node) if cfg.fabric.firewall else []
     return {
         "role": node.role,
@@ -187,17 +178,17 @@ def preflight_flags(plan: DeploymentPlan, node: NodePlan) -> dict[str, str | flo
     }
 
 
-def preflight(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
+def preflight(plan: ClusterPlan, node: NodePlan) -> StepSpec:
     """Fails early and clearly: ports, memory, disk, GPUs, the fabric interface (preflight.sh)."""
     return StepSpec(
-        name=f"{name}-preflight",
+        name=names.preflight_of(node.name),
         node=node,
         create=script_call(node, "preflight.sh", **preflight_flags(plan, node)),
         timeouts=Timeouts(create=5),
     )
 
 
-def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None:
+def firewall(plan: ClusterPlan, node: NodePlan) -> StepSpec | None:
     """The guard container holds this node's rules (stacks/plan/firewall.py): the step waits,
     bounded, for its first marker, and its delete takes the rules down unless a container
     behind the gate still runs (components/scripts/firewall-step.sh)."""
@@ -208,7 +199,7 @@ def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None
         "dir": firewall_dir(node),
     }
     return StepSpec(
-        name=f"{name}-{node.name}",
+        name=names.rules_of(node.name),
         node=node,
         create=script_call(
             node,
@@ -229,13 +220,13 @@ def firewall(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec | None
     )
 
 
-def reload_front(plan: DeploymentPlan, name: str) -> StepSpec:
+def reload_front(plan: ClusterPlan) -> StepSpec:
     """After a changed configuration, the running front re-reads it without dropping requests in
     flight (front-reload.sh: HAProxy's master-worker reload). Its command names the
     configuration's digest: a new configuration is an update, which runs it again."""
     head = plan.head
     return StepSpec(
-        name=f"{name}-reload",
+        name=names.FRONT_RELOAD,
         node=head,
         create=script_call(
             head,
@@ -249,7 +240,7 @@ def reload_front(plan: DeploymentPlan, name: str) -> StepSpec:
     )
 
 
-def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
+def write_front_config(plan: ClusterPlan) -> StepSpec:
     """The front's haproxy.cfg on the head, whole on the command line: it holds no secret, so
     `pulumi preview` shows what a change does to it."""
     head, path = plan.head, f"{front_dir(plan)}/{FRONT_CONFIG_NAME}"
@@ -261,7 +252,7 @@ def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
         # Each server's slot, read back as a fact on every run, so a model keeps its slot
         # while others come and go.
         files.insert(0, (slots_file(head), slots_record(plan)))
-    step = f"{name}-config"
+    step = names.FRONT_CONFIG
     return StepSpec(
         name=step,
         node=head,
@@ -276,14 +267,14 @@ def write_front_config(plan: DeploymentPlan, name: str) -> StepSpec:
     )
 
 
-def write_memory_shares(plan: DeploymentPlan, name: str) -> StepSpec | None:
+def write_memory_shares(plan: ClusterPlan) -> StepSpec | None:
     """The fleet's memory shares on the head, read by each server's memory check (none with
     one server). A step of its own, whole on the command line: a model added, removed or
     resized updates it, and no check's command."""
     if len(plan.servers) < 2:
         return None
     head, path = plan.head, shares_file(plan)
-    step = f"{name}-shares"
+    step = names.shares_of(head.name)
     return StepSpec(
         name=step,
         node=head,
@@ -308,6 +299,6 @@ def slots_file(head: NodePlan) -> str:
     return f"{head.state_dir}/front/{SLOTS_FILE_NAME}"
 
 
-def slots_record(plan: DeploymentPlan) -> str:
+def slots_record(plan: ClusterPlan) -> str:
     """One `SLOT KEY` line per server (components/facts.py reads it back)."""
     return "".join(f"{s.index} {s.record_key}\n" for s in plan.servers)

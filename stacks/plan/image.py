@@ -4,18 +4,86 @@ node's compile caches."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from dataclasses import dataclass
 
+from stacks.config import ImageConfig
+from stacks.fleet import ServedModel, ServerSlot
+from stacks.plan import names
+from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.fabric import head_to_worker, relay_flags
-from stacks.plan.later import IMAGE_ID, PINNED_IMAGE
-from stacks.plan.nodes import DeploymentPlan, ImageStream, NodePlan
+from stacks.plan.later import IMAGE_ID, PINNED_IMAGE, Later
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
 
 # Running the image once to list `vllm serve`'s flags imports vLLM (and torch): tens of seconds
 # on a real image; bounded so a wedged run cannot hold the deployment.
 IMAGE_FACTS_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class ImageStream:
+    """One serving image and its way to the nodes: pulled on the head, copied to the workers
+    that run it, checked and kept there. image.ref's (`key` empty: every node, where the
+    firewall's guard and the weights fetch run it too) keeps the names every stack had
+    (`image-pull`...); an entry's own image is named after its ref (`image-i<8 hex of its
+    sha256>-pull`...): models sharing one image share its copies, and adding or removing any
+    model never renames another's image (a name taken from a slot would move when that slot's
+    model goes, and replace the servers of the models left on it)."""
+
+    key: str
+    image: ImageConfig
+    nodes: tuple[NodePlan, ...]  # the head (where it is pulled) and the hosts that run it
+    models: tuple[ServedModel, ...]  # the servers that run it, in the fleet's order
+
+    @property
+    def workers(self) -> tuple[NodePlan, ...]:
+        """The nodes it is copied to (all but the head)."""
+        return tuple(n for n in self.nodes if not n.is_head)
+
+    def named(self, base: str) -> str:
+        return f"{base}-{self.key}" if self.key else base
+
+    @property
+    def component(self) -> str:
+        """The component its resources are registered under."""
+        return self.named(names.IMAGE)
+
+    def later(self, value: Later) -> Later:
+        if not self.key:
+            return value
+        component, _, field = value.name.partition(".")
+        return Later(f"{component}-{self.key}.{field}")
+
+
+def image_key(ref: str) -> str:
+    """An entry's own image's key: `i` and 8 hex digits of its ref's sha256."""
+    return "i" + hashlib.sha256(ref.encode()).hexdigest()[:8]
+
+
+def image_streams(plan: ClusterPlan) -> tuple[ImageStream, ...]:
+    """image.ref's stream, then each other image an entry names, in the order of the lowest slot
+    that runs it. A stream's nodes: the head (it pulls) and the hosts of the models it serves."""
+    base = plan.config.image
+    by_ref: dict[str, list[ServerSlot]] = {}
+    for slot in sorted(plan.servers, key=lambda s: s.index):
+        if slot.model.image.ref != base.ref:
+            by_ref.setdefault(slot.model.image.ref, []).append(slot)
+    streams = [
+        ImageStream(
+            "",
+            base,
+            plan.nodes,
+            tuple(s.model for s in plan.servers if s.model.image.ref == base.ref),
+        )
+    ]
+    for ref, slots in by_ref.items():
+        hosts = {h for slot in slots for h in slot.model.hosts}
+        nodes = tuple(n for n in plan.nodes if n.is_head or n.name in hosts)
+        models = tuple(s.model for s in plan.servers if s.model.image.ref == ref)
+        streams.append(ImageStream(image_key(ref), slots[0].model.image, nodes, models))
+    return tuple(streams)
 
 
 @dataclass(frozen=True)
@@ -30,7 +98,7 @@ class ImagePull:
     output: str = "the imageDigest output"  # where the digest it pulled is published
 
 
-def image_pull(plan: DeploymentPlan, stream: ImageStream) -> ImagePull:
+def image_pull(plan: ClusterPlan, stream: ImageStream) -> ImagePull:
     image = stream.image
     return ImagePull(
         ref=image.ref,
@@ -84,7 +152,7 @@ def unpinned_warning(pull: ImagePull, repo_digest: str) -> str | None:
     )
 
 
-def front_image_pull(plan: DeploymentPlan) -> ImagePull:
+def front_image_pull(plan: ClusterPlan) -> ImagePull:
     """The front's image, pulled on the head and kept (small, and what a rollback needs)."""
     image = plan.config.front.image
     return ImagePull(
@@ -118,15 +186,15 @@ def pinned_image(image_id: str, key: str = "") -> str:
     return f"{repository}:{image_id.replace(':', '-')}"
 
 
-def image_id_file(plan: DeploymentPlan, stream: ImageStream) -> str:
+def image_id_file(plan: ClusterPlan, stream: ImageStream) -> str:
     return f"{plan.head.state_dir}/{stream.named('image-id')}"
 
 
-def record_image(plan: DeploymentPlan, name: str, stream: ImageStream) -> StepSpec:
+def record_image(plan: ClusterPlan, stream: ImageStream) -> StepSpec:
     """The pulled image's ID, written on the head (what the waits compare workers with), and
     its pinned name there; the delete takes the name off again (image-record.sh)."""
     head = plan.head
-    step = f"{name}-head-record"
+    step = names.image_record_of(stream.component)
     record_file = image_id_file(plan, stream)
     pinned = stream.later(PINNED_IMAGE).text
     unpin = script_call(
@@ -156,7 +224,7 @@ def record_image(plan: DeploymentPlan, name: str, stream: ImageStream) -> StepSp
     )
 
 
-def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, stream: ImageStream) -> StepSpec:
+def sync_image(plan: ClusterPlan, worker: NodePlan, stream: ImageStream) -> StepSpec:
     """The head streams the image to `worker` over the fabric unless it has it already (by
     content, under its pinned name); the delete removes it there unless `image.keepOnDestroy`."""
     minutes = plan.config.timeouts.image_transfer_minutes
@@ -170,11 +238,11 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, stream: ImageS
         "compress": "zstd",
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
-        **relay_flags(plan, worker),
+        **relay_flags(plan, stream.workers, worker),
     }
     return head_to_worker(
         plan,
-        f"{name}-{worker.name}-sync",
+        names.image_sync_of(stream.component, worker.name),
         worker,
         "image-sync.sh",
         flags,
@@ -187,7 +255,7 @@ def sync_image(plan: DeploymentPlan, name: str, worker: NodePlan, stream: ImageS
 IMAGE_FACTS_PREFIX = "spark-vllm-image-facts "
 
 
-def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, stream: ImageStream) -> StepSpec:
+def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepSpec:
     """The image run once on `node` before any container starts from it: its architecture
     against the host's, vllm and ray present (a Ray at least what vLLM requires), and on the
     head, the extraArgs of every model it serves against the image's own `vllm serve --help`
@@ -196,7 +264,7 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, stream: ImageSt
     extra_args = [arg for model in fleet for arg in model.settings.extra_args]
     kv_cache = any(model.settings.kv_cache for model in fleet)
     return StepSpec(
-        name=f"{name}-{node.name}-facts",
+        name=names.image_facts_of(node.name, stream.component),
         node=node,
         create=script_call(
             node,
@@ -216,8 +284,8 @@ def image_facts(plan: DeploymentPlan, name: str, node: NodePlan, stream: ImageSt
     )
 
 
-def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
-    """`node`'s compile caches (stacks/plan/nodes.py compile_cache_env), in a directory the
+def compile_cache(plan: ClusterPlan, node: NodePlan) -> StepSpec:
+    """`node`'s compile caches (stacks/plan/arguments.py compile_cache_env), in a directory the
     scripts step made: the step reports its size, and its delete empties it with the serving
     image (its files are the containers' user's) unless vllm.compileCache.keepOnDestroy. The
     delete also empties Ray's session directory, the other one the containers write as root, so
@@ -238,7 +306,7 @@ def compile_cache(plan: DeploymentPlan, name: str, node: NodePlan) -> StepSpec:
         keep=keep,
     )
     return StepSpec(
-        name=f"{name}-{node.name}",
+        name=names.compile_cache_of(node.name),
         node=node,
         create=script_call(node, "compile-cache.sh", "report", dir=cache_dir),
         delete=owned(plan, node, remove),
@@ -255,7 +323,7 @@ def image_history_file(node: NodePlan, key: str = "") -> str:
     return f"{node.state_dir}/image-history" + (f"-{key}" if key else "")
 
 
-def retain_images(plan: DeploymentPlan, name: str, node: NodePlan, stream: ImageStream) -> StepSpec:
+def retain_images(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepSpec:
     """Once the image is on `node`: it joins the node's history, and images older than
     image.keepPrevious previous ones lose their pinned name (image_retain.py), so the disk holds
     a bounded number and a rollback to a kept one copies nothing. Re-runs when the image
@@ -264,7 +332,7 @@ def retain_images(plan: DeploymentPlan, name: str, node: NodePlan, stream: Image
     history = image_history_file(node, stream.key)
     forget = owned(plan, node, f"rm -f {shlex.quote(history)}") if stream.key else None
     return StepSpec(
-        name=f"{name}-{node.name}-retain",
+        name=names.retained_on(node.name, stream.component),
         node=node,
         create=script_call(
             node,

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from stacks.plan.steps import StepSpec
+from dataclasses import dataclass
 
 # Only characters shlex.quote leaves bare: a placeholder that is a whole word stays one word, so
 # resolving it quotes the value exactly as `words` would have quoted it.
@@ -58,16 +54,6 @@ def consumed(*texts: str | None) -> tuple[str, ...]:
     return tuple(names)
 
 
-def create_consumes(spec: StepSpec) -> tuple[str, ...]:
-    """What a step's create (its command, its receipts' checks, what it prints) needs."""
-    checks = [c for receipt in spec.receipts for c in receipt.checks]
-    return consumed(spec.create, spec.prints, *checks)
-
-
-def delete_consumes(spec: StepSpec) -> tuple[str, ...]:
-    return consumed(spec.delete)
-
-
 def resolve(text: str, values: Mapping[str, str]) -> str:
     """`text` (a command line, or one word of one) with every placeholder replaced by its value.
 
@@ -79,26 +65,6 @@ def resolve(text: str, values: Mapping[str, str]) -> str:
 
 def resolve_argv(argv: Iterable[str], values: Mapping[str, str]) -> list[str]:
     return [resolve(word, values) for word in argv]
-
-
-def resolve_create(spec: StepSpec, values: Mapping[str, str]) -> StepSpec:
-    """`spec` with what its create consumes known: its command and receipts as the host will run
-    them (its delete is resolved apart: `resolve_shell`, with `delete_consumes`)."""
-    receipts = tuple(
-        replace(r, checks=tuple(resolve(c, values) for c in r.checks)) for r in spec.receipts
-    )
-    return replace(
-        spec,
-        create=resolve(spec.create, values),
-        prints=resolve(spec.prints, values) if spec.prints is not None else None,
-        receipts=receipts,
-    )
-
-
-def resolve_spec(spec: StepSpec, values: Mapping[str, str]) -> StepSpec:
-    """`spec` with every later value known: create, receipts and delete as the host runs them."""
-    delete = resolve(spec.delete, values) if spec.delete is not None else None
-    return replace(resolve_create(spec, values), delete=delete)
 
 
 def _value(values: Mapping[str, str], name: str) -> str:

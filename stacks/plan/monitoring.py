@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stacks.config import MonitoringImageConfig
+from stacks.plan import names
+from stacks.plan.cluster import ClusterPlan, NodePlan
+from stacks.plan.container_paths import CONTAINER_API_KEY_DIR
 from stacks.plan.containers import RESTART_POLICY, ContainerSpec, EntryScripts, Mount, Role
 from stacks.plan.firewall import (
     CONTAINER_FIREWALL_DIR,
@@ -41,7 +44,7 @@ from stacks.plan.firewall import (
 from stacks.plan.hosts import written
 from stacks.plan.image import ImagePull
 from stacks.plan.later import PINNED_IMAGE, Later
-from stacks.plan.nodes import CONTAINER_API_KEY_DIR, DeploymentPlan, NodePlan
+from stacks.plan.server_plan import per_server
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "components" / "dashboards"
@@ -72,35 +75,35 @@ class ScrapeTarget:
     labels: tuple[tuple[str, str], ...]
 
 
-def monitoring_dir(plan: DeploymentPlan) -> str:
+def monitoring_dir(plan: ClusterPlan) -> str:
     return f"{plan.head.state_dir}/monitoring"
 
 
-def config_dir(plan: DeploymentPlan) -> str:
+def config_dir(plan: ClusterPlan) -> str:
     return f"{monitoring_dir(plan)}/etc"
 
 
-def grafana_dir(plan: DeploymentPlan) -> str:
+def grafana_dir(plan: ClusterPlan) -> str:
     return f"{monitoring_dir(plan)}/grafana"
 
 
-def data_dir(plan: DeploymentPlan) -> str:
+def data_dir(plan: ClusterPlan) -> str:
     return f"{monitoring_dir(plan)}/prometheus"
 
 
-def prometheus_address(plan: DeploymentPlan) -> str:
+def prometheus_address(plan: ClusterPlan) -> str:
     return f"127.0.0.1:{plan.config.monitoring.prometheus.port}"
 
 
-def grafana_address(plan: DeploymentPlan) -> str:
+def grafana_address(plan: ClusterPlan) -> str:
     return f"127.0.0.1:{plan.config.monitoring.grafana.port}"
 
 
-def node_exporter_address(plan: DeploymentPlan, node: NodePlan) -> str:
+def node_exporter_address(plan: ClusterPlan, node: NodePlan) -> str:
     return f"{node.fabric_ip}:{plan.config.monitoring.node_exporter.port}"
 
 
-def published_views(plan: DeploymentPlan) -> dict[str, dict[str, str]]:
+def published_views(plan: ClusterPlan) -> dict[str, dict[str, str]]:
     """Prometheus's and Grafana's URLs on the head's loopback, and the tunnel that reaches each
     from the user's machine (through the bastion or the jump host as the deployment does)."""
     head = plan.head
@@ -119,7 +122,7 @@ def published_views(plan: DeploymentPlan) -> dict[str, dict[str, str]]:
     return views
 
 
-def scrape_targets(plan: DeploymentPlan) -> tuple[ScrapeTarget, ...]:
+def scrape_targets(plan: ClusterPlan) -> tuple[ScrapeTarget, ...]:
     """Every endpoint: each server (its served name and slot), the front, each node's exporter,
     each Ray node when the fleet runs Ray, and Prometheus itself."""
     cfg = plan.config.monitoring
@@ -130,19 +133,19 @@ def scrape_targets(plan: DeploymentPlan) -> tuple[ScrapeTarget, ...]:
             (
                 ("model", server.served.served_name),
                 ("node", server.server_node.name),
-                ("server", server.server.named("vllm")),
+                ("server", server.slot.named("vllm")),
             ),
         )
-        for server in plan.per_server
+        for server in per_server(plan)
     ]
     front = f"127.0.0.1:{plan.config.front.metrics_port}"
     targets.append(ScrapeTarget("front", front, (("node", plan.head.name),)))
     if cfg.node_exporter.enabled:
         targets += [
             ScrapeTarget("node", node_exporter_address(plan, node), (("node", node.name),))
-            for node in plan.cluster
+            for node in plan.nodes
         ]
-    driver = next((server for server in plan.per_server if server.uses_ray), None)
+    driver = next((server for server in per_server(plan) if server.uses_ray), None)
     if driver is not None:
         port = plan.config.ray.metrics_export_port
         targets += [
@@ -158,7 +161,7 @@ def scrape_targets(plan: DeploymentPlan) -> tuple[ScrapeTarget, ...]:
 RAY_TARGETS_FILE = "ray-targets.json"  # beside prometheus.yml: the Ray nodes that export
 
 
-def prometheus_config(plan: DeploymentPlan) -> str:
+def prometheus_config(plan: ClusterPlan) -> str:
     """prometheus.yml (as JSON, which YAML reads): one job per kind of target, each target with
     its own labels (a static config per target). Ray's job reads its targets from a file the
     `-ray-targets` step writes: only the nodes whose Ray exports metrics."""
@@ -181,7 +184,7 @@ def prometheus_config(plan: DeploymentPlan) -> str:
     return json.dumps(config, indent=1, sort_keys=True) + "\n"
 
 
-def grafana_datasource(plan: DeploymentPlan) -> str:
+def grafana_datasource(plan: ClusterPlan) -> str:
     """Grafana's provisioned datasource: the Prometheus beside it (both on the head's host
     network). Its uid is what the dashboards' `datasource` variable picks by type."""
     interval = f"{plan.config.monitoring.prometheus.scrape_interval_seconds}s"
@@ -224,7 +227,7 @@ def shipped_dashboards() -> dict[str, str]:
     return {path.name: path.read_text() for path in sorted(DASHBOARDS_DIR.glob("*.json"))}
 
 
-def monitoring_files(plan: DeploymentPlan) -> dict[str, str]:
+def monitoring_files(plan: ClusterPlan) -> dict[str, str]:
     """Every file the monitoring containers read, by its path on the head."""
     files = {f"{config_dir(plan)}/prometheus.yml": prometheus_config(plan)}
     if plan.config.monitoring.grafana.enabled:
@@ -246,11 +249,11 @@ def files_digest(files: dict[str, str], prefix: str) -> str:
     return h.hexdigest()[:16]
 
 
-def write_files(plan: DeploymentPlan, name: str) -> StepSpec:
+def write_files(plan: ClusterPlan) -> StepSpec:
     """The files on the head, whole on the command line (they hold no secret): `pulumi
     preview` shows what a change of the fleet does to Prometheus's targets."""
     head, files = plan.head, monitoring_files(plan)
-    step = f"{name}-files"
+    step = names.MONITORING_FILES
     dirs = sorted({path.rsplit("/", 1)[0] for path in files})
     create = " && ".join(
         [
@@ -274,14 +277,14 @@ def write_files(plan: DeploymentPlan, name: str) -> StepSpec:
     )
 
 
-def _drop_monitoring_dir(plan: DeploymentPlan) -> str:
+def _drop_monitoring_dir(plan: ClusterPlan) -> str:
     """The directory goes with whichever of the files and the data is deleted last (the two
     deletes may run at once; one already gone, or removed by hand, is no failure)."""
     path = shlex.quote(monitoring_dir(plan))
     return f"{{ rmdir --ignore-fail-on-non-empty {path} 2>/dev/null || [ ! -e {path} ]; }}"
 
 
-def prometheus_data(plan: DeploymentPlan, name: str) -> StepSpec:
+def prometheus_data(plan: ClusterPlan) -> StepSpec:
     """Prometheus's data directory on the head (bounded by its retention): the step reports its
     size; its delete empties it (Prometheus writes as root: from the serving image, as
     compile-cache.sh does) and removes it."""
@@ -290,7 +293,7 @@ def prometheus_data(plan: DeploymentPlan, name: str) -> StepSpec:
         head, "monitoring-data.sh", "remove", dir=data_dir(plan), image=PINNED_IMAGE.text
     )
     return StepSpec(
-        name=f"{name}-data",
+        name=names.MONITORING_DATA,
         node=head,
         create=script_call(head, "monitoring-data.sh", "report", dir=data_dir(plan)),
         delete=owned(plan, head, f"{remove} && {_drop_monitoring_dir(plan)}"),
@@ -298,7 +301,7 @@ def prometheus_data(plan: DeploymentPlan, name: str) -> StepSpec:
     )
 
 
-def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
+def monitoring_ready(plan: ClusterPlan) -> StepSpec:
     """Waits (bounded) until Prometheus answers, has scraped every target once and finds each up,
     and Grafana answers; prints a line per job (monitoring_ready.py)."""
     head, cfg = plan.head, plan.config.monitoring
@@ -314,14 +317,14 @@ def monitoring_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     if cfg.grafana.enabled:
         flags["grafana"] = grafana_address(plan)
     return StepSpec(
-        name=f"{name}-ready",
+        name=names.MONITORING_READY,
         node=head,
         create=script_call(head, "monitoring_ready.py", **flags),
         timeouts=Timeouts(create=bound // 60 + 2),
     )
 
 
-def ray_targets(plan: DeploymentPlan, name: str) -> StepSpec | None:
+def ray_targets(plan: ClusterPlan) -> StepSpec | None:
     """With a Ray model: the Ray nodes whose metrics port answers, written for Prometheus's
     `ray` job (monitoring_ray_targets.py); a node whose Ray exports none is said and left out.
     None without Ray."""
@@ -338,7 +341,7 @@ def ray_targets(plan: DeploymentPlan, name: str) -> StepSpec | None:
         targets=",".join(f"{t.address}={dict(t.labels)['node']}" for t in ray),
     )
     return StepSpec(
-        name=f"{name}-ray-targets",
+        name=names.MONITORING_RAY_TARGETS,
         node=head,
         create=create,
         delete=owned(plan, head, f"rm -f {shlex.quote(path)}"),
@@ -351,15 +354,15 @@ def image_later(name: str) -> Later:
     return Later(f"monitoring.{name}")
 
 
-def prometheus_pull(plan: DeploymentPlan) -> ImagePull:
+def prometheus_pull(plan: ClusterPlan) -> ImagePull:
     return _pull(plan.config.monitoring.prometheus.image, "prometheus")
 
 
-def grafana_pull(plan: DeploymentPlan) -> ImagePull:
+def grafana_pull(plan: ClusterPlan) -> ImagePull:
     return _pull(plan.config.monitoring.grafana.image, "grafana")
 
 
-def node_exporter_pull(plan: DeploymentPlan) -> ImagePull:
+def node_exporter_pull(plan: ClusterPlan) -> ImagePull:
     return _pull(plan.config.monitoring.node_exporter.image, "nodeExporter")
 
 
@@ -375,7 +378,7 @@ def _pull(image: MonitoringImageConfig, part: str) -> ImagePull:
 
 
 def _container(
-    plan: DeploymentPlan,
+    plan: ClusterPlan,
     node: NodePlan,
     role: Role,
     entrypoint: tuple[str, ...],
@@ -409,7 +412,7 @@ def _container(
     )
 
 
-def prometheus_container(plan: DeploymentPlan) -> ContainerSpec:
+def prometheus_container(plan: ClusterPlan) -> ContainerSpec:
     cfg = plan.config.monitoring.prometheus
     files = monitoring_files(plan)
     return _container(
@@ -432,7 +435,7 @@ def prometheus_container(plan: DeploymentPlan) -> ContainerSpec:
     )
 
 
-def grafana_container(plan: DeploymentPlan) -> ContainerSpec:
+def grafana_container(plan: ClusterPlan) -> ContainerSpec:
     """Grafana with the datasource and dashboards provisioned, on the head's loopback; anonymous
     visitors view (whoever reaches loopback has SSH to the head), `admin`'s password is its own,
     derived one way from the API key (api-key-file.sh; read from its file, never in the
@@ -468,7 +471,7 @@ def grafana_container(plan: DeploymentPlan) -> ContainerSpec:
 
 
 def node_exporter_container(
-    plan: DeploymentPlan, node: NodePlan, scripts: EntryScripts
+    plan: ClusterPlan, node: NodePlan, scripts: EntryScripts
 ) -> ContainerSpec:
     """node_exporter on `node`'s fabric IP, reading the host through a read-only view of its
     root; only the collectors the dashboards and a user diagnosing a host need. With the

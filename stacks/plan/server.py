@@ -8,19 +8,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from stacks.plan import names
+from stacks.plan.cluster import ClusterPlan, NodePlan
+from stacks.plan.container_paths import CONTAINER_API_KEY_FILE, CONTAINER_SCRIPTS_DIR
 from stacks.plan.fabric import fabric_flags
 from stacks.plan.hardware import extra_arg_value
-from stacks.plan.nodes import (
-    CONTAINER_API_KEY_FILE,
-    CONTAINER_SCRIPTS_DIR,
-    DeploymentPlan,
-    log_specs,
-    node_check_specs,
-)
+from stacks.plan.server_plan import ServerPlan, log_specs, node_check_specs
 from stacks.plan.steps import Stdin, StepSpec, Timeouts, check, script_call, undoable
 
 
-def ray_wait(plan: DeploymentPlan, name: str) -> StepSpec:
+def ray_wait(plan: ServerPlan) -> StepSpec:
     """Every node joined Ray over its fabric IP with its GPUs, within the join timeout."""
     seconds = plan.config.timeouts.ray_join_seconds
     awaited: dict[str, str | float] = {
@@ -28,11 +25,11 @@ def ray_wait(plan: DeploymentPlan, name: str) -> StepSpec:
         "gpus": plan.total_gpus,
         "timeout_seconds": seconds,
     }
-    return _wait(plan, f"{name}-joined", "ray-wait.sh", "ray-head", awaited, seconds)
+    return _wait(plan, names.RAY_JOINED, "ray-wait.sh", "ray-head", awaited, seconds)
 
 
 def _wait(
-    plan: DeploymentPlan,
+    plan: ServerPlan,
     step: str,
     script: str,
     container: Literal["ray-head", "vllm"],
@@ -49,12 +46,14 @@ def _wait(
     reach: dict[str, str] = {}
     if node.is_head:
         nodes, checks = log_specs(plan, include_vllm=container == "vllm"), node_check_specs(plan)
-        reach = fabric_flags(plan)
+        reach = fabric_flags(plan.cluster)
     else:
-        nodes = f"{node.name}|-|{plan.container_name('vllm')}"
+        nodes = f"{node.name}|-|{plan.vllm_container}"
         checks = f"{node.name}|-|{node.bin_dir}"
     flags: dict[str, str | float] = {
-        "container": plan.container_name(container),
+        "container": plan.vllm_container
+        if container == "vllm"
+        else plan.cluster.container_name(container),
         "container_scripts": CONTAINER_SCRIPTS_DIR,
         **awaited,
         "nodes": nodes,
@@ -72,16 +71,25 @@ def _wait(
     )
 
 
-def api_key_file(plan: DeploymentPlan, name: str, grafana: bool = False) -> StepSpec:
-    """The API key (stdin) written to the file the server's launcher reads (on the head; with
-    a server on a worker, there: `server_key_dir`); nothing is logged. `grafana`: beside it,
+def front_key_file(plan: ClusterPlan) -> StepSpec:
+    """The API key on the head, where the front and the servers there read it; beside it,
     Grafana's admin password derived from it (written whether or not monitoring runs, so
     turning monitoring on changes no step of the front)."""
-    node = plan.head if plan.server_node.is_head else plan.server_node
-    file = plan.api_key_file if node.is_head else f"{plan.server_key_dir}/api-key"
+    return _key_file(plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, grafana=True)
+
+
+def server_key_file(plan: ServerPlan) -> StepSpec:
+    """The API key where a server on a worker runs (`server_key_dir`): its launcher reads it."""
+    node = plan.server_node
+    step = names.server_key_of(names.vllm_of(plan.slot))
+    return _key_file(plan.cluster, step, node, f"{plan.server_key_dir}/api-key", grafana=False)
+
+
+def _key_file(plan: ClusterPlan, name: str, node: NodePlan, file: str, grafana: bool) -> StepSpec:
+    """The API key (stdin) written to `file` on `node`; nothing is logged."""
     return undoable(
         plan,
-        f"{name}-api-key",
+        name,
         node,
         "api-key-file.sh",
         ("write", "remove"),
@@ -96,7 +104,7 @@ def api_key_file(plan: DeploymentPlan, name: str, grafana: bool = False) -> Step
 BENCHMARK_PREFIX = "benchmark: "  # bench_summary.py's lines
 
 
-def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
+def vllm_benchmark(plan: ServerPlan) -> StepSpec | None:
     """vllm.benchmark: `vllm bench serve` in the server's container on the head, against vLLM's
     own port, at each concurrency (vllm-bench.sh). None when not asked for."""
     wanted = plan.config.vllm.benchmark
@@ -104,7 +112,7 @@ def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
         return None
     served = plan.served
     flags: dict[str, str | float] = {
-        "container": plan.container_name("vllm"),
+        "container": plan.vllm_container,
         "key_file": CONTAINER_API_KEY_FILE,
         "port": plan.server_port,
         "served_name": served.served_name,
@@ -123,7 +131,7 @@ def vllm_benchmark(plan: DeploymentPlan, name: str) -> StepSpec | None:
         flags["server_host"] = plan.server_address
     node = plan.server_node
     return StepSpec(
-        name=f"{name}-benchmark",
+        name=names.benchmark_of(names.vllm_of(plan.slot)),
         node=node,
         create=script_call(node, "vllm-bench.sh", **flags),
         timeouts=Timeouts(create=wanted.timeout_minutes + 2),
@@ -149,7 +157,7 @@ def parse_benchmark(stdout: str) -> list[dict[str, Any]]:
     ]
 
 
-def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:
+def vllm_ready(plan: ServerPlan) -> StepSpec:
     """The served model answers a real completion (the API key on stdin), within the timeout."""
     cfg = plan.config
     seconds = cfg.timeouts.vllm_ready_seconds
@@ -159,7 +167,7 @@ def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     probe: dict[str, str | float] = (
         {
             "port": cfg.vllm.port,
-            **({} if cfg.vllm.listen == "all" else {"probe_host": plan.probe_address}),
+            **({} if cfg.vllm.listen == "all" else {"probe_host": plan.cluster.probe_address}),
         }
         if through_front
         else {"port": plan.server_port, "probe_host": plan.server_address}
@@ -178,7 +186,7 @@ def vllm_ready(plan: DeploymentPlan, name: str) -> StepSpec:
     }
     served = plan.served
     snapshot = {"model": served.id, "revision": served.revision, "cache_dir": cfg.model.cache_dir}
-    step, script = f"{name}-ready", "vllm-ready.sh"
+    step, script = names.ready_of(names.vllm_of(plan.slot)), "vllm-ready.sh"
     return _wait(plan, step, script, "vllm", awaited, seconds, snapshot, "api-key")
 
 
@@ -205,7 +213,7 @@ def parse_readiness(readiness: str) -> dict[str, Any]:
     }
 
 
-def model_output(plan: DeploymentPlan, readiness: str, sizing: Mapping[str, Any]) -> dict[str, Any]:
+def model_output(plan: ServerPlan, readiness: str, sizing: Mapping[str, Any]) -> dict[str, Any]:
     """One entry of the `models` output: the plan's server, what it is, where it runs, and what
     it showed once ready; its memory share is the fraction its memory check settled on with
     `auto`."""

@@ -16,11 +16,12 @@ a quote stays one word.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from stacks.plan.nodes import DeploymentPlan, NodePlan
+from stacks.plan.cluster import ClusterPlan, NodePlan
+from stacks.plan.later import consumed, resolve
 
 # Which bundle `<stateDir>/bin` holds (its digest): the scripts' delete checks it.
 BUNDLE_MARKER = ".bundle-digest"
@@ -124,7 +125,7 @@ def _receipt_call(spec: StepSpec, receipt: Receipt, token: str) -> str:
     return script_call(spec.node, "receipt.sh", **flags)
 
 
-def owned(plan: DeploymentPlan, node: NodePlan, command: str) -> str:
+def owned(plan: ClusterPlan, node: NodePlan, command: str) -> str:
     """`command` (a delete inside `node`'s state leaf) run only while the leaf's owner file names
     this deployment: no delete reaches a directory the program did not make. A leaf that is gone
     (removed by hand) has nothing left to delete: the step succeeds, and says so."""
@@ -140,7 +141,7 @@ def owned(plan: DeploymentPlan, node: NodePlan, command: str) -> str:
 
 
 def undoable(
-    plan: DeploymentPlan,
+    plan: ClusterPlan,
     name: str,
     node: NodePlan,
     script: str,
@@ -167,3 +168,33 @@ def undoable(
         stdin=stdin,
         quiet=quiet,
     )
+
+
+def create_consumes(spec: StepSpec) -> tuple[str, ...]:
+    """What a step's create (its command, its receipts' checks, what it prints) needs."""
+    checks = [c for receipt in spec.receipts for c in receipt.checks]
+    return consumed(spec.create, spec.prints, *checks)
+
+
+def delete_consumes(spec: StepSpec) -> tuple[str, ...]:
+    return consumed(spec.delete)
+
+
+def resolve_create(spec: StepSpec, values: Mapping[str, str]) -> StepSpec:
+    """`spec` with what its create consumes known: its command and receipts as the host will run
+    them (its delete is resolved apart: `resolve_shell`, with `delete_consumes`)."""
+    receipts = tuple(
+        replace(r, checks=tuple(resolve(c, values) for c in r.checks)) for r in spec.receipts
+    )
+    return replace(
+        spec,
+        create=resolve(spec.create, values),
+        prints=resolve(spec.prints, values) if spec.prints is not None else None,
+        receipts=receipts,
+    )
+
+
+def resolve_spec(spec: StepSpec, values: Mapping[str, str]) -> StepSpec:
+    """`spec` with every later value known: create, receipts and delete as the host runs them."""
+    delete = resolve(spec.delete, values) if spec.delete is not None else None
+    return replace(resolve_create(spec, values), delete=delete)

@@ -3,18 +3,20 @@ serving image's HF client, copied to each worker over the fabric."""
 
 from __future__ import annotations
 
+from stacks.plan import names
+from stacks.plan.cluster import NodePlan
 from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import WEIGHTS_BYTES, WEIGHTS_COMMIT, WEIGHTS_FILES
-from stacks.plan.nodes import DeploymentPlan, NodePlan
+from stacks.plan.server_plan import ServerPlan
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, script_call
 
 
-def fetch_weights(plan: DeploymentPlan, name: str) -> StepSpec:
+def fetch_weights(plan: ServerPlan) -> StepSpec:
     """The snapshot fetched on the head with the serving image's HF client; the token on stdin is
     read by the script and never printed (errors mask it), so its diagnostics can be shown."""
     head, served, cache_dir = plan.head, plan.served, plan.config.model.cache_dir
     minutes = plan.config.timeouts.weights_transfer_minutes
-    step = f"{name}-fetch"
+    step = names.fetch_of(names.weights_of(plan.slot))
     return StepSpec(
         name=step,
         node=head,
@@ -50,7 +52,7 @@ def manifest_values(manifest: str) -> dict[str, str]:
     return {later.name: field for later, field in zip(MANIFEST_FIELDS, fields, strict=True)}
 
 
-def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
+def copy_weights(plan: ServerPlan, worker: NodePlan) -> StepSpec:
     """The head's snapshot (`commit files bytes`) copied to `worker` over the fabric, verified."""
     served, cache_dir = plan.served, plan.config.model.cache_dir
     minutes = plan.config.timeouts.weights_transfer_minutes
@@ -62,9 +64,15 @@ def copy_weights(plan: DeploymentPlan, name: str, worker: NodePlan) -> StepSpec:
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
-        **relay_flags(plan, worker),
+        **relay_flags(plan.cluster, plan.workers, worker),
     }
     done = check("snapshot", cache_dir, served.id, plan.later(WEIGHTS_COMMIT).text)
     return head_to_worker(
-        plan, f"{name}-{worker.name}-copy", worker, "weights-sync.sh", flags, done, minutes
+        plan.cluster,
+        names.weights_copy_of(names.weights_of(plan.slot), worker.name),
+        worker,
+        "weights-sync.sh",
+        flags,
+        done,
+        minutes,
     )

@@ -26,7 +26,8 @@ from tests.program.test_scripts import load
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "lab-secret-3f9a0c7e2b95d41a"
 PREFIX = "spark-vllm"
-# The lab stack's own directory on each host: <stateDir>/<project>.<stack> (stacks/plan/nodes.py)
+# The lab stack's own directory on each host: <stateDir>/<project>.<stack>
+# (stacks/plan/cluster.py state_leaf)
 STATE = "/root/.spark-vllm/spark-vllm.lab"
 IMAGE_LAYERS = load("image_layers")
 # A server that exits at start, as users see it: the Docker provider's create neither waits

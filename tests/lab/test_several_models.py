@@ -22,7 +22,7 @@ from lab.monitor import free_port, graph_url, screenshot, tunnel
 from lab.monitoring_image import MONITORING_IMAGE, monitoring_rootfs
 from lab.monitoring_image import import_argv as monitoring_import_argv
 from lab.stack import PROJECT, SERVED_NAME
-from stacks.plan.nodes import image_key
+from stacks.plan.image import image_key
 from tests.lab import attacker
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import (

@@ -9,7 +9,7 @@ from pathlib import Path
 from components.connection import docker_ssh_opts, ssh_option
 from stacks.config import parse_stack_config
 from stacks.credentials import SshAuth
-from stacks.plan.nodes import plan_deployment
+from stacks.plan.cluster import plan_cluster
 from tests.program.conftest import ConfigFactory
 
 LIB = Path(__file__).resolve().parents[2] / "components" / "scripts" / "lib.sh"
@@ -32,7 +32,7 @@ def test_an_option_value_stays_one_word() -> None:
 def test_the_docker_providers_options_survive_odd_local_paths(
     make_config: ConfigFactory, tmp_path: Path
 ) -> None:
-    plan = plan_deployment(parse_stack_config(make_config(hosts=2)), "p/s", None)
+    plan = plan_cluster(parse_stack_config(make_config(hosts=2)), "p/s", None)
     auth = SshAuth(None, "/keys/id", None, 4, 15)
     worker = plan.workers[0]  # through the bastion: the ProxyCommand carries options too
     opts = docker_ssh_opts(worker, auth, Path(ODD) / "known_hosts", Path(ODD) / "cm")

@@ -13,6 +13,7 @@ from stacks.plan import hardware
 from stacks.plan.hosts import preflight_flags
 from stacks.plan.image import pinned_image
 from stacks.plan.known_bad import SHIPPED, known_bad_flag
+from stacks.plan.server_plan import per_server
 from tests.program.conftest import ConfigFactory
 from tests.program.harness import evaluate
 from tests.program.test_graph import SECRETS
@@ -28,7 +29,7 @@ def flags_of(command: str) -> dict[str, str]:
 def test_the_link_test_runs_on_the_head_for_each_worker(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=3, fabric={"mtu": 9000, "minLinkGbps": 50}))
     for worker in plan.workers:
-        spec = hardware.fabric_link(plan, "fabric", worker)
+        spec = hardware.fabric_link(plan, worker)
         assert spec.node == plan.head and spec.name == f"fabric-{worker.name}-link"
         flags = flags_of(spec.create)
         assert flags["--target"] == worker.fabric_destination
@@ -40,14 +41,14 @@ def test_the_link_test_runs_on_the_head_for_each_worker(make_config: ConfigFacto
 
 def test_without_fabric_mtu_the_ends_must_only_agree(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=2))
-    assert flags_of(hardware.fabric_link(plan, "fabric", plan.workers[0]).create)["--mtu"] == "any"
+    assert flags_of(hardware.fabric_link(plan, plan.workers[0]).create)["--mtu"] == "any"
 
 
 def test_the_memory_check_measures_every_node_with_our_containers(
     make_config: ConfigFactory,
 ) -> None:
     plan = plan_of(make_config(hosts=2, preflight={"dropPageCache": True}))
-    flags = flags_of(known(hardware.memory_check(plan, "memory")).create)
+    flags = flags_of(known(hardware.memory_check(per_server(plan)[0])).create)
     head, worker = plan.head, plan.workers[0]
     assert flags["--nodes"].splitlines() == [
         f"{head.name}|-|{head.bin_dir}|spark-vllm-ray-head,spark-vllm-vllm|{head.fabric_ip}",

@@ -14,12 +14,17 @@ from stacks.plan.later import (
     PINNED_IMAGE,
     Later,
     consumed,
+    resolve,
+)
+from stacks.plan.server_plan import per_server
+from stacks.plan.steps import (
+    Receipt,
+    StepSpec,
     create_consumes,
     delete_consumes,
-    resolve,
     resolve_spec,
+    words,
 )
-from stacks.plan.steps import Receipt, StepSpec, words
 from tests.program.conftest import ConfigFactory
 from tests.program.test_steps import every_step, known, plan_of
 
@@ -85,8 +90,8 @@ def test_every_step_resolves_to_a_command_without_placeholders(
     config = make_config(hosts=3)
     config["vllm"] = {**config["vllm"], "kvCache": "auto"}
     plan = plan_of(config)
-    for spec in [*every_step(plan), known(hardware.memory_check(plan, "memory"))]:
+    for spec in [*every_step(plan), known(hardware.memory_check(per_server(plan)[0]))]:
         assert "@@" not in spec.create + (spec.delete or ""), spec.name
         assert all("@@" not in c for r in spec.receipts for c in r.checks), spec.name
-    memory = hardware.memory_check(plan, "memory")
+    memory = hardware.memory_check(per_server(plan)[0])
     assert create_consumes(memory) == ("image.pinned", "weights.commit")

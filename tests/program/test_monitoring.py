@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from stacks.plan import graph as g
-from stacks.plan import monitoring
+from stacks.plan import monitoring, names
 from stacks.plan.containers import ContainerSpec
 from stacks.plan.firewall import guard_args
 from stacks.plan.steps import StepSpec
@@ -44,7 +44,7 @@ def written_files(step: StepSpec) -> dict[str, str]:
 
 
 def monitoring_entries(graph: g.DeploymentGraph) -> set[str]:
-    return {entry.name for entry in graph.of(g.MONITORING)}
+    return {entry.name for entry in graph.of(names.MONITORING)}
 
 
 def test_off_by_default_nothing_of_it_is_planned(make_config: ConfigFactory) -> None:
@@ -345,8 +345,8 @@ def test_rays_targets_are_the_nodes_whose_ray_exports_metrics(make_config: Confi
     ]
     assert "static_configs" not in ray
     probe = graph.by_name["monitoring-ray-targets"]
-    assert probe.after == ("monitoring-files", g.RAY_JOINED)
-    assert probe.triggers == (g.RAY_JOINED,)  # a new cluster is probed again
+    assert probe.after == ("monitoring-files", names.RAY_JOINED)
+    assert probe.triggers == (names.RAY_JOINED,)  # a new cluster is probed again
     assert isinstance(probe.spec, StepSpec)
     assert "--targets 10.241.0.11:6385=spark1,10.241.0.12:6385=spark2" in probe.spec.create
     assert "monitoring-ray-targets" in graph.by_name["monitoring-ready"].after

@@ -28,7 +28,7 @@ def configs(make_config: ConfigFactory) -> dict[str, dict[str, Any]]:
 
 
 def leaves(config: dict[str, Any]) -> list[str]:
-    """Each host's leaf, as the plan derives it (stacks/plan/nodes.py state_leaf)."""
+    """Each host's leaf, as the plan derives it (stacks/plan/cluster.py state_leaf)."""
     found = []
     for host in config["hosts"]:
         home = "/root" if host["user"] == "root" else f"/home/{host['user']}"

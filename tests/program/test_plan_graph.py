@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from stacks.plan import graph as g
+from stacks.plan import names
+from stacks.plan.cluster import ClusterPlan
 from stacks.plan.containers import ContainerSpec, EntryScripts
-from stacks.plan.later import consumed, create_consumes, delete_consumes
-from stacks.plan.nodes import DeploymentPlan
-from stacks.plan.steps import StepSpec
+from stacks.plan.later import consumed
+from stacks.plan.steps import StepSpec, create_consumes, delete_consumes
 from tests.program.conftest import ConfigFactory
 from tests.program.test_steps import plan_of
 
@@ -32,7 +33,7 @@ SHAPES = [
 ]
 
 
-def graph_of(config: dict[str, Any]) -> tuple[DeploymentPlan, g.DeploymentGraph]:
+def graph_of(config: dict[str, Any]) -> tuple[ClusterPlan, g.DeploymentGraph]:
     plan = plan_of(config)
     facts = g.GraphFacts("d" * 64, SCRIPTS, {n.name: f"m-{n.name}" for n in plan.nodes})
     return plan, g.plan_graph(plan, facts)
@@ -109,16 +110,18 @@ def test_nothing_of_ours_starts_before_its_node_was_checked_and_firewalled(
             continue
         node = entry.node
         needed = {
-            g.preflight_of(node),
-            f"{g.COMPILE_CACHE}-{node}",
-            g.image_facts_of(node),
-            g.MEMORY_CHECK,
-            *([f"{g.FIREWALL}-{node}"] if firewall else []),
+            names.preflight_of(node),
+            names.compile_cache_of(node),
+            names.image_facts_of(node),
+            names.check_of(names.MEMORY),
+            *([names.rules_of(node)] if firewall else []),
         }
         assert needed <= ancestors(entry.name), (entry.name, needed - ancestors(entry.name))
-    server_before = ancestors(g.SERVER)
-    assert {f"{g.WEIGHTS}-{w.name}-copy" for w in plan.workers} <= server_before
-    assert {g.SERVER, g.FRONT_CONTAINER} <= set(graph.by_name[g.READINESS].after)
+    server_before = ancestors(names.container_of(names.VLLM))
+    assert {names.weights_copy_of(names.WEIGHTS, w.name) for w in plan.workers} <= server_before
+    assert {names.container_of(names.VLLM), names.FRONT_CONTAINER} <= set(
+        graph.by_name[names.ready_of(names.VLLM)].after
+    )
 
 
 def test_the_relay_leader_copies_once_every_worker_is_ready_and_the_others_after_it(
@@ -126,22 +129,22 @@ def test_the_relay_leader_copies_once_every_worker_is_ready_and_the_others_after
 ) -> None:
     plan, graph = graph_of(make_config(hosts=4))
     leader, *others = plan.workers
-    lead = graph.by_name[f"{g.IMAGE}-{leader.name}-sync"]
+    lead = graph.by_name[names.image_sync_of(names.IMAGE, leader.name)]
     for worker in plan.workers:
-        assert g.preflight_of(worker.name) in lead.after
-        assert g.link_of(worker.name) in lead.after
+        assert names.preflight_of(worker.name) in lead.after
+        assert names.link_of(worker.name) in lead.after
     for worker in others:
-        assert lead.name in graph.by_name[f"{g.IMAGE}-{worker.name}-sync"].after
-        copy = graph.by_name[f"{g.WEIGHTS}-{worker.name}-copy"]
-        assert f"{g.WEIGHTS}-{leader.name}-copy" in copy.after
+        assert lead.name in graph.by_name[names.image_sync_of(names.IMAGE, worker.name)].after
+        copy = graph.by_name[names.weights_copy_of(names.WEIGHTS, worker.name)]
+        assert names.weights_copy_of(names.WEIGHTS, leader.name) in copy.after
     # Without the fabric key the program manages, each worker copies on its own.
     config = make_config(hosts=4)
     config["fabric"] = {**config.get("fabric", {}), "trust": "existing"}
     _, alone = graph_of(config)
     for worker in others:
         assert (
-            f"{g.IMAGE}-{leader.name}-sync"
-            not in alone.by_name[f"{g.IMAGE}-{worker.name}-sync"].after
+            names.image_sync_of(names.IMAGE, leader.name)
+            not in alone.by_name[names.image_sync_of(names.IMAGE, worker.name)].after
         )
 
 
@@ -159,15 +162,19 @@ def test_the_server_carries_the_ids_of_the_cluster_it_joined(
     make_config: ConfigFactory, executor: str
 ) -> None:
     plan, graph = graph_of(make_config(hosts=3, executor=executor))
-    labels = dict(graph.by_name[g.SERVER].id_labels)
+    labels = dict(graph.by_name[names.container_of(names.VLLM)].id_labels)
     if executor == "ray":
-        assert labels == {"spark-vllm.ray-cluster": (g.RAY_JOINED,)}
-        assert set(graph.by_name[g.RAY_JOINED].triggers) == {
-            g.RAY_HEAD,
-            *(f"{g.RAY}-{w.name}" for w in plan.workers),
+        assert labels == {"spark-vllm.ray-cluster": (names.RAY_JOINED,)}
+        assert set(graph.by_name[names.RAY_JOINED].triggers) == {
+            names.RAY_HEAD,
+            *(names.ray_worker_of(w.name) for w in plan.workers),
         }
     else:
-        assert labels == {"spark-vllm.mp-nodes": tuple(f"{g.VLLM}-{w.name}" for w in plan.workers)}
+        assert labels == {
+            "spark-vllm.mp-nodes": tuple(
+                names.headless_of(names.VLLM, w.name) for w in plan.workers
+            )
+        }
 
 
 @pytest.mark.parametrize("executor", ["ray", "mp"])

@@ -63,7 +63,7 @@ READ_BY = {
     "UCX_NET_DEVICES": "UCX",
     "HF_HOME": "huggingface_hub",
     "HF_HUB_OFFLINE": "huggingface_hub",
-    # The compile caches (stacks/plan/nodes.py compile_cache_env): in every container that
+    # The compile caches (stacks/plan/arguments.py compile_cache_env): in every container that
     # runs ranks (with Ray, its workers run under the raylet's environment).
     "VLLM_CACHE_ROOT": "vllm/envs.py",
     "VLLM_ENGINE_READY_TIMEOUT_S": "vllm/envs.py (v1/engine/core_client.py)",

@@ -178,7 +178,7 @@ def test_pins_of_a_removed_host_stay_for_its_deletes(tmp_path: Path) -> None:
     """A host removed from the stack is deleted after the program: its Docker provider still
     dials it through the derived known_hosts, so its pin must survive the run that removed it."""
     from stacks.known_hosts import write_known_hosts
-    from stacks.plan.nodes import SshEndpoint
+    from stacks.plan.cluster import SshEndpoint
 
     path = tmp_path / "known_hosts"
     one = SshEndpoint("spark1", "10.0.0.1", 22, "u", "ssh-ed25519 AAAAone")

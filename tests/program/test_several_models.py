@@ -14,11 +14,12 @@ import pytest
 from stacks.config import ImageConfig, ServerSettings, parse_stack_config
 from stacks.fleet import ServedModel, assign_slots
 from stacks.plan import graph as g
-from stacks.plan import hardware
+from stacks.plan import hardware, names
+from stacks.plan.cluster import placed, plan_cluster
 from stacks.plan.containers import ContainerSpec
 from stacks.plan.front import front_config
 from stacks.plan.hosts import write_front_config
-from stacks.plan.nodes import placed, plan_deployment
+from stacks.plan.image import image_streams
 from stacks.plan.steps import StepSpec
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
@@ -86,7 +87,7 @@ def test_each_model_gets_its_own_server_ports_and_checks(
             assert headless.name == server.name
             assert flags(headless.command, "--master-port") == [str(29501 + 33 * index)]
     # No Ray, one front, one guard per node.
-    assert not [e for e in graph if e.component == g.RAY]
+    assert not [e for e in graph if e.component == names.RAY]
     assert (
         len([e for e in graph if e.name.startswith("firewall-") and e.name.endswith("-guard")])
         == hosts
@@ -422,7 +423,7 @@ def test_a_slot_left_beyond_the_fleet_has_its_ports_checked(make_config: ConfigF
     config = fleet(make_config, 2, ("coder",))
     config["vllm"] = {**config["vllm"], "port": 8003}
     parsed = parse_stack_config({k: v for k, v in config.items() if k not in SECRETS})
-    plan = plan_deployment(parsed, "spark-vllm/dev", None)
+    plan = plan_cluster(parsed, "spark-vllm/dev", None)
     with pytest.raises(
         ValueError, match=r"vllm.serverPort \+ 2 \(server 3\): 8003 is also vllm.port"
     ):
@@ -433,16 +434,16 @@ def test_a_lone_model_in_another_slot_keeps_the_record(make_config: ConfigFactor
     """Once recorded, the slots are written with every change, one model left included: a
     stale record would give a switched model a slot still in use."""
     from stacks.config import parse_stack_config
-    from stacks.plan.nodes import placed, plan_deployment
+    from stacks.plan.cluster import placed, plan_cluster
 
     parsed = parse_stack_config(
         {k: v for k, v in fleet(make_config, 2, ("coder",)).items() if k not in SECRETS}
     )
-    plan = placed(plan_deployment(parsed, "spark-vllm/dev", None), {"qwen": 0, "coder": 2})
-    create = write_front_config(plan, "front").create
+    plan = placed(plan_cluster(parsed, "spark-vllm/dev", None), {"qwen": 0, "coder": 2})
+    create = write_front_config(plan).create
     assert "2 coder" in create and "/front/slots.tmp" in create
-    never = plan_deployment(parsed, "spark-vllm/dev", None)  # never had several: no record
-    assert "/front/slots" not in write_front_config(never, "front").create
+    never = plan_cluster(parsed, "spark-vllm/dev", None)  # never had several: no record
+    assert "/front/slots" not in write_front_config(never).create
 
 
 def test_a_ray_model_beside_an_mp_model(make_config: ConfigFactory) -> None:
@@ -514,7 +515,7 @@ def test_the_fleets_shares_are_on_the_head_before_any_memory_check(
     written = hardware.memory_shares(plan)
     assert shlex.quote(written) in shares.create
     assert hardware.shares_file(plan) == f"{plan.head.bin_dir.removesuffix('/bin')}/front/shares"
-    dest = plan.cluster[2].fabric_destination
+    dest = plan.nodes[2].fabric_destination
     assert written.splitlines() == [
         "spark-vllm-shares 0.05 0.05",
         "qwen|spark-vllm-vllm|-|auto|spark1,spark2,spark3",
@@ -573,7 +574,7 @@ def test_a_model_with_its_own_image_gets_it_where_it_runs(make_config: ConfigFac
     per link), checked on both (its flags on the head, against it alone), kept in a history of
     its own, under a pinned name of its own; its containers, memory probe and waits run it."""
     plan, graph = graph_of(own_image(make_config))
-    stream = plan.image_streams[1]
+    stream = image_streams(plan)[1]
     assert (stream.key, stream.image.ref) == ("i62e988a9", "vllm/vllm-openai:v0.34.0")
     assert [e.name for e in graph.of(f"{OWN}")] == [
         f"{OWN}-pull",
@@ -623,9 +624,9 @@ def test_replicas_on_one_image_of_their_own_share_its_copies(make_config: Config
     for entry in config["models"]:
         entry["image"] = {"ref": "vllm/vllm-openai:v0.34.0"}
     plan, graph = graph_of(config)
-    assert [s.key for s in plan.image_streams] == ["", "i62e988a9"]
-    assert [n.name for n in plan.image_streams[1].nodes] == ["spark1", "spark2"]
-    assert plan.image_streams[0].models == ()
+    assert [s.key for s in image_streams(plan)] == ["", "i62e988a9"]
+    assert [n.name for n in image_streams(plan)[1].nodes] == ["spark1", "spark2"]
+    assert image_streams(plan)[0].models == ()
     pulls = sorted(e.name for e in graph if e.name.startswith("image") and e.name.endswith("-pull"))
     assert pulls == [f"{OWN}-pull", "image-pull"]
     for name in ("vllm-container", "vllm-s1-container"):

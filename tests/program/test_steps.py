@@ -15,9 +15,12 @@ import pytest
 
 from stacks.config import parse_stack_config
 from stacks.plan import fabric, hosts, image, later, server, steps, weights
+from stacks.plan.cluster import ClusterPlan, plan_cluster
 from stacks.plan.containers import EntryScripts, ray_container, vllm_container
 from stacks.plan.front import front_bind
-from stacks.plan.nodes import DeploymentPlan, ServerSizing, plan_deployment
+from stacks.plan.image import image_streams
+from stacks.plan.server_plan import per_server
+from stacks.plan.sizing import ServerSizing
 from stacks.plan.steps import Receipt, StepSpec, create_command
 from tests.program.conftest import ConfigFactory
 
@@ -37,38 +40,38 @@ VALUES = {
 
 def known(spec: StepSpec) -> StepSpec:
     """`spec` as the host runs it, with every later value known."""
-    return later.resolve_spec(spec, VALUES)
+    return steps.resolve_spec(spec, VALUES)
 
 
-def plan_of(config: dict[str, Any]) -> DeploymentPlan:
-    return plan_deployment(parse_stack_config(config), "spark-vllm/test", None)
+def plan_of(config: dict[str, Any]) -> ClusterPlan:
+    return plan_cluster(parse_stack_config(config), "spark-vllm/test", None)
 
 
 def tokens(prefix: str = "t") -> Callable[[Receipt], str]:
     return lambda receipt: f"{prefix}-{receipt.node.name}-{receipt.step}"
 
 
-def every_step(plan: DeploymentPlan) -> list[StepSpec]:
+def every_step(plan: ClusterPlan) -> list[StepSpec]:
     """Every host step of `plan`, as the components register them."""
     specs: list[StepSpec] = []
     for node in plan.nodes:
-        specs += [hosts.install_scripts(plan, node.name, node, "d" * 64)]
-        specs += [hosts.preflight(plan, node.name, node)]
-        firewall = hosts.firewall(plan, "firewall", node)
+        specs += [hosts.install_scripts(plan, node, "d" * 64)]
+        specs += [hosts.preflight(plan, node)]
+        firewall = hosts.firewall(plan, node)
         specs += [firewall] if firewall is not None else []
-    specs += [fabric.head_fabric_key(plan, "fabric")]
+    specs += [fabric.head_fabric_key(plan)]
     for worker in plan.workers:
-        specs += [fabric.authorize_head_key(plan, "fabric", worker)]
-        specs += [fabric.pin_worker_key(plan, "fabric", worker)]
-        specs += [known(image.sync_image(plan, "image", worker, plan.image_streams[0]))]
-        specs += [known(weights.copy_weights(plan, "weights", worker))]
+        specs += [fabric.authorize_head_key(plan, worker)]
+        specs += [fabric.pin_worker_key(plan, worker)]
+        specs += [known(image.sync_image(plan, worker, image_streams(plan)[0]))]
+        specs += [known(weights.copy_weights(per_server(plan)[0], worker))]
     specs += [
-        known(image.record_image(plan, "image", plan.image_streams[0])),
-        weights.fetch_weights(plan, "weights"),
+        known(image.record_image(plan, image_streams(plan)[0])),
+        weights.fetch_weights(per_server(plan)[0]),
     ]
-    specs += [known(server.ray_wait(plan, "ray")), server.api_key_file(plan, "front")]
-    specs += [hosts.write_front_config(plan, "front")]
-    specs += [known(server.vllm_ready(plan, "vllm"))]
+    specs += [known(server.ray_wait(per_server(plan)[0])), server.front_key_file(plan)]
+    specs += [hosts.write_front_config(plan)]
+    specs += [known(server.vllm_ready(per_server(plan)[0]))]
     return specs
 
 
@@ -76,7 +79,7 @@ def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactor
     """A failing receipt gives a fresh token (components/facts.py): the create differs, so
     pulumi-command plans an update that re-runs it; its delete, stdin and timeouts do not."""
     plan = plan_of(make_config(hosts=2))
-    spec = known(image.sync_image(plan, "image", plan.workers[0], plan.image_streams[0]))
+    spec = known(image.sync_image(plan, plan.workers[0], image_streams(plan)[0]))
     held, fresh = create_command(spec, tokens("held")), create_command(spec, tokens("fresh"))
     assert held != fresh
     assert held.replace("held-", "fresh-") == fresh
@@ -86,7 +89,7 @@ def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactor
 def test_a_workers_receipt_is_written_there_over_the_fabric(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=2))
     worker = plan.workers[0]
-    spec = known(weights.copy_weights(plan, "weights", worker))
+    spec = known(weights.copy_weights(per_server(plan)[0], worker))
     assert spec.node == plan.head and [r.node for r in spec.receipts] == [worker]
     receipt = create_command(spec, tokens()).split(" && ")[-1]
     assert receipt.startswith(f"bash {plan.head.bin_dir}/receipt.sh --host spark1 ")
@@ -115,14 +118,11 @@ def test_a_steps_receipts_are_only_on_the_node_it_runs_on_or_its_worker(
 def test_the_image_stays_on_workers_unless_asked(make_config: ConfigFactory) -> None:
     keep = plan_of(make_config(hosts=2))
     drop = plan_of(make_config(hosts=2, image={"ref": "x/y:1", "keepOnDestroy": False}))
-    assert (
-        known(image.sync_image(keep, "image", keep.workers[0], keep.image_streams[0])).delete
-        is None
-    )
-    delete = known(image.sync_image(drop, "image", drop.workers[0], drop.image_streams[0])).delete
+    assert known(image.sync_image(keep, keep.workers[0], image_streams(keep)[0])).delete is None
+    delete = known(image.sync_image(drop, drop.workers[0], image_streams(drop)[0])).delete
     # The worker's stage goes only while its state leaf is this deployment's (--owner).
     assert delete is not None and delete.endswith(" --remove yes --owner spark-vllm/test")
-    assert image.image_pull(drop, drop.image_streams[0]).keep_locally is False
+    assert image.image_pull(drop, image_streams(drop)[0]).keep_locally is False
 
 
 def test_a_configured_pin_is_passed_and_nothing_is_read_on_stdin(
@@ -132,8 +132,8 @@ def test_a_configured_pin_is_passed_and_nothing_is_read_on_stdin(
     pinned = plan_of(config)
     del config["hosts"][1]["hostKey"]
     learned = plan_of(config)
-    with_pin = fabric.pin_worker_key(pinned, "fabric", pinned.workers[0])
-    without = fabric.pin_worker_key(learned, "fabric", learned.workers[0])
+    with_pin = fabric.pin_worker_key(pinned, pinned.workers[0])
+    without = fabric.pin_worker_key(learned, learned.workers[0])
     assert with_pin.stdin is None and "--key 'ssh-ed25519 " in with_pin.create
     assert without.stdin == "worker-host-keys" and "--key" not in without.create
 
@@ -144,13 +144,13 @@ def test_secrets_are_read_on_stdin_only(make_config: ConfigFactory) -> None:
     readers = {spec.name: spec.stdin for spec in every_step(plan) if spec.stdin is not None}
     assert readers["front-api-key"] == "api-key" and readers["vllm-ready"] == "api-key"
     assert readers["weights-fetch"] == "hf-token"
-    assert server.api_key_file(plan, "vllm").quiet == "none"  # nothing it prints is logged
+    assert server.front_key_file(plan).quiet == "none"  # nothing it prints is logged
 
 
 def test_no_fabric_flags_when_the_user_manages_fabric_trust(make_config: ConfigFactory) -> None:
     plan = plan_of(make_config(hosts=2, fabric={"trust": "existing"}))
     assert not fabric.fabric_trust_managed(plan) and fabric.fabric_flags(plan) == {}
-    assert "--fabric-key" not in known(server.ray_wait(plan, "ray")).create
+    assert "--fabric-key" not in known(server.ray_wait(per_server(plan)[0])).create
 
 
 def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
@@ -160,12 +160,9 @@ def test_quick_steps_are_bounded_and_transfers_get_their_configured_time(
     for spec in every_step(plan):
         assert spec.timeouts.create >= 2, spec.name
     assert (
-        known(
-            image.sync_image(plan, "image", plan.workers[0], plan.image_streams[0])
-        ).timeouts.create
-        == 55
+        known(image.sync_image(plan, plan.workers[0], image_streams(plan)[0])).timeouts.create == 55
     )
-    assert fabric.head_fabric_key(plan, "fabric").timeouts == steps.QUICK
+    assert fabric.head_fabric_key(plan).timeouts == steps.QUICK
 
 
 def test_a_check_refuses_its_separators() -> None:
@@ -177,9 +174,9 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
     make_config: ConfigFactory,
 ) -> None:
     plan = plan_of(make_config(hosts=2))
-    head = ray_container(plan, plan.head, "m1", SCRIPTS)
-    worker = ray_container(plan, plan.workers[0], "m2", SCRIPTS)
-    server = vllm_container(plan, "m1", SCRIPTS, ServerSizing("0.8"))
+    head = ray_container(per_server(plan)[0], plan.head, "m1", SCRIPTS)
+    worker = ray_container(per_server(plan)[0], plan.workers[0], "m2", SCRIPTS)
+    server = vllm_container(per_server(plan)[0], "m1", SCRIPTS, ServerSizing("0.8"))
     assert (head.restart, worker.restart, server.restart) == (
         "on-failure",
         "on-failure",
@@ -200,7 +197,8 @@ def test_containers_share_one_shape_and_differ_only_where_the_role_does(
     no_rdma = make_config(hosts=2)
     for host in no_rdma["hosts"]:
         host["rdmaHcas"] = []
-    plain = ray_container(plan_of(no_rdma), plan_of(no_rdma).head, "m", SCRIPTS)
+    plain_plan = plan_of(no_rdma)
+    plain = ray_container(per_server(plain_plan)[0], plain_plan.head, "m", SCRIPTS)
     assert plain.devices == () and [(u.name, u.soft) for u in plain.ulimits] == [
         ("stack", 67108864)
     ]
@@ -281,10 +279,10 @@ def test_where_the_front_listens_is_where_it_is_probed_and_published(
     config = make_config(hosts=2)
     config["vllm"] = {**config["vllm"], "listen": listen}
     plan = plan_of(config)
-    command = vllm_container(plan, "m", SCRIPTS, ServerSizing("0.8")).command
+    command = vllm_container(per_server(plan)[0], "m", SCRIPTS, ServerSizing("0.8")).command
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--port") + 1] == "8001"
     assert front_bind(plan) == bind
-    ready = known(server.vllm_ready(plan, "vllm")).create
+    ready = known(server.vllm_ready(per_server(plan)[0])).create
     assert (f"--probe-host {probe}" in ready) if probe else ("--probe-host" not in ready)
     assert plan.endpoint_url == endpoint

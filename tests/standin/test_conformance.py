@@ -39,7 +39,7 @@ SCRIPTS = REPO / "components" / "scripts"
 KEY = "conformance-key-5b0e7d21c9a4"
 SERVED = "tiny"
 MAX_MODEL_LEN = 512
-# What the program passes to `vllm serve` (stacks/plan/nodes.py vllm_serve_args), on one node,
+# What the program passes to `vllm serve` (stacks/plan/arguments.py vllm_serve_args), on one node,
 # and what the lab's real vLLM needs on a CPU (lab/stack.py real_vllm_settings): one line for
 # both servers.
 SERVE_ARGS = (
