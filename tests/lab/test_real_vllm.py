@@ -201,10 +201,10 @@ def test_a_clean_rerun_starts_warm_from_the_hosts_compile_cache(stack: Stack) ->
 SECOND = "tiny-chat-b"  # a second lab model (HF_MORE_MODELS[0]), the same real weights
 
 
-def two_models(lab: Lab, **second: Any) -> dict[str, Any]:
+def two_models(lab: Lab) -> dict[str, Any]:
     """The stack with a second real server beside the first (each on both hosts): the first
     keeps its settings (so nothing of it changes); the second starts eager (no compile: it is
-    the module's cheap one), with a fixed share, without the benchmark; `second` changes it."""
+    the module's cheap one), with a fixed share, without the benchmark."""
     models = ((HF_MODEL, SERVED_NAME), (HF_MORE_MODELS[0], SECOND))
     config = as_fleet(real_config(lab), *models)
     entry = config[f"{PROJECT}:models"][1]
@@ -212,7 +212,6 @@ def two_models(lab: Lab, **second: Any) -> dict[str, Any]:
     entry.update(
         gpuMemoryUtilization=0.15,
         extraArgs=[*entry["extraArgs"], "--enforce-eager"],
-        **second,
     )
     return config
 
@@ -227,16 +226,16 @@ def changed_beside_the_first(stack: Stack, scenario: str, config: dict[str, Any]
     assert touched == set(), run.changed()
 
 
-def test_a_second_real_server_joins_and_changes_without_failing_a_request_to_the_first(
+def test_a_second_real_server_joins_without_failing_a_request_to_the_first(
     stack: Stack,
 ) -> None:
+    """A second real server added beside the first. A change of its flags is the same plan
+    (its own containers replaced, the first's untouched): test_several_models.py shows it on the
+    stand-in, which costs seconds where a real server costs minutes of CI."""
     changed_beside_the_first(stack, "a second model added", two_models(stack.lab))
     client = OpenAI(base_url=stack.endpoint, api_key=API_KEY, max_retries=0, timeout=60)
     assert [m.id for m in client.models.list()] == [SERVED_NAME, SECOND]
     attacker.assert_the_openai_client_streams(stack.endpoint, API_KEY, SECOND)
-    changed_beside_the_first(
-        stack, "the second model's flags changed", two_models(stack.lab, maxModelLen=1024)
-    )
     reply = client.completions.create(model=SECOND, prompt="Hello", max_tokens=8)
     assert reply.choices[0].text and reply.usage and reply.usage.completion_tokens == 8
 
