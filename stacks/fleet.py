@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from stacks.config import ImageConfig, ServerSettings, StackConfig
+from stacks.schema import ImageConfig, ServerSettings, StackSchema
 
 # What the fixed memory shares on one node may sum to (gpuMemoryUtilization's own bound: the
 # operating system and the containers' own processes keep the rest of unified memory).
@@ -58,7 +56,7 @@ class ServedModel:
         return self.tensor_parallel_size * self.settings.pipeline_parallel_size
 
 
-def fleet_of(cfg: StackConfig) -> tuple[ServedModel, ...]:
+def fleet_of(cfg: StackSchema) -> tuple[ServedModel, ...]:
     """The stack's models in the order written: `models`, or `model` + `vllm` on every host."""
     every_host = tuple(h.name for h in cfg.hosts)
     if cfg.models is None:

@@ -1,11 +1,12 @@
 """What vLLM opens to the network when a user's value asks it to: flags of `vllm serve` and
 environment variables that bind a listening socket on an address or port spark-vllm does not
 choose (so neither the firewall's port list nor its fabric rule can know it), or that add routes
-no key guards. A stack that sets one is refused before anything is declared (stacks/config.py).
+no key guards. A stack that sets one is refused before anything is declared
+(stacks/config_rules.py).
 
 Read from vLLM 0.34.0's source (commit 62d4bc3c7; paths below are in that wheel): each entry
 says what it opens. Flags spark-vllm sets itself (--host, --port, --master-port...) are refused
-as managed elsewhere (OWNED_VLLM_FLAGS).
+as managed elsewhere (stacks/vllm_flags.py OWNED_VLLM_FLAGS).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from stacks.config import (
     TimeoutsConfig,
     parse_stack_config,
 )
+from stacks.schema import SECRETS
 from tests.cli import CliError, PulumiCli
 from tests.cli.project import load_project
 from tests.cli.stack import StackFile, merge_config
@@ -117,6 +118,16 @@ def test_every_key_the_program_reads_is_declared_with_a_description() -> None:
     # The top-level fields are single words: their names are their config keys.
     assert set(project.config) == {*StackConfig.model_fields, "apiKey", "hfToken"}
     assert all(declared.description for declared in project.config.values())
+
+
+def test_each_description_is_the_programs() -> None:
+    """`pulumi config` users read Pulumi.yaml's descriptions, docs/configuration.md readers the
+    model's: one text (stacks/schema.py), whitespace aside (Pulumi.yaml folds its lines)."""
+    project = load_project(REPO / "Pulumi.yaml")
+    expected = {key: field.description for key, field in StackConfig.model_fields.items()}
+    expected |= SECRETS
+    declared = {key: " ".join(d.description.split()) for key, d in project.config.items()}
+    assert declared == {key: " ".join(str(text).split()) for key, text in expected.items()}
 
 
 def test_required_keys_are_what_the_program_requires() -> None:
