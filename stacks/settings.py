@@ -12,24 +12,11 @@ import pulumi
 
 from stacks.config import ConfigError, SshConfig, StackConfig, parse_stack_config
 from stacks.credentials import SshAuth
+from stacks.schema import SECRETS, StackSchema
 
-SECRET_KEYS = ("hfToken", "apiKey")
-CONFIG_KEYS = (
-    "hosts",
-    "bastion",
-    "ssh",
-    "image",
-    "front",
-    "model",
-    "vllm",
-    "models",
-    "ray",
-    "docker",
-    "fabric",
-    "preflight",
-    "timeouts",
-    "monitoring",
-)
+# The stack's keys, as the schema declares them (the secrets apart: they never enter the model).
+SECRET_KEYS = tuple(SECRETS)
+CONFIG_KEYS = tuple(field.alias or name for name, field in StackSchema.model_fields.items())
 
 
 @dataclass(frozen=True)
