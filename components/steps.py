@@ -117,6 +117,8 @@ def _command(
             depends_on=list(after),
             custom_timeouts=_custom_timeouts(spec.timeouts),
             aliases=list(aliases) or None,
+            # Only when set: every other step's options stay as they were.
+            delete_before_replace=spec.delete_first or None,
         ),
     )
 

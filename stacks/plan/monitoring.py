@@ -346,6 +346,10 @@ def ray_targets(plan: ClusterPlan) -> StepSpec | None:
         create=create,
         delete=owned(plan, head, f"rm -f {shlex.quote(path)}"),
         timeouts=Timeouts(create=RAY_PROBE_SECONDS // 60 + 2),
+        # Replaced with a new Ray cluster (`ray-joined`): outside a cascade the engine would
+        # delete the old file after the new step wrote it (step_generator.go: a replacement
+        # creates first unless deleteBeforeReplace; its delete runs at the end of the run).
+        delete_first=True,
     )
 
 

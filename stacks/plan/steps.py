@@ -93,6 +93,10 @@ class StepSpec:
     quiet: Literal["stderr", "none"] | None = None  # what the engine may show; None: both
     prints: str | None = None  # echoed after the receipts: the step's output
     fabric: tuple[tuple[str, str], ...] = ()  # how the head reaches workers (receipts there)
+    # A replacement runs the old delete before the new create. For a step whose delete removes
+    # what its create writes at a fixed path: the engine's default (create the new one, delete
+    # the old one at the end of the run) would leave the path empty.
+    delete_first: bool = False
 
 
 TokenOf = Callable[[Receipt], str]

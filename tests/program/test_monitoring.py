@@ -352,3 +352,21 @@ def test_rays_targets_are_the_nodes_whose_ray_exports_metrics(make_config: Confi
     assert "monitoring-ray-targets" in graph.by_name["monitoring-ready"].after
     _, without = graph_of(monitored(fleet(make_config, 2, ("qwen", "coder"))))
     assert "monitoring-ray-targets" not in without.by_name
+
+
+def test_a_new_ray_cluster_rewrites_rays_targets_after_the_old_file_is_deleted(
+    make_config: ConfigFactory,
+) -> None:
+    """`ray-joined` replaced (a Ray container recreated after `up --refresh` found it gone)
+    replaces the targets step. Created first, as the engine does by default, the old step's
+    delete (`rm -f` of the same file) would run at the end of the run and leave Prometheus no
+    Ray targets (step_generator.go: the replaced resource's delete is queued after the new
+    create unless deleteBeforeReplace). So the step is delete-before-replace; no other step is."""
+    config = fleet(make_config, 2, ("qwen", "coder"))
+    config["models"][1]["executor"] = "ray"
+    up = evaluate(monitored(config), SECRETS)
+    registered = {r.name: r for r in up.registrations if r.typ == "command:remote:Command"}
+    assert registered["monitoring-ray-targets"].delete_before_replace
+    assert [name for name, r in registered.items() if r.delete_before_replace] == [
+        "monitoring-ray-targets"
+    ]
