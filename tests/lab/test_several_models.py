@@ -40,7 +40,7 @@ from tests.lab.deploying import (
 from tests.lab.engine import NextUp
 from tests.lab.realmocks import RealMocks
 from tests.lab.timings import record_figure, record_timing
-from tests.standin.test_metrics import dashboard_queries
+from tests.standin.dashboards import dashboard_queries
 
 pytestmark = pytest.mark.lab
 

@@ -42,7 +42,7 @@ def test_the_benchmark_runs_after_readiness_and_again_for_a_new_server(
 
 
 def test_an_empty_or_oversized_benchmark_is_a_keyed_error(make_config: ConfigFactory) -> None:
-    from tests.program.test_validation import error_of
+    from tests.program.planning import error_of
 
     config = make_config(hosts=2)
     config["vllm"] = {**config["vllm"], "benchmark": {"concurrencies": []}}

@@ -7,9 +7,8 @@ from typing import Any
 
 from tests.engine.cascade import OldResource, dependents_to_replace
 from tests.engine.diff import TYPE_COMMAND, TYPE_CONTAINER, TYPE_REMOTE_IMAGE
-from tests.program.conftest import ConfigFactory
+from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import Evaluation, Registration, evaluate
-from tests.program.test_graph import SECRETS
 
 IMAGE = OldResource("image", TYPE_REMOTE_IMAGE, {"name": "x:1"})
 

@@ -175,7 +175,7 @@ def test_every_rank_keeps_its_compile_caches_on_the_host_and_vllm_never_gives_up
 def test_our_wait_changes_no_container(make_config: ConfigFactory) -> None:
     """vLLM's own engine-ready wait is the ceiling of ours, a constant: raising
     timeouts.vllmReadySeconds updates the wait and replaces nothing."""
-    from tests.program.test_preview_diff import plan
+    from tests.program.previews import plan
 
     before = make_config(hosts=2, executor=None)
     after = make_config(hosts=2, executor=None, timeouts={"vllmReadySeconds": 2400})

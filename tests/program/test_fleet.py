@@ -4,17 +4,14 @@ keyed error before any resource, the memory budget of each node among them."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic.alias_generators import to_camel
 
 from stacks.config import (
     ImageConfig,
     ServedModelConfig,
-    ServerSettings,
     parse_stack_config,
 )
 from stacks.fleet import (
@@ -25,21 +22,9 @@ from stacks.fleet import (
     fleet_of,
 )
 from tests.program.conftest import SECRETS, ConfigFactory
-from tests.program.test_graph_stability import GOLDEN, graph
-from tests.program.test_preview_diff import plan
-from tests.program.test_validation import error_of
-
-PER_SERVER = [to_camel(name) for name in ServerSettings.model_fields]
-
-
-def as_models(config: dict[str, Any], *extra: dict[str, Any]) -> dict[str, Any]:
-    """The same stack with its model written as the one entry of `models` (plus `extra`)."""
-    config = copy.deepcopy(config)
-    model, vllm = config["model"], config["vllm"]
-    entry = {key: model.pop(key) for key in ("id", "revision", "servedName") if key in model}
-    entry.update({key: vllm.pop(key) for key in PER_SERVER if key in vllm})
-    config["models"] = [entry, *extra]
-    return config
+from tests.program.goldens import GOLDEN, graph
+from tests.program.planning import as_models, error_of
+from tests.program.previews import plan
 
 
 def parsed(config: dict[str, Any]) -> Any:

@@ -14,10 +14,9 @@ from stacks.plan.hosts import preflight_flags
 from stacks.plan.image import pinned_image
 from stacks.plan.known_bad import SHIPPED, known_bad_flag
 from stacks.plan.server_plan import per_server
-from tests.program.conftest import ConfigFactory
+from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
-from tests.program.test_graph import SECRETS
-from tests.program.test_steps import IMAGE_ID, known, plan_of
+from tests.program.planning import IMAGE_ID, known, plan_of
 
 
 def flags_of(command: str) -> dict[str, str]:

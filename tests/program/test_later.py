@@ -26,7 +26,7 @@ from stacks.plan.steps import (
     words,
 )
 from tests.program.conftest import ConfigFactory
-from tests.program.test_steps import every_step, known, plan_of
+from tests.program.planning import every_step, known, plan_of
 
 SAFE = st.text(
     alphabet=st.sampled_from("abcXYZ019@%+=:,./-_"),

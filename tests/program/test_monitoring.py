@@ -21,8 +21,8 @@ from stacks.plan.firewall import guard_args
 from stacks.plan.steps import StepSpec
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
-from tests.program.test_plan_graph import graph_of
-from tests.program.test_several_models import fleet, up_then_preview
+from tests.program.planning import fleet, graph_of
+from tests.program.previews import up_then_preview
 
 ON = {"enabled": True}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.program.test_monitoring_ready import free_port
+from tests.program.ports import free_port
 
 SCRIPT = (
     Path(__file__).resolve().parents[2] / "components" / "scripts" / "monitoring_ray_targets.py"

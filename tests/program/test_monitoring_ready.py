@@ -15,14 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.program.ports import free_port
+
 SCRIPT = Path(__file__).resolve().parents[2] / "components" / "scripts" / "monitoring_ready.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture

@@ -10,16 +10,11 @@ import pytest
 
 from stacks.plan import graph as g
 from stacks.plan import names
-from stacks.plan.cluster import ClusterPlan
-from stacks.plan.containers import ContainerSpec, EntryScripts
+from stacks.plan.containers import ContainerSpec
 from stacks.plan.later import consumed
 from stacks.plan.steps import StepSpec, create_consumes, delete_consumes
 from tests.program.conftest import ConfigFactory
-from tests.program.test_steps import plan_of
-
-SCRIPTS = EntryScripts(
-    launcher="echo launcher", gate="echo gate", guard="echo guard", exporter_gate="echo gate"
-)
+from tests.program.planning import graph_of
 
 SHAPES = [
     pytest.param(hosts, executor, extra, id=f"{hosts}-{executor}-{label}")
@@ -31,12 +26,6 @@ SHAPES = [
         ("kv-auto", {"vllm": {"kvCache": "auto", "gpuMemoryUtilization": "auto"}}),
     )
 ]
-
-
-def graph_of(config: dict[str, Any]) -> tuple[ClusterPlan, g.DeploymentGraph]:
-    plan = plan_of(config)
-    facts = g.GraphFacts("d" * 64, SCRIPTS, {n.name: f"m-{n.name}" for n in plan.nodes})
-    return plan, g.plan_graph(plan, facts)
 
 
 def configured(

@@ -4,21 +4,8 @@ from the state the previous `up` left."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.program.conftest import SECRETS, ConfigFactory
-from tests.program.harness import Evaluation, evaluate
-
-
-def plan(before: dict[str, Any], after: dict[str, Any], **secrets: str) -> dict[str, str]:
-    """The resources whose step is not "same", with their step."""
-    up = evaluate(before, SECRETS)
-    preview = evaluate(after, {**SECRETS, **secrets}, preview=True, prior=up)
-    return changes(preview)
-
-
-def changes(preview: Evaluation) -> dict[str, str]:
-    return {name: step for name, step in preview.steps.items() if step != "same"}
+from tests.program.conftest import ConfigFactory
+from tests.program.previews import plan
 
 
 def test_an_identical_config_changes_nothing(make_config: ConfigFactory) -> None:

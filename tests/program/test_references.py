@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.program.test_graph_stability import graph
+from tests.program.goldens import graph
 
 CONTAINERS = ("ray-head", "ray-spark2", "vllm-container")
 

@@ -23,27 +23,8 @@ from stacks.plan.image import image_streams
 from stacks.plan.steps import StepSpec
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
-from tests.program.test_fleet import as_models
-from tests.program.test_plan_graph import graph_of
-from tests.program.test_preview_diff import changes
-
-NAMES = ("qwen", "embed", "coder")
-
-
-def fleet(make_config: ConfigFactory, hosts: int, names: tuple[str, ...] = NAMES) -> dict:
-    """A stack serving `names` (mp, on every host, 0.25 of each node's memory each)."""
-    config = as_models(make_config(hosts=hosts, executor="mp"))
-    first = config["models"][0]
-    config["models"] = [
-        {
-            **copy.deepcopy(first),
-            "id": f"org/{name}",
-            "servedName": name,
-            "gpuMemoryUtilization": 0.25,
-        }
-        for name in names
-    ]
-    return config
+from tests.program.planning import NAMES, as_models, fleet, graph_of
+from tests.program.previews import changes, up_then_preview
 
 
 def flags(words: tuple[str, ...] | list[str], flag: str) -> list[str]:
@@ -150,12 +131,6 @@ def test_the_head_records_each_servers_slot_and_the_models_list(
     assert record == "0 qwen\n1 embed\n2 coder\n"
     models = next(text for path, text in written.items() if path.endswith("/models.json.tmp"))
     assert [m in models for m in NAMES] == [True] * 3
-
-
-def up_then_preview(before: dict, after: dict) -> tuple[dict[str, str], list[str]]:
-    up = evaluate(before, SECRETS)
-    preview = evaluate(after, SECRETS, preview=True, prior=up)
-    return changes(preview), [urn.rsplit("::", 1)[-1] for urn in preview.deletes]
 
 
 # Every change to the fleet rewrites the routes (and the head's record) and reloads the front;

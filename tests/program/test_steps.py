@@ -9,70 +9,27 @@ import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from stacks.config import parse_stack_config
-from stacks.plan import fabric, hosts, image, later, server, steps, weights
-from stacks.plan.cluster import ClusterPlan, plan_cluster
+from stacks.plan import fabric, image, server, steps, weights
 from stacks.plan.containers import EntryScripts, ray_container, vllm_container
 from stacks.plan.front import front_bind
 from stacks.plan.image import image_streams
 from stacks.plan.server_plan import per_server
 from stacks.plan.sizing import ServerSizing
-from stacks.plan.steps import Receipt, StepSpec, create_command
+from stacks.plan.steps import Receipt, create_command
 from tests.program.conftest import ConfigFactory
+from tests.program.planning import every_step, known, plan_of
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = EntryScripts(
     launcher="echo launcher", gate="echo gate", guard="echo guard", exporter_gate="echo gate"
 )
-IMAGE_ID = "sha256:" + "ab" * 32
-MANIFEST = "c0ffee1234 7 123456"
-# What the later values are once known (stacks/plan/later.py).
-VALUES = {
-    later.IMAGE_ID.name: IMAGE_ID,
-    later.PINNED_IMAGE.name: image.pinned_image(IMAGE_ID),
-    **weights.manifest_values(MANIFEST),
-}
-
-
-def known(spec: StepSpec) -> StepSpec:
-    """`spec` as the host runs it, with every later value known."""
-    return steps.resolve_spec(spec, VALUES)
-
-
-def plan_of(config: dict[str, Any]) -> ClusterPlan:
-    return plan_cluster(parse_stack_config(config), "spark-vllm/test", None)
 
 
 def tokens(prefix: str = "t") -> Callable[[Receipt], str]:
     return lambda receipt: f"{prefix}-{receipt.node.name}-{receipt.step}"
-
-
-def every_step(plan: ClusterPlan) -> list[StepSpec]:
-    """Every host step of `plan`, as the components register them."""
-    specs: list[StepSpec] = []
-    for node in plan.nodes:
-        specs += [hosts.install_scripts(plan, node, "d" * 64)]
-        specs += [hosts.preflight(plan, node)]
-        firewall = hosts.firewall(plan, node)
-        specs += [firewall] if firewall is not None else []
-    specs += [fabric.head_fabric_key(plan)]
-    for worker in plan.workers:
-        specs += [fabric.authorize_head_key(plan, worker)]
-        specs += [fabric.pin_worker_key(plan, worker)]
-        specs += [known(image.sync_image(plan, worker, image_streams(plan)[0]))]
-        specs += [known(weights.copy_weights(per_server(plan)[0], worker))]
-    specs += [
-        known(image.record_image(plan, image_streams(plan)[0])),
-        weights.fetch_weights(per_server(plan)[0]),
-    ]
-    specs += [known(server.ray_wait(per_server(plan)[0])), server.front_key_file(plan)]
-    specs += [hosts.write_front_config(plan)]
-    specs += [known(server.vllm_ready(per_server(plan)[0]))]
-    return specs
 
 
 def test_a_receipt_token_changes_only_its_steps_create(make_config: ConfigFactory) -> None:

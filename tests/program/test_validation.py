@@ -11,13 +11,7 @@ from stacks.config import TimeoutsConfig
 from tests.cli import CliError
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
-
-
-def error_of(config: dict[str, Any]) -> str:
-    with pytest.raises(Exception) as caught:
-        evaluate(config, SECRETS)
-    assert type(caught.value).__name__ == "RunError", repr(caught.value)
-    return str(caught.value)
+from tests.program.planning import error_of
 
 
 def with_host(config: dict[str, Any], index: int, **changes: Any) -> dict[str, Any]:

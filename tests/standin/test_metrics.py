@@ -17,28 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.standin.dashboards import dashboard_queries
+
 from .conftest import unavailable
 from .helpers import TINY_MODEL, StandinFactory, free_port, http
 
 REPO = Path(__file__).resolve().parents[2]
-DASHBOARDS = REPO / "components" / "dashboards"
 SERVED = "tiny"
 NODE = "standin-node"
 SCRAPE_SECONDS = 1
 RATE_WINDOW = "15s"  # what Grafana's $__rate_interval is at this scrape interval (4 scrapes)
 # A prompt of two full KV blocks (16 words each): the second time, both are prefix-cache hits.
 SHARED_PROMPT = " ".join(f"word{i}" for i in range(40))
-
-
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every target of every shipped dashboard."""
-    queries = []
-    for path in sorted(DASHBOARDS.glob("*.json")):
-        for panel in json.loads(path.read_text())["panels"]:
-            for target in panel.get("targets", []):
-                title = f"{path.stem}: {panel['title']} ({target['refId']})"
-                queries.append((title, target["expr"]))
-    return queries
 
 
 def as_grafana_runs(expr: str) -> str:
