@@ -11,7 +11,7 @@ from stacks.plan.names import FRONT, FRONT_CONTAINER, FRONT_PULL
 
 
 class Front(pulumi.ComponentResource):
-    image_digest: pulumi.Output[str]  # the pulled front image's repo digest (README, Outputs)
+    image_digest: pulumi.Output[str]  # the front image's repo digest (docs/operations.md, Outputs)
 
     def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:Front", FRONT, None, opts)

@@ -15,7 +15,7 @@ from stacks.plan import names, server
 class VllmServer(pulumi.ComponentResource):
     readiness: remote.Command  # the served model answered a real completion
     benchmark: remote.Command | None  # vllm.benchmark's measures, when asked for
-    fabric_transport: pulumi.Output[str]  # which network NCCL chose (README, Outputs)
+    fabric_transport: pulumi.Output[str]  # which network NCCL chose (docs/operations.md, Outputs)
 
     def __init__(
         self, walk: Walk, name: str = names.VLLM, opts: pulumi.ResourceOptions | None = None
@@ -41,6 +41,6 @@ def _checked_transport(readiness: str, expected_rdma: bool) -> str:
         pulumi.log.warn(
             f"NCCL is not using RDMA between the nodes (fabricTransport: {found}): "
             "tensor-parallel decode is then several times slower; check hosts[].rdmaHcas "
-            "(ibv_devinfo), the RoCE link, and the image's NCCL (README, Failures)"
+            "(ibv_devinfo), the RoCE link, and the image's NCCL (docs/troubleshooting.md)"
         )
     return found

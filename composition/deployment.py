@@ -117,19 +117,20 @@ def build_deployment(settings: Settings) -> Deployment:
             "fabric.firewall is false: Ray, vLLM's own ports and torch's rendezvous listen on "
             "every interface of every host with nothing in front of them, and Ray runs code for "
             "whoever reaches it. Turn it back on unless every host sits on a network only you "
-            "can reach (README, Security)."
+            "can reach (docs/security.md)."
         )
     if config.fabric.shared_with_management:
         pulumi.log.warn(
             "fabric.sharedWithManagement is true: the firewall admits everything that arrives on "
             "each host's fabric interface, and SSH reaches the hosts over it, so whoever else is "
             "on that network reaches Ray (which runs code for anyone) and vLLM's own ports. Keep "
-            "it only for a fabric no one but these hosts is on (README, Security)."
+            "it only for a fabric no one but these hosts is on (docs/security.md)."
         )
     if config.docker.max_restarts is not None:
         pulumi.log.warn(
             "docker.maxRestarts is ignored and can be removed: Ray containers restart after "
-            "every crash and the server unless stopped, with Docker's backoff (README, Reboot)"
+            "every crash and the server unless stopped, with Docker's backoff "
+            "(docs/operations.md, Reboot)"
         )
     derived_known_hosts = settings.local_dir / "known_hosts"
     write_known_hosts(

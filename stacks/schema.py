@@ -735,7 +735,7 @@ class FabricConfig(ConfigModel):
             "every run."
         ),
     )
-    # Why 20: README, Failures.
+    # Why 20: docs/troubleshooting.md, "The link".
     min_link_gbps: float = Field(
         default=20.0,
         ge=0,

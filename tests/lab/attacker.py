@@ -1,7 +1,7 @@
 """Where a hostile neighbour on the management LAN stands: the bastion's own namespace, which
 reaches every host's mgmt address (IPv4) and its link-local IPv6 address, but not the fabric.
 
-What it must find on a deployment with the defaults (README, Security): SSH, and the published
+What it must find on a deployment with the defaults (docs/security.md): SSH, and the published
 endpoint, which admits nothing without the key on any route; every other port that listens on
 a host's wildcard address (Ray's, vLLM's own, torch's rendezvous) drops its packets; and with
 the route to the fabric a neighbour can add, nothing at all on any host's fabric IP.

@@ -336,7 +336,8 @@ def test_a_tag_moved_on_the_head_is_rolled_out_by_the_next_up_refresh(stack: Sta
     the same tag on the head (a `docker pull` of a moved tag looks so), then `pulumi up
     --refresh` with nothing changed in the stack: the refresh reads the image again by name
     (tests/lab/engine.py, from the Docker provider's read), and the new image goes to every
-    node, each container replaced. What a digest in image.ref prevents (README, Day two)."""
+    node, each container replaced. What a digest in image.ref prevents (docs/operations.md, "Pin
+    the serving image")."""
     v3 = (
         f"docker run --name day2-v3 --entrypoint sh {IMAGE_V2} "
         "-c 'head -c 1000000 /dev/urandom > /opt/spark-vllm-lab-v3.bin' && "

@@ -380,7 +380,7 @@ def test_monitoring_turned_on_scrapes_every_model_and_node(stack: Stack, tmp_pat
             if not result or any(math.isnan(float(s["value"][1])) for s in result):
                 empty.append(title)
         shot = os.environ.get("SPARK_VLLM_SCREENSHOT")
-        if shot:  # README's picture: a minute more of load, then Prometheus's graph of it
+        if shot:  # docs/monitoring.md's picture: a minute more of load, then Prometheus's graph
             time.sleep(60)
             with tunnel(stack.lab, free_port()) as base:
                 screenshot(graph_url(base, minutes=2), Path(shot))
