@@ -126,8 +126,8 @@ def budget_problem(fleet: Sequence[ServedModel], hosts: Sequence[str]) -> str | 
 @dataclass(frozen=True)
 class ServerSlot:
     """Where one model's server sits in the deployment: its slot names its resources, its
-    containers and its ports. Slot 0 keeps the names and ports of every release before several
-    models (`vllm-container`, `vllm.serverPort`...): a stack of one model plans nothing new.
+    containers and its ports. Slot 0 has the names and ports of a stack of one model
+    (`vllm-container`, `vllm.serverPort`...): adding models to a stack plans nothing new for it.
     Slot k > 0: `<base>-s<k>`, `serverPort + k`, `masterPort + k * (MP_PORT_SPAN + 1)`."""
 
     index: int

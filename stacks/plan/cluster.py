@@ -208,7 +208,7 @@ def placed(plan: ClusterPlan, recorded: Mapping[str, int]) -> ClusterPlan:
 def keeps_slot_record(plan: ClusterPlan) -> bool:
     """The head records the slots once a stack had several models (or a model moved off slot
     0), and from then on with every change: a stale record would give a switched model a slot
-    still in use. A stack that only ever served one model writes none (and plans as before)."""
+    still in use. A stack that only ever served one model writes none (and plans nothing for it)."""
     return len(plan.servers) > 1 or plan.recorded or any(s.index for s in plan.servers)
 
 

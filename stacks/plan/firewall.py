@@ -66,7 +66,7 @@ def rules_digest(plan: ServerPlan, node: NodePlan) -> str:
 
 
 def marker_name(plan: ServerPlan) -> str:
-    """Where the guard says the plan's server's rules hold (slot 0: MARKER_NAME, as before)."""
+    """Where the guard says the plan's server's rules hold (slot 0: MARKER_NAME)."""
     return plan.slot.named(MARKER_NAME)
 
 

@@ -513,8 +513,8 @@ def _front(
     container and its reload."""
     head = plan.head
     key_file = server.front_key_file(plan)
-    # Before this release the server's component held it: the same step, not a new one whose
-    # predecessor's delete would remove the key after it was written.
+    # Stacks deployed when the server's component held it keep the same step (an alias), not a
+    # new one whose predecessor's delete would remove the key after it was written.
     moved = MovedFrom("vllm-api-key", "spark-vllm:index:VllmServer", names.VLLM)
     entries.append(
         Planned(

@@ -38,7 +38,7 @@ class Later:
 
     def of_slot(self, index: int) -> Later:
         """Server slot `index`'s own value of this name (`weights-s1.commit`, from its own
-        fetch); slot 0's is this one, as before several servers."""
+        fetch); slot 0's is this one (a stack of one server's)."""
         if index == 0:
             return self
         component, _, field = self.name.partition(".")
