@@ -14,29 +14,21 @@ too, with the CLI's message, and the program receives exactly the config the CLI
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tests.cli import gotext
 from tests.cli.project import CliError, Project, load_project
-from tests.cli.stack import ProgramConfig, StackFile, handed_to_program, merge_config
+from tests.cli.stack import (
+    ProgramConfig,
+    StackFile,
+    handed_to_program,
+    may_look_like_secret,
+    merge_config,
+)
 
 __all__ = ["CliError", "ProgramConfig", "PulumiCli", "handed_to_program"]
-
-# The names whose plain values the CLI weighs as possible secrets (pulumi/pulumi v3.259
-# pkg/cmd/pulumi/config/config.go keyPattern; matched against the key's name, `k.Name()`).
-SECRET_NAME_PATTERN = re.compile("(?i)passwd|pass|password|pwd|secret|token")
-
-
-def may_look_like_secret(key: str, path: bool) -> bool:
-    """Whether `config set` runs looksLikeSecret's entropy check on this key's plain value:
-    its name (after the namespace; with --path, the top-level key) matches keyPattern."""
-    name = key.split(":", 1)[-1]
-    if path:
-        name = re.split(r"[.\[]", name, maxsplit=1)[0]
-    return SECRET_NAME_PATTERN.search(name) is not None
 
 
 class PulumiCli:

@@ -343,7 +343,9 @@ def merge_config(project: Project, stack: StackFile) -> ProgramConfig:
     for key in sorted(project.config):
         declared = project.config[key]
         name = full_key(project, key)
-        fallback = declared.value if declared.value is not None else declared.default
+        # mergeConfig sets `value = projectConfigType.Value` if it has one, then
+        # `value = projectConfigType.Default` if it has one: with both, the default wins.
+        fallback = declared.default if declared.default is not None else declared.value
         if name not in merged and fallback is None:
             if name.split(":", 1)[0] == project.name:
                 missing.append(key)
@@ -371,6 +373,29 @@ def merge_config(project: Project, stack: StackFile) -> ProgramConfig:
         values={key: value.plaintext() for key, value in merged.items()},
         secret_keys=sorted(key for key, value in merged.items() if value.is_secret),
     )
+
+
+# The names whose plain values `config set` weighs as possible secrets (pulumi/pulumi v3.259
+# pkg/cmd/pulumi/config/config.go keyPattern, matched by looksLikeSecret against `k.Name()`).
+SECRET_NAME_PATTERN = re.compile("(?i)passwd|pass|password|pwd|secret|token")
+
+
+def config_key_name(key: str, path: bool) -> str:
+    """The name of the `config.Key` that `config set` parses from `key` (pkg/cmd/pulumi/config
+    io.go `parseConfigKey`): with --path and a `.` or `[` after the first character, the top
+    segment's name followed by the rest of the path (`topKey.Name()+key[bracketOrDotIndex:]`);
+    otherwise what follows the namespace (resource/config key.go `ParseKey`)."""
+    if path:
+        cut = min((i for i in (key.find("."), key.find("[")) if i != -1), default=-1)
+        if cut > 0:  # strings.IndexAny(key, "[."), `if bracketOrDotIndex > 0`
+            return config_key_name(key[:cut], path=False) + key[cut:]
+    return key.split(":", 1)[-1] if ":" in key else key
+
+
+def may_look_like_secret(key: str, path: bool) -> bool:
+    """Whether `config set` runs looksLikeSecret's entropy check on this key's plain value: the
+    key's whole name, with --path the whole path (`auth.token`), matches keyPattern."""
+    return SECRET_NAME_PATTERN.search(config_key_name(key, path)) is not None
 
 
 def missing_keys_error(stack_name: str, keys: list[str]) -> str:

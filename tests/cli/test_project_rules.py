@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.cli import CliError, PulumiCli, may_look_like_secret
-from tests.cli.project import load_project
-from tests.cli.stack import StackFile, merge_config
+from tests.cli import CliError, PulumiCli
+from tests.cli.project import ConfigDeclaration, Project, load_project
+from tests.cli.stack import StackFile, config_key_name, may_look_like_secret, merge_config
 
 HEAD = "name: demo\nruntime: python\n"
 
@@ -125,6 +125,16 @@ def test_defaults_fill_in_and_the_stack_wins(tmp_path: Path) -> None:
     assert merged(tmp_path, block, {"demo:ray": {"port": 1}})["demo:ray"] == '{"port":1}'
 
 
+def test_with_both_a_value_and_a_default_the_default_is_merged(tmp_path: Path) -> None:
+    """mergeConfig assigns `projectConfigType.Value`, then `projectConfigType.Default`: the
+    default wins. Project.Validate refuses such a file (test_default_and_value_exclude_each_
+    other); mergeConfig does not check it again, so a project made another way (the automation
+    API's in-memory project) merges its default."""
+    project = Project("demo", tmp_path / "Pulumi.yaml")
+    project.config["port"] = ConfigDeclaration(default=1, value=2)
+    assert merge_config(project, StackFile("dev")).values == {"demo:port": "1"}
+
+
 def test_typed_values_are_checked(tmp_path: Path) -> None:
     block = "port:\n  type: integer\nhosts:\n  type: array\n  items:\n    type: object\n"
     assert merge_refusal(tmp_path, block, {"port": "80", "hosts": ["a"]}) == (
@@ -173,8 +183,26 @@ def test_a_plain_value_for_a_name_that_looks_secret_is_not_guessed(tmp_path: Pat
             cli.config_set("dev", key, "1415fc1f4eaeb5e096ee58c1480016638fff29bf", path=path)
         cli.config_set("dev", key, "x", path=path, plaintext=True)
     cli.config_set("dev", "region", "1415fc1f4eaeb5e096ee58c1480016638fff29bf")
-    # With --path the name is the top-level key's: `auth`, not `token`.
-    cli.config_set("dev", "auth.token", "1415fc1f4eaeb5e096ee58c1480016638fff29bf", path=True)
+
+
+def test_with_path_the_whole_path_is_the_name_looks_like_secret_weighs() -> None:
+    """io.go parseConfigKey with --path: `MustMakeKey(topKey.Namespace(),
+    topKey.Name()+key[bracketOrDotIndex:])`, so `auth.token` is named `auth.token` and
+    keyPattern finds `token` in it; only the top segment carries the namespace."""
+    assert config_key_name("auth.token", path=True) == "auth.token"
+    assert config_key_name("demo:auth.token", path=True) == "auth.token"
+    assert config_key_name("demo:hosts[0].name", path=True) == "hosts[0].name"
+    assert config_key_name("a.b:c", path=False) == "c"  # no path: namespace `a.b`
+    assert may_look_like_secret("auth.token", path=True)
+    assert may_look_like_secret("demo:hosts[0].password", path=True)
+    assert not may_look_like_secret("auth.region", path=True)
+
+
+def test_config_set_with_path_weighs_the_whole_path(tmp_path: Path) -> None:
+    cli = PulumiCli(project_file(tmp_path, "").parent)
+    cli.stack_from("dev", {})
+    with pytest.raises(CliError, match="looksLikeSecret"):
+        cli.config_set("dev", "auth.token", "1415fc1f4eaeb5e096ee58c1480016638fff29bf", path=True)
 
 
 def test_every_key_of_this_project_that_looks_secret_is_a_declared_secret() -> None:

@@ -37,6 +37,11 @@ class OldResource:
     provider_urn: str = ""
     custom: bool = True
     replace_on_changes: tuple[str, ...] = ()
+    # What an earlier, failed run left (tests/engine/steps.py): deleted by a delete-before-replace
+    # whose create did not happen; created with initialization errors (the bridge's
+    # `initializationError` in `pkg/tfbridge/provider.go` Create).
+    pending_replacement: bool = False
+    init_errors: tuple[str, ...] = ()
 
 
 def dependents_to_replace(

@@ -13,6 +13,7 @@ a change, and every such field is `ForceNew`. Set-typed attributes compare as se
 attribute as Docker reports it, where it can make a difference by those rules. Attributes the
 read sets but that cannot (Computed and unset, suppressed, or read only when set and equal as a
 set) keep the program's value, so the diff module (tests/engine/diff.py) compares like for like.
+The restart policy and `init` are read too: a policy changed by hand is an update that restores it.
 """
 
 from __future__ import annotations
@@ -101,7 +102,28 @@ def read_container(inspect: Mapping[str, Any], inputs: Mapping[str, Any]) -> dic
         value = value_of(inspect)
         if key in inputs or value != zero:
             state[key] = _same_set(value, inputs.get(key)) if isinstance(value, list) else value
+    state.update(_restart_and_init(host, inputs))
     return state
+
+
+def _restart_and_init(host: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The read also sets `restart`, `max_retry_count` (`container.HostConfig.RestartPolicy`)
+    and `init` (`*container.HostConfig.Init`, false when nil), all three updatable in place
+    (not ForceNew): a policy changed by hand (`docker update --restart=no`) is a diff, an update,
+    which `resourceDockerContainerUpdate` undoes with ContainerUpdate. `restart` has
+    `Default: "no"` and `max_retry_count` none (an unset input is "no" and 0); `init` is
+    Optional+Computed (unset: no diff, Docker's value kept)."""
+    policy = host.get("RestartPolicy") or {}
+    read: dict[str, Any] = {}
+    restart = policy.get("Name") or "no"  # Docker reports "" for a container run without one
+    if "restart" in inputs or restart != "no":
+        read["restart"] = restart
+    retries = int(policy.get("MaximumRetryCount") or 0)
+    if "maxRetryCount" in inputs or retries:
+        read["maxRetryCount"] = _like(retries, inputs.get("maxRetryCount", 0.0))
+    if inputs.get("init") is not None:
+        read["init"] = bool(host.get("Init"))
+    return read
 
 
 def _like(read: Any, program: Any) -> Any:

@@ -13,7 +13,11 @@ replace, and whether a replacement deletes first. Every rule cites the source it
 - pulumi-docker 5.x (`provider/resources.go`: `docker_container` has `DeleteBeforeReplace: true`,
   no field overrides) over terraform-provider-docker v4.5.0 (the `upstream` submodule):
   - `docker_container` (`internal/provider/resource_docker_container.go`): every field is
-    `ForceNew` except those in CONTAINER_IN_PLACE below.
+    `ForceNew` except those in CONTAINER_IN_PLACE below. Its `schema.TypeSet` fields
+    (CONTAINER_SETS) are compared as sets: the bridge plans through the SDKv2's own diff
+    (pulumi-terraform-bridge `pkg/tfshim/sdk-v2/provider2.go` `v2Provider.Diff` ->
+    `PlanResourceChange`), where set elements are matched by their hash, and "Terraform
+    considers set element reordering in programs a no-change plan" (`docs/guides/sets.md`).
   - `docker_image` (RemoteImage, `resource_docker_image.go`): `name`, `pull_triggers`,
     `triggers`, `platform` and `build` are `ForceNew`; `keep_locally` and `force_remove` are not.
 """
@@ -45,6 +49,16 @@ CONTAINER_IN_PLACE = frozenset(
         "tmpfs", "healthcheck", "init",
     }
 )  # fmt: skip
+# resource_docker_container.go: the attributes of `Type: schema.TypeSet` (and the sets nested in
+# them: `capabilities.add`/`drop`, a mount's `volume_options.labels`), by pulumi-docker's names.
+CONTAINER_SETS = frozenset(
+    {
+        "envs", "labels", "mounts", "ulimits", "devices", "dns", "dnsOpts", "dnsSearches",
+        "groupAdds", "securityOpts", "volumes", "hosts", "uploads", "networksAdvanced",
+        "deviceRequests", "deviceReadBps", "deviceReadIops", "deviceWriteBps", "deviceWriteIops",
+        "capabilities", "adds", "drops",
+    }
+)  # fmt: skip
 REMOTE_IMAGE_FORCE_NEW = frozenset({"name", "pullTriggers", "triggers", "platform", "build"})
 
 Step = Literal["same", "update", "replace"]
@@ -67,19 +81,35 @@ def has_unknown(value: Any) -> bool:
     return False
 
 
-def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
+def changed_keys(
+    old: Mapping[str, Any], new: Mapping[str, Any], sets: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """Top-level keys that differ; a key in `sets` (and a key of that name nested in it) holds
+    a set: its elements' order is no change."""
     keys = set(old) | set(new)
     return tuple(
         sorted(
             key
             for key in keys
-            if has_unknown(new.get(key)) or _canonical(old.get(key)) != _canonical(new.get(key))
+            if has_unknown(new.get(key))
+            or _canonical(old.get(key), key in sets, sets)
+            != _canonical(new.get(key), key in sets, sets)
         )
     )
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
+def _canonical(value: Any, is_set: bool = False, sets: frozenset[str] = frozenset()) -> str:
+    return json.dumps(_ordered(value, is_set, sets), sort_keys=True)
+
+
+def _ordered(value: Any, is_set: bool, sets: frozenset[str]) -> Any:
+    """`value` with every set's elements in one order (their JSON text's)."""
+    if isinstance(value, Mapping):
+        return {k: _ordered(v, k in sets, sets) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_ordered(v, False, sets) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True)) if is_set else items
+    return value
 
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:
@@ -95,7 +125,7 @@ def diff(
     delete_before_replace: bool = False,
 ) -> Diff:
     """The step the engine plans for a resource that exists in the state and in the program."""
-    changed = changed_keys(old, new)
+    changed = changed_keys(old, new, CONTAINER_SETS if typ == TYPE_CONTAINER else frozenset())
     if not changed:
         return Diff("same", ())
     replaces = any(_matches(key, replace_on_changes) for key in changed)
@@ -103,7 +133,18 @@ def diff(
         replaces = replaces or "triggers" in changed
     elif typ == TYPE_CONTAINER:
         replaces = replaces or any(key not in CONTAINER_IN_PLACE for key in changed)
-        delete_before_replace = True  # pulumi-docker resources.go
     elif typ == TYPE_REMOTE_IMAGE:
         replaces = replaces or any(key in REMOTE_IMAGE_FORCE_NEW for key in changed)
-    return Diff("replace" if replaces else "update", changed, replaces and delete_before_replace)
+    return Diff(
+        "replace" if replaces else "update",
+        changed,
+        replaces and deletes_first(typ, delete_before_replace),
+    )
+
+
+def deletes_first(typ: str, delete_before_replace: bool) -> bool:
+    """Whether a replacement deletes the old resource first: the resource's option, else the
+    provider's answer (step_generator.go `continueStepsFromDiff`: `deleteBeforeReplace :=
+    diff.DeleteBeforeReplace`, overridden by the goal's; pulumi-docker `provider/resources.go`:
+    `docker_container` answers DeleteBeforeReplace)."""
+    return delete_before_replace or typ == TYPE_CONTAINER

@@ -15,7 +15,13 @@ providers' own rules (tests/engine/diff.py, each rule cited there):
   that will be replaced with it are deleted first, newest first, then the old resource, then
   the new one is created (pulumi/pulumi `tests/integration/steps`: DeleteReplacement of the
   dependents, DeleteReplacement of the base, CreateReplacement of the base, then the
-  dependents).
+  dependents). Each dependent is created again when the program registers it, whatever its
+  diff, and never deleted twice (tests/engine/steps.py, which plans every step).
+- After a failed run, what a delete-before-replace deleted and did not create again stays in
+  the state as pending replacement: the next run replaces it without deleting it again, and
+  its refresh does not read it (pulumi/pulumi step.go `RefreshStep.Apply`). A container created
+  but not started keeps its ID and its initialization error; the next `up` plans an update
+  (a no-op for Docker), `up --refresh` reads it stopped, and the update starts it.
 - replace, create-before-delete (the default): the new resource is created now; the old one is
   deleted after the program's last step (DeleteReplaced comes last: `steps/step3`).
 - create: as RealMocks.
@@ -43,9 +49,10 @@ from typing import Any
 
 import pulumi
 
-from tests.engine.cascade import OldResource, dependents_to_replace
+from tests.engine.cascade import OldResource
 from tests.engine.container_read import read_container
-from tests.engine.diff import diff
+from tests.engine.images import repo_digest
+from tests.engine.steps import StepGenerator
 from tests.engine.urns import alias_urns
 from tests.lab.realmocks import (
     TYPE_COMMAND,
@@ -101,12 +108,19 @@ class NextUp(RealMocks):
         self._finished = False
         if refresh:
             self._refresh()
+        # The engine's step generator over the state as the refresh left it.
+        self.steps = StepGenerator(
+            [old_resource(self.prior[identity(e)]) for e in self._state_order
+             if identity(e) in self.prior]
+        )  # fmt: skip
 
     # -- the refresh -----------------------------------------------------------------------
 
     def _refresh(self) -> None:
         for key, entry in list(self.prior.items()):
-            if entry.docker_host is None:
+            # step.go RefreshStep.Apply: "Component, provider, and pending-replace resources
+            # never change with a refresh".
+            if entry.docker_host is None or entry.pending_replacement:
                 continue
             if entry.type == TYPE_CONTAINER:
                 found = inspect_container(entry.docker_host, entry.resource_id)
@@ -122,7 +136,9 @@ class NextUp(RealMocks):
                 # them (tests/engine/container_read.py).
                 made = as_the_api_made_it(found, entry.inputs)
                 inputs = {**read_container(made, entry.inputs), **read}
-                self.prior[key] = replace(entry, inputs=inputs)
+                # A read that succeeds clears the state's init errors (step.go RefreshStep.Apply
+                # keeps only those the read itself returns; the bridge's Read returns none).
+                self.prior[key] = replace(entry, inputs=inputs, init_errors=())
             elif entry.type == TYPE_REMOTE_IMAGE:
                 name = str(entry.outputs["name"])
                 image = inspect_image(entry.docker_host, name)
@@ -153,31 +169,38 @@ class NextUp(RealMocks):
                 if args.typ == TYPE_COMMAND:
                     self._count_command()
             return super().perform(args)
-        planned = diff(
-            args.typ,
-            prior.inputs,
-            args.inputs,
-            options.replace_on_changes if options else (),
-            options.delete_before_replace if options else False,
-        )
-        self._planned(planned.step, args, planned.changed)
-        if planned.step == "same":
+        with self._lock:
+            registered = {o.urn for o in self.registrations.values()} - {key}
+            planned = self.steps.step(
+                key,
+                args.typ,
+                args.inputs,
+                options.replace_on_changes if options else (),
+                options.delete_before_replace if options else False,
+                registered,
+            )
+        self._planned(planned.op, args, planned.changed)
+        if planned.op == "same":
             self._record(prior)
             return prior.resource_id, prior.outputs
-        if planned.step == "update":
+        if planned.op == "update":
             return self._update(prior, args)
-        if planned.delete_before_replace and key not in self._deleted_early:
-            self._delete_dependents_first(prior)
-            self._delete(prior)
+        for urn in planned.delete_now:  # the dependents, newest first, then the resource
+            self._delete(self._state_entry(urn))
         if args.typ == TYPE_COMMAND:
             self._count_command()
         created = super().perform(args)
-        if not planned.delete_before_replace:
+        if planned.delete_old_at_end:
             # Create-before-delete: the old half is marked for deletion once the new one
             # exists; while its create fails, the old one stays the resource's state.
             with self._lock:
                 self._delete_at_end.append(prior)
         return created
+
+    def _state_entry(self, urn: str) -> JournalEntry:
+        """The old state's entry of `urn`, as the refresh left it."""
+        entry = next(e for e in self._state_order if identity(e) == urn)
+        return self.prior.get(urn, entry)
 
     def _old_state(
         self, args: pulumi.runtime.MockResourceArgs, options: RegistrationOptions | None
@@ -229,7 +252,9 @@ class NextUp(RealMocks):
             self._update_provider(
                 prior.resource_id, docker_host_from_provider_inputs(args.inputs, what)
             )
-        self._record(replace(prior, inputs=dict(args.inputs), outputs=outputs))
+        # A successful update clears the init errors (step.go UpdateStep.Apply keeps only those
+        # the provider's Update returns).
+        self._record(replace(prior, inputs=dict(args.inputs), outputs=outputs, init_errors=()))
         return prior.resource_id, outputs
 
     def _update_provider(self, provider_id: str, docker_host: DockerHost) -> None:
@@ -266,18 +291,6 @@ class NextUp(RealMocks):
 
     # -- deletes ---------------------------------------------------------------------------
 
-    def _delete_dependents_first(self, base: JournalEntry) -> None:
-        """The dependents a delete-before-replace base takes down with it, as the engine finds
-        them (tests/engine/cascade.py): newest first, each once, before the base."""
-        current = [self.prior.get(identity(e), e) for e in self._state_order]
-        state = [old_resource(e) for e in current if identity(e) in self.prior]
-        by_urn = {identity(e): e for e in current}
-        with self._lock:
-            registered = {o.urn for o in self.registrations.values()} - {identity(base)}
-        doomed = dependents_to_replace(state, identity(base), registered)
-        for resource in reversed(doomed):
-            self._delete(by_urn[resource.urn])
-
     def _delete(self, entry: JournalEntry) -> None:
         key = identity(entry)
         if key in self._deleted_early:
@@ -299,11 +312,8 @@ class NextUp(RealMocks):
         """After the program's last step: the old halves of create-before-delete replacements
         and the resources gone from the program, in reverse of their creation order."""
         registered = {identity(e) for e in self.journal} | set(self._found.values())
-        gone = [
-            e
-            for e in self._state_order
-            if identity(e) not in registered and identity(e) not in self._deleted_early
-        ]
+        deleted, _dropped = self.steps.gone(registered)  # pending replacements: no delete
+        gone = [e for e in self._state_order if identity(e) in deleted]
         for entry in gone:
             self.plan.append(PlannedStep("delete", entry.type, entry.name))
         order = {id(e): i for i, e in enumerate(self._state_order)}
@@ -322,11 +332,19 @@ class NextUp(RealMocks):
             if self._finished:
                 return journal
             reached = {identity(e) for e in journal} | set(self._found.values())
-            reached |= self._deleted_early
             untouched = [e for e in self._state_order if identity(e) not in reached]
+            # Deleted by a delete-before-replace and not created again: kept, pending
+            # replacement (step.go DeleteStep.Apply sets PendingReplacement once the delete
+            # succeeded; the snapshot keeps the resource until its CreateReplacement).
+            kept = [
+                replace(self.prior.get(identity(e), e), pending_replacement=True)
+                if identity(e) in self._deleted_early
+                else e
+                for e in untouched
+            ]
             for entry in self._delete_at_end:
                 entry.pending_delete = True
-            return [*untouched, *self._delete_at_end, *journal]
+            return [*kept, *self._delete_at_end, *journal]
 
     def forget(self, entries: list[JournalEntry]) -> None:
         done = {id(e) for e in entries}
@@ -372,19 +390,6 @@ def log_plan(title: str, run: NextUp) -> None:
     print(text)
 
 
-def repo_digest(name: str, repo_digests: list[str]) -> str:
-    """The repo digest the Docker provider stores for an image found by `name`
-    (terraform-provider-docker v4.5.0 data_source_docker_image.go determineRepoDigest): none,
-    the only one, the one whose repository `name` (without its tag) begins, else the first."""
-    if not repo_digests:
-        return ""
-    if len(repo_digests) == 1:
-        return repo_digests[0]
-    colon = name.find(":")
-    without_tag = name[:colon] if colon != -1 else name
-    return next((d for d in repo_digests if d.startswith(without_tag)), repo_digests[0])
-
-
 def identity(entry: JournalEntry) -> str:
     """A state entry's identity: its URN as the engine made it (type and name for an entry
     recorded without a registration)."""
@@ -402,4 +407,6 @@ def old_resource(entry: JournalEntry) -> OldResource:
         property_dependencies=dict(options.property_dependencies) if options else {},
         provider_urn=options.provider_urn if options else "",
         replace_on_changes=options.replace_on_changes if options else (),
+        pending_replacement=entry.pending_replacement,
+        init_errors=entry.init_errors,
     )

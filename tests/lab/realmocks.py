@@ -55,6 +55,7 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import massage, run_in_stack
 
 from tests.cli import PulumiCli, handed_to_program
+from tests.engine.images import repo_digest
 from tests.engine.urns import AliasSpec, EngineUrns
 from tests.mockvalues import ProviderInvokeError, is_secret, unwrap_secrets
 
@@ -694,11 +695,15 @@ class JournalEntry:
     inputs: dict[str, Any] = field(repr=False)
     outputs: dict[str, Any] = field(repr=False)
     docker_host: DockerHost | None = None
-    resource_id: str = ""  # the id new_resource returned ("" for a container that never started)
+    resource_id: str = ""  # the provider's ID of what it made
     options: RegistrationOptions | None = None  # as the program registered it (set by _record)
     # The old half of a replacement a failed run left in the state, marked for deletion: the
     # next run deletes it at its end (tests/lab/engine.py).
     pending_delete: bool = False
+    # Deleted by a delete-before-replace whose create did not happen (tests/engine/steps.py).
+    pending_replacement: bool = False
+    # A create that failed after the provider made the resource (tests/engine/steps.py).
+    init_errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -963,12 +968,13 @@ class RealMocks(pulumi.runtime.Mocks):
                 raise RuntimeError(
                     f"{what}: {name} still missing on {docker_host.label} after pull"
                 )
-        repo_digests = image.get("RepoDigests") or []
         outputs = {
             **inputs,
             "name": name,
             "imageId": image["Id"],
-            "repoDigest": repo_digests[0] if repo_digests else "",
+            # The create ends with the provider's read: the digest of the name's repository,
+            # not RepoDigests[0] (tests/engine/images.py).
+            "repoDigest": repo_digest(name, list(image.get("RepoDigests") or [])),
         }
         image_resource_id = f"{image['Id']}{name}"  # the provider's id: image id + name
         self._record(
@@ -998,11 +1004,12 @@ class RealMocks(pulumi.runtime.Mocks):
             prelude = ENV_FILE_PRELUDE
         remote = run_docker_with_env_file(docker_host, docker_args, env_text, prelude)
         if remote.exit_code != 0:
-            self._journal_failed_container(args, inputs, docker_host, name, remote)
-            raise RuntimeError(
+            error = (
                 f"{what}: Unable to create container on {docker_host.label}: "
                 f"{tail(remote.stderr or remote.stdout, 15)}"
             )
+            self._journal_failed_container(args, inputs, docker_host, name, remote, error)
+            raise RuntimeError(error)
         container_id = remote.stdout.strip().splitlines()[-1]
         outputs = {**args.inputs, "name": name, "image": args.inputs["image"]}
         stored = dict(args.inputs)
@@ -1039,21 +1046,31 @@ class RealMocks(pulumi.runtime.Mocks):
         docker_host: DockerHost,
         name: str,
         remote: RemoteResult,
+        error: str,
     ) -> None:
-        """A container that was created but failed to start stays behind, as with the real
-        provider (which leaves it tainted in the state for destroy); journal it so teardown
-        removes it. A name conflict leaves someone else's container, which must not be touched."""
+        """A container that was created but failed to start stays in the state with its ID and
+        the error: the provider sets the ID right after ContainerCreate, before ContainerStart
+        (terraform-provider-docker v4.5.0 resource_docker_container_funcs.go
+        `resourceDockerContainerCreate`: `d.SetId(retContainer.ID)`, then "Unable to start
+        container"), and the bridge returns that state with the error as an initialization
+        error (pulumi-terraform-bridge `pkg/tfbridge/provider.go` `Create`:
+        `initializationError(newstate.ID(), ...)`), which the engine keeps as the resource's
+        state with its InitErrors (pulumi/pulumi step.go CreateStep.Apply). The next `up` plans
+        an update, `up --refresh` starts it (tests/engine/steps.py). A name conflict leaves
+        someone else's container, which must not be touched."""
         if not name or "is already in use" in remote.stderr:
             return
-        if inspect_container(docker_host, name) is not None:
-            self._record(
-                entry_for(
-                    args,
-                    dict(args.inputs),
-                    {**args.inputs, "name": name, "image": inputs.get("image")},
-                    docker_host,
-                )
+        found = inspect_container(docker_host, name)
+        if found is not None:
+            entry = entry_for(
+                args,
+                dict(args.inputs),
+                {**args.inputs, "name": name, "image": inputs.get("image")},
+                docker_host,
+                resource_id=str(found["Id"]),
             )
+            entry.init_errors = (error,)
+            self._record(entry)
 
     @staticmethod
     def _running(docker_host: DockerHost, container_id: str) -> bool:

@@ -7,7 +7,9 @@ does. A refusal is the CLI's `CliError`, before the program runs.
 
 The recording monitor sees the raw RegisterResource requests, so tests can check parents,
 dependencies, providers, timeouts and replacement options, not only inputs. With
-`preview=True` it answers as the engine does during `pulumi preview` (tests/engine/preview.py).
+`preview=True` it answers as the engine does during `pulumi preview` (tests/engine/preview.py);
+with a `prior` state and no preview, as the next `pulumi up` does (the same planner; the fake
+hosts make what it creates).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Evaluation:
     unknown_outputs: set[str] = field(default_factory=set)
     steps: dict[str, str] = field(default_factory=dict)  # preview: resource name -> step
     deletes: list[str] = field(default_factory=list)  # preview: names in the state, not declared
+    # A run on a prior state: (delete|create|update, name) in the order the engine runs them.
+    operations: list[tuple[str, str]] = field(default_factory=list)
 
     def by_type(self, typ: str) -> list[Registration]:
         return [r for r in self.registrations if r.typ == typ]
@@ -227,8 +231,10 @@ class RecordingMonitor(EngineUrns, pulumi_mocks.MockMonitor):
 
 
 class RecordingPreviewMonitor(PreviewMonitor):
-    def __init__(self, mocks: pulumi.runtime.Mocks, prior: dict[str, PriorResource]):
-        super().__init__(mocks, prior)
+    def __init__(
+        self, mocks: pulumi.runtime.Mocks, prior: dict[str, PriorResource], dry_run: bool = True
+    ):
+        super().__init__(mocks, prior, dry_run)
         self.requests: dict[str, Any] = {}
 
     def RegisterResource(self, request):
@@ -297,7 +303,9 @@ def run_stack(
     if isinstance(mocks, FakeHosts):
         mocks.remember(prior_state)
     monitor: RecordingMonitor | RecordingPreviewMonitor = (
-        RecordingPreviewMonitor(mocks, prior_state) if preview else RecordingMonitor(mocks)
+        RecordingPreviewMonitor(mocks, prior_state, dry_run=preview)
+        if preview or prior is not None
+        else RecordingMonitor(mocks)
     )
     logger = CapturingLogger()
     pulumi_settings.ROOT.set(None)
@@ -312,16 +320,19 @@ def run_stack(
     pulumi_settings.SETTINGS.rpc_manager.clear()
     with handed_to_program(program_config):
         _sync_await(run_pulumi_func(_run_main))
+    if isinstance(monitor, RecordingPreviewMonitor):
+        monitor.finish()
     outputs, unknown = _resolved_outputs()
     return Evaluation(
         registrations=[_registration(urn, req) for urn, req in monitor.requests.items()],
         outputs=outputs,
         secret_outputs=_secret_output_names(),
         warnings=logger.warnings,
-        state=monitor.state if isinstance(monitor, RecordingMonitor) else {},
+        state=monitor.state if not preview else {},
         unknown_outputs=unknown,
         steps=monitor.steps if isinstance(monitor, RecordingPreviewMonitor) else {},
         deletes=monitor.deletes() if isinstance(monitor, RecordingPreviewMonitor) else [],
+        operations=monitor.operations if isinstance(monitor, RecordingPreviewMonitor) else [],
     )
 
 

@@ -42,6 +42,7 @@ INSPECT: dict[str, Any] = {
         "ShmSize": 67108864,
         "IpcMode": "host",
         "Privileged": False,
+        "Init": True,  # `docker run --init`: the program's `init` (refresh reads it back)
     },
 }
 
