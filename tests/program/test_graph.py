@@ -409,52 +409,6 @@ def test_every_remote_step_has_a_deadline(make_config: ConfigFactory) -> None:
         assert resource.custom_timeouts["create"], resource.name
 
 
-def relay_flag(ev: Evaluation, step: str) -> str | None:
-    """The `--relay` chain a copy step's command carries (image-sync.sh, weights-sync.sh)."""
-    words = shlex.split(ev.named(step).inputs["create"])
-    return words[words.index("--relay") + 1] if "--relay" in words else None
-
-
-def test_the_first_workers_copies_relay_to_every_worker(make_config: ConfigFactory) -> None:
-    """With several workers, the first worker's image and weights steps carry the relay chain
-    (every worker in order, `name|destination|bin`) and run once every worker is ready for it;
-    the other workers' steps run after it, to find what it brought."""
-    ev = evaluate(make_config(hosts=4), SECRETS)
-    workers = ["spark2", "spark3", "spark4"]
-    for step in ("image-{}-sync", "weights-{}-copy"):
-        leader = step.format("spark2")
-        chain = relay_flag(ev, leader)
-        assert chain is not None, leader
-        members = [line.split("|") for line in chain.splitlines()]
-        assert [m[0] for m in members] == workers
-        assert [m[1] for m in members] == [f"ssh://aurora@10.241.0.{11 + i}:22" for i in (1, 2, 3)]
-        assert all(m[2].endswith("/.spark-vllm/spark-vllm.dev/bin") for m in members), members
-        for worker in workers[1:]:
-            assert relay_flag(ev, step.format(worker)) is None
-            assert ev.depends_on(step.format(worker), leader)
-            assert ev.depends_on(leader, f"{worker}-preflight")  # relay.sh is there
-            assert ev.depends_on(leader, f"fabric-{worker}-pin")  # the chain checks its key
-    # The weights' chain passes every worker: it waits until none is still loading the image.
-    for worker in workers:
-        assert ev.depends_on("weights-spark2-copy", f"image-{worker}-facts")
-
-
-@pytest.mark.parametrize(
-    ("hosts", "fabric"), [(2, {}), (3, {"trust": "existing"})], ids=["one-worker", "existing"]
-)
-def test_no_relay_without_two_workers_and_a_managed_key(
-    make_config: ConfigFactory, hosts: int, fabric: dict[str, str]
-) -> None:
-    """One worker has nothing to relay to; with `fabric.trust: existing` the program has no
-    key of its own to forward to the chain's hops, so each worker's step copies on its own."""
-    ev = evaluate(make_config(hosts=hosts, **({"fabric": fabric} if fabric else {})), SECRETS)
-    for worker in [f"spark{i}" for i in range(2, hosts + 1)]:
-        assert relay_flag(ev, f"image-{worker}-sync") is None
-        assert relay_flag(ev, f"weights-{worker}-copy") is None
-    if hosts == 3:
-        assert not ev.depends_on("image-spark3-sync", "image-spark2-sync")
-
-
 def test_every_node_names_the_serving_image_by_its_pin_never_by_the_heads_id(
     evaluation: Evaluation,
 ) -> None:

@@ -4,6 +4,8 @@ mocks tests (test_graph.py, the goldens) check that the walk registers exactly t
 
 from __future__ import annotations
 
+import functools
+import shlex
 from typing import Any
 
 import pytest
@@ -46,6 +48,17 @@ def consumes(entry: g.Planned) -> tuple[str, ...]:
     return ()
 
 
+def ancestors_in(graph: g.DeploymentGraph, name: str) -> set[str]:
+    """Everything `name` runs after, directly or through what it runs after."""
+    found: set[str] = set()
+    todo = list(graph.by_name[name].after)
+    while todo:
+        if (edge := todo.pop()) not in found:
+            found.add(edge)
+            todo += graph.by_name[edge].after
+    return found
+
+
 @pytest.mark.parametrize(("hosts", "executor", "extra"), SHAPES)
 def test_every_edge_and_value_comes_from_a_resource_registered_before(
     make_config: ConfigFactory, hosts: int, executor: str, extra: dict[str, Any]
@@ -77,15 +90,7 @@ def test_nothing_of_ours_starts_before_its_node_was_checked_and_firewalled(
     check; the server after every node's weights."""
     plan, graph = graph_of(configured(make_config, hosts, executor, extra))
 
-    def ancestors(name: str) -> set[str]:
-        seen: set[str] = set()
-        stack = [name]
-        while stack:
-            for before in graph.by_name[stack.pop()].after:
-                if before not in seen:
-                    seen.add(before)
-                    stack.append(before)
-        return seen
+    ancestors = functools.partial(ancestors_in, graph)
 
     firewall = plan.config.fabric.firewall
     for entry in graph:
@@ -113,28 +118,60 @@ def test_nothing_of_ours_starts_before_its_node_was_checked_and_firewalled(
     )
 
 
-def test_the_relay_leader_copies_once_every_worker_is_ready_and_the_others_after_it(
-    make_config: ConfigFactory,
-) -> None:
+def relay_chain(graph: g.DeploymentGraph, step: str) -> str | None:
+    """The `--relay` chain a copy step's command carries (image-sync.sh, weights-sync.sh)."""
+    spec = graph.by_name[step].spec
+    assert isinstance(spec, StepSpec), step
+    words = shlex.split(spec.create)
+    return words[words.index("--relay") + 1] if "--relay" in words else None
+
+
+def test_the_first_workers_copies_relay_to_every_worker(make_config: ConfigFactory) -> None:
+    """With several workers, the first worker's image and weights steps carry the relay chain
+    (every worker in order, `name|destination|bin`) and run once every worker is ready for it
+    (its preflight: relay.sh is there; its link test: the chain checks its key); the other
+    workers' steps run after it, to find what it brought."""
     plan, graph = graph_of(make_config(hosts=4))
     leader, *others = plan.workers
-    lead = graph.by_name[names.image_sync_of(names.IMAGE, leader.name)]
+    for step_of in (
+        functools.partial(names.image_sync_of, names.IMAGE),
+        functools.partial(names.weights_copy_of, names.WEIGHTS),
+    ):
+        lead = step_of(leader.name)
+        chain = relay_chain(graph, lead)
+        assert chain is not None, lead
+        members = [line.split("|") for line in chain.splitlines()]
+        assert [m[0] for m in members] == [w.name for w in plan.workers]
+        assert [m[1] for m in members] == [w.fabric_destination for w in plan.workers]
+        assert [m[2] for m in members] == [w.bin_dir for w in plan.workers]
+        for worker in plan.workers:
+            assert names.preflight_of(worker.name) in ancestors_in(graph, lead)
+            assert names.link_of(worker.name) in ancestors_in(graph, lead)
+        for worker in others:
+            assert relay_chain(graph, step_of(worker.name)) is None
+            assert lead in graph.by_name[step_of(worker.name)].after
+    # The weights' chain passes every worker: it waits until none is still loading the image.
+    lead = names.weights_copy_of(names.WEIGHTS, leader.name)
     for worker in plan.workers:
-        assert names.preflight_of(worker.name) in lead.after
-        assert names.link_of(worker.name) in lead.after
+        assert names.image_facts_of(worker.name) in ancestors_in(graph, lead)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "fabric"), [(2, {}), (4, {"trust": "existing"})], ids=["one-worker", "existing"]
+)
+def test_no_relay_without_two_workers_and_a_managed_key(
+    make_config: ConfigFactory, hosts: int, fabric: dict[str, str]
+) -> None:
+    """One worker has nothing to relay to; with `fabric.trust: existing` the program has no
+    key of its own to forward to the chain's hops, so each worker's step copies on its own."""
+    plan, graph = graph_of(make_config(hosts=hosts, **({"fabric": fabric} if fabric else {})))
+    leader, *others = plan.workers
+    for worker in plan.workers:
+        assert relay_chain(graph, names.image_sync_of(names.IMAGE, worker.name)) is None
+        assert relay_chain(graph, names.weights_copy_of(names.WEIGHTS, worker.name)) is None
     for worker in others:
-        assert lead.name in graph.by_name[names.image_sync_of(names.IMAGE, worker.name)].after
-        copy = graph.by_name[names.weights_copy_of(names.WEIGHTS, worker.name)]
-        assert names.weights_copy_of(names.WEIGHTS, leader.name) in copy.after
-    # Without the fabric key the program manages, each worker copies on its own.
-    config = make_config(hosts=4)
-    config["fabric"] = {**config.get("fabric", {}), "trust": "existing"}
-    _, alone = graph_of(config)
-    for worker in others:
-        assert (
-            names.image_sync_of(names.IMAGE, leader.name)
-            not in alone.by_name[names.image_sync_of(names.IMAGE, worker.name)].after
-        )
+        sync = graph.by_name[names.image_sync_of(names.IMAGE, worker.name)]
+        assert names.image_sync_of(names.IMAGE, leader.name) not in sync.after
 
 
 def test_a_graph_that_names_a_later_resource_is_refused(make_config: ConfigFactory) -> None:
