@@ -48,6 +48,14 @@ from typing import IO, Any, NoReturn
 
 import copy_plan
 import image_layers
+from hostlib import (
+    StepFailed,
+    note,
+    require,
+    run_step,
+    ssh_option_value,
+    words,
+)
 
 HERE = Path(__file__).resolve().parent
 # Every question to a worker is bounded: a wedged daemon answers nothing, and the copy that
@@ -57,44 +65,6 @@ CHUNK = 1024 * 1024
 MB = 1000000
 # A stopped transfer's processes get this long to end on SIGTERM before SIGKILL.
 KILL_GRACE_SECONDS = 5
-
-
-class StepFailed(Exception):
-    """One clear failure: what went wrong and its likely cause (printed by `main`)."""
-
-    def __init__(self, what: str, cause: str = "") -> None:
-        super().__init__(what)
-        self.what, self.cause = what, cause
-
-
-def note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def parse_flags(argv: Sequence[str]) -> dict[str, str]:
-    """`--some-flag VALUE` or `--some-flag=VALUE` pairs as {"some_flag": VALUE}."""
-    flags: dict[str, str] = {}
-    words = list(argv)
-    while words:
-        word = words.pop(0)
-        if not word.startswith("--"):
-            raise StepFailed(
-                f"unexpected argument {word!r}", "a bug in spark-vllm: please report it"
-            )
-        if "=" in word:
-            key, value = word[2:].split("=", 1)
-        elif words:
-            key, value = word[2:], words.pop(0)
-        else:
-            raise StepFailed(f"flag {word} has no value", "a bug in spark-vllm: please report it")
-        flags[key.replace("-", "_")] = value
-    return flags
-
-
-def require(flags: dict[str, str], *names: str) -> None:
-    for name in names:
-        if name.replace("-", "_") not in flags:
-            raise StepFailed(f"missing --{name}", "a bug in spark-vllm: please report it")
 
 
 # -- the fabric ---------------------------------------------------------------------------------
@@ -179,11 +149,6 @@ class Fabric:
                 check=False,
             )
         shutil.rmtree(self.mux, ignore_errors=True)
-
-
-def ssh_option_value(value: str) -> str:
-    """VALUE as OpenSSH reads an option's value, one word even with a space or a quote."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 # -- relay chains -------------------------------------------------------------------------------
@@ -429,10 +394,6 @@ def transfer(
         said = output.read().decode(errors="replace")
     status = 124 if timed_out and not stalled else (consumed or produced)
     return Outcome(status=status, sent=meter.sent, stalled=stalled, output=said)
-
-
-def words(*args: str) -> str:
-    return shlex.join(args)
 
 
 def ssh_sink(fabric: Fabric, destination: str, remote: str, forward: bool = False) -> str:
@@ -1069,16 +1030,6 @@ class WeightsCopy(Copy):
         print(f"spark-vllm-weights-sent {json.dumps(sent, separators=(',', ':'))}", flush=True)
 
 
-BUG = "a bug in spark-vllm: please report it"
-
-
-def say_failed(flags: dict[str, str], step: str, failure: StepFailed) -> None:
-    host = flags.get("host") or os.uname().nodename
-    print(f"spark-vllm: {host}: {step}: {failure.what}", file=sys.stderr)
-    if failure.cause:
-        print(f"  likely cause: {failure.cause}", file=sys.stderr)
-
-
 COPIES: dict[str, type[Copy]] = {
     "image": ImageCopy,
     "weights": WeightsCopy,
@@ -1090,22 +1041,15 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     kind = COPIES[argv[0]]
-    flags: dict[str, str] = {}
-    copy: Copy | None = None
-    try:
-        flags = parse_flags(argv[1:])
-        copy = kind(flags)
-        copy.run()
-    except StepFailed as failure:
-        say_failed(flags, kind.step, failure)
-        return 1
-    except Exception as error:  # one message, never a bare traceback
-        say_failed(flags, kind.step, StepFailed(f"{type(error).__name__}: {error}", BUG))
-        return 1
-    finally:
-        if copy is not None:
-            copy.close()
-    return 0
+
+    def copy(flags: dict[str, str]) -> None:
+        made = kind(flags)
+        try:
+            made.run()
+        finally:
+            made.close()
+
+    return run_step(kind.step, argv[1:], copy)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 all on device 0, which is what vLLM compares `--gpu-memory-utilization` with at start-up
 (vllm/v1/worker/gpu_worker.py: the start-up snapshot's free memory must cover utilization x
 total). Prints `cuda FREE TOTAL` in bytes; exits 3 when the image has no torch or sees no GPU.
+Mounted alone into the container (memory-probe.sh): it imports nothing of ours (no hostlib.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Runs inside the serving image on the head: make the snapshot complete in the HF cache.
 
 The HF token arrives on stdin (never argv or env). An already complete snapshot is used as is,
-without network access, so re-runs are cheap and offline hosts work.
+without network access, so re-runs are cheap and offline hosts work. Mounted alone into the
+container (weights-fetch.sh): it imports nothing of ours (no hostlib.py).
 """
 
 import os

@@ -7,7 +7,8 @@ Prints one line `spark-vllm-image-facts {json}` (vllm and ray versions, the Ray 
 Python, machine). Each problem is a line `problem: <key>: <what>` on stderr, and the exit is 3:
 no `vllm` command, no Ray, a Ray older than vLLM's own requirement, or (CHECK_FLAGS yes) an
 entry of vllm.extraArgs that is not a flag of this image's `vllm serve`. Reads nothing but the
-image's package metadata and `vllm serve --help`; imports neither vLLM nor Ray.
+image's package metadata and `vllm serve --help`; imports neither vLLM nor Ray. Mounted alone
+into the container (image-facts.sh): it imports nothing of ours (no hostlib.py).
 """
 
 from __future__ import annotations

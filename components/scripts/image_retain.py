@@ -15,13 +15,14 @@ JSON: `kept` (newest first), `removed`, `inUse`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Sequence
+
+from hostlib import require, run_step
 
 # stacks/plan/image.py pinned_image: PINNED_REPOSITORY, or an image stream's own beside it.
 PINNED_REPOSITORY = re.compile(r"spark-vllm\.invalid/image(-i[0-9a-f]{8})?:")
@@ -94,23 +95,21 @@ def remove(name: str) -> str:
     return "removed" if result.returncode == 0 else "in use"
 
 
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="image_retain.py")
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--history", required=True)
-    parser.add_argument("--pinned", required=True)
-    parser.add_argument("--keep-previous", type=int, required=True)
-    args = parser.parse_args(argv)
-    repository = repository_of(args.pinned)
-    if repository is None or args.keep_previous < 0:
-        print(f"spark-vllm: {args.host}: image retain: bad arguments {argv}", file=sys.stderr)
+def retain(flags: dict[str, str]) -> int:
+    require(flags, "host", "history", "pinned", "keep-previous")
+    history_file, pinned = flags["history"], flags["pinned"]
+    keep_previous = int(flags["keep_previous"])
+    repository = repository_of(pinned)
+    if repository is None or keep_previous < 0:
+        said = f"spark-vllm: {flags['host']}: image retain: bad arguments {sys.argv[1:]}"
+        print(said, file=sys.stderr)
         return 2
-    history = read_history(args.history, repository)
-    keep, doomed = retention(history, args.pinned, args.keep_previous)
+    history = read_history(history_file, repository)
+    keep, doomed = retention(history, pinned, keep_previous)
     outcome = {name: remove(name) for name in doomed}
     in_use = [name for name, result in outcome.items() if result == "in use"]
     # An image Docker would not remove stays in the history: the next run tries again.
-    write_history(args.history, [*in_use, *keep])
+    write_history(history_file, [*in_use, *keep])
     report = {
         "kept": list(reversed(keep)),
         "removed": [name for name, result in outcome.items() if result != "in use"],
@@ -121,4 +120,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_step("image-retain", sys.argv[1:], retain))

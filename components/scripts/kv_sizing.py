@@ -1,12 +1,7 @@
 """vllm.kvCache: the KV cache in bytes per GPU (vLLM's --kv-cache-memory-bytes), from the model's
-config.json, the snapshot's weight files and the budget the memory check found on every node.
-
-    kv_sizing.py --snapshot DIR --budget-bytes N --reserve-bytes N --kv-cache auto|BYTES
-                 --tensor-parallel N --pipeline-parallel N --max-model-len N|0
-                 --kv-cache-dtype auto|fp8|...
-
-Prints `spark-vllm-kv {json}`; or, when the cache cannot hold one request of the model's
-maximum length or does not fit beside the weights, `problem: ...` and `cause: ...` and exits 1.
+config.json, the snapshot's weight files and the budget the memory check found on every node
+(memory_plan.py sizes it with `size_snapshot`, which raises Refused when the cache cannot hold
+one request of the model's maximum length or does not fit beside the weights).
 
 Why: on unified memory (GB10) vLLM's profiler measures what is free while the page cache and
 other processes move, and can leave the KV cache starved (eugr/spark-vllm-docker PR #286);
@@ -18,15 +13,12 @@ Standard library only: it runs with the head's own python3.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 GIB = 1024**3
-PREFIX = "spark-vllm-kv "
 
 # vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE: the cache dtypes that take one byte.
 ONE_BYTE_CACHE_DTYPES = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
@@ -36,7 +28,7 @@ TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_con
 
 
 class Refused(Exception):
-    """What cannot be served, and its likely cause (memory-check.sh passes both to `fail`)."""
+    """What cannot be served, and its likely cause (the memory check fails with both)."""
 
     def __init__(self, problem: str, cause: str) -> None:
         super().__init__(problem)
@@ -198,57 +190,39 @@ def summary(result: dict[str, Any]) -> str:
     )
 
 
-def report(refused: Refused) -> int:
-    print(f"problem: {refused.problem}")
-    print(f"cause: {refused.cause}")
-    return 1
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kv_sizing.py")
-    parser.add_argument("--snapshot", type=Path, required=True)
-    parser.add_argument("--budget-bytes", type=int, required=True)
-    parser.add_argument("--reserve-bytes", type=int, required=True)
-    parser.add_argument("--kv-cache", required=True)
-    parser.add_argument("--tensor-parallel", type=int, required=True)
-    parser.add_argument("--pipeline-parallel", type=int, required=True)
-    parser.add_argument("--max-model-len", type=int, default=0)
-    parser.add_argument("--kv-cache-dtype", default="auto")
-    args = parser.parse_args(argv)
+def size_snapshot(
+    *,
+    snapshot: Path,
+    budget_bytes: int,
+    reserve_bytes: int,
+    requested: str,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    max_model_len: int,
+    kv_cache_dtype: str,
+) -> dict[str, Any]:
+    """size_kv_cache for the snapshot in `snapshot`: its config.json and weight files."""
     try:
-        config = json.loads((args.snapshot / "config.json").read_text())
+        config = json.loads((snapshot / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        return report(
-            Refused(
-                f"vllm.kvCache: cannot read the model's config.json: {exc}",
-                "the snapshot is incomplete (run 'pulumi up --refresh'), or the model has none",
-            )
-        )
+        raise Refused(
+            f"vllm.kvCache: cannot read the model's config.json: {exc}",
+            "the snapshot is incomplete (run 'pulumi up --refresh'), or the model has none",
+        ) from exc
     try:
-        result = size_kv_cache(
+        return size_kv_cache(
             config=config,
-            weights_bytes=weight_files_bytes(args.snapshot),
-            budget_bytes=args.budget_bytes,
-            reserve_bytes=args.reserve_bytes,
-            requested=args.kv_cache,
-            tensor_parallel=args.tensor_parallel,
-            pipeline_parallel=args.pipeline_parallel,
-            max_model_len=args.max_model_len,
-            kv_cache_dtype=args.kv_cache_dtype,
+            weights_bytes=weight_files_bytes(snapshot),
+            budget_bytes=budget_bytes,
+            reserve_bytes=reserve_bytes,
+            requested=requested,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+            max_model_len=max_model_len,
+            kv_cache_dtype=kv_cache_dtype,
         )
-    except Refused as refused:
-        return report(refused)
     except (KeyError, TypeError, ValueError) as exc:
-        return report(
-            Refused(
-                f"vllm.kvCache: the model's config.json lacks what sizes its KV cache ({exc})",
-                "an architecture spark-vllm does not know: set vllm.kvCache in bytes, or unset it",
-            )
-        )
-    print(PREFIX + json.dumps(result, separators=(",", ":")))
-    print(f"note: {summary(result)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+        raise Refused(
+            f"vllm.kvCache: the model's config.json lacks what sizes its KV cache ({exc})",
+            "an architecture spark-vllm does not know: set vllm.kvCache in bytes, or unset it",
+        ) from exc

@@ -17,12 +17,13 @@ counted over the time until the last count came back: no byte is counted that di
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import sys
 import threading
 import time
+
+from hostlib import require, run_step
 
 CHUNK = 1 << 20  # 1 MiB per send: the syscall cost is negligible against the copy
 
@@ -108,22 +109,22 @@ def send(target: str, streams: int, seconds: float) -> int:
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    sub = parser.add_subparsers(dest="mode", required=True)
-    rx = sub.add_parser("receive")
-    rx.add_argument("--bind", required=True)
-    rx.add_argument("--streams", type=int, default=4)
-    rx.add_argument("--timeout", type=float, default=30)
-    tx = sub.add_parser("send")
-    tx.add_argument("--to", required=True)
-    tx.add_argument("--streams", type=int, default=4)
-    tx.add_argument("--seconds", type=float, default=3)
-    args = parser.parse_args()
-    if args.mode == "receive":
-        return receive(args.bind, args.streams, args.timeout)
-    return send(args.to, args.streams, args.seconds)
+def main(argv: list[str]) -> int:
+    mode = argv[0] if argv else ""
+    if mode not in ("receive", "send"):
+        print(__doc__, file=sys.stderr)
+        return 2
+
+    def probe(flags: dict[str, str]) -> int:
+        streams = int(flags.get("streams", "4"))
+        if mode == "receive":
+            require(flags, "bind")
+            return receive(flags["bind"], streams, float(flags.get("timeout", "30")))
+        require(flags, "to")
+        return send(flags["to"], streams, float(flags.get("seconds", "3")))
+
+    return run_step("link-probe", argv[1:], probe)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -12,13 +12,14 @@ rather than kept as a target that is always down.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
+
+from hostlib import require, run_step
 
 # No proxy, whatever the environment says (the image's, vllm.env's or the SSH session's
 # http_proxy): these requests go to this cluster's own addresses, some with the API key.
@@ -38,15 +39,10 @@ def answers(address: str) -> str | None:
         return str(getattr(error, "reason", error))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--file", required=True)
-    parser.add_argument("--targets", required=True)
-    parser.add_argument("--timeout-seconds", type=float, required=True)
-    args = parser.parse_args()
-    targets = dict(pair.split("=", 1) for pair in args.targets.split(","))
-    deadline = time.monotonic() + args.timeout_seconds
+def write_targets(flags: dict[str, str]) -> None:
+    require(flags, "host", "file", "targets", "timeout-seconds")
+    targets = dict(pair.split("=", 1) for pair in flags["targets"].split(","))
+    deadline = time.monotonic() + float(flags["timeout_seconds"])
     why: dict[str, str | None] = {}
     # The agent may start a little after the node joined: each node is given the whole bound.
     while True:
@@ -59,11 +55,11 @@ def main() -> None:
         for address, node in targets.items()
         if why[address] is None
     ]
-    partial = f"{args.file}.tmp"
+    partial = f"{flags['file']}.tmp"
     with open(partial, "w") as out:
         json.dump(found, out)
     os.chmod(partial, 0o644)
-    os.replace(partial, args.file)
+    os.replace(partial, flags["file"])
     for address, node in targets.items():
         if why[address] is None:
             print(f"monitoring: ray: {node} ({address}) exports metrics: scraped")
@@ -77,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_step("monitoring-ray-targets", sys.argv[1:], write_targets))

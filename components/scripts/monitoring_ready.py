@@ -9,7 +9,6 @@ own error for it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -17,17 +16,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from hostlib import StepFailed, require, run_step
+
 # No proxy, whatever the environment says (the image's, vllm.env's or the SSH session's
 # http_proxy): these requests go to this cluster's own addresses, some with the API key.
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 POLL_SECONDS = 2
-
-
-def fail(host: str, what: str, cause: str) -> None:
-    print(f"spark-vllm: {host}: monitoring-ready: {what}", file=sys.stderr)
-    print(f"  likely cause: {cause}", file=sys.stderr)
-    sys.exit(1)
 
 
 def get(url: str) -> tuple[int, bytes]:
@@ -63,23 +58,18 @@ def summary(active: list[dict[str, Any]], jobs: list[str], optional: set[str]) -
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--prometheus", required=True)
-    parser.add_argument("--jobs", required=True)
-    parser.add_argument("--timeout-seconds", type=float, required=True)
-    parser.add_argument("--optional-jobs", default="")
-    parser.add_argument("--grafana")
-    args = parser.parse_args()
-    jobs = args.jobs.split(",")
-    optional = set(filter(None, args.optional_jobs.split(",")))
+def ready(flags: dict[str, str]) -> None:
+    require(flags, "host", "prometheus", "jobs", "timeout-seconds")
+    prometheus, grafana = flags["prometheus"], flags.get("grafana")
+    timeout_seconds = float(flags["timeout_seconds"])
+    jobs = flags["jobs"].split(",")
+    optional = set(filter(None, flags.get("optional_jobs", "").split(",")))
     required = [job for job in jobs if job not in optional]
-    deadline = time.monotonic() + args.timeout_seconds
+    deadline = time.monotonic() + timeout_seconds
     active: list[dict[str, Any]] = []
     answered = False
     while time.monotonic() < deadline:
-        now = targets(args.prometheus)
+        now = targets(prometheus)
         answered = answered or now is not None
         active = now or []
         found = {t["labels"].get("job") for t in active}
@@ -90,10 +80,8 @@ def main() -> None:
         time.sleep(POLL_SECONDS)
     else:
         if not answered:
-            fail(
-                args.host,
-                f"Prometheus at {args.prometheus} did not answer within "
-                f"{args.timeout_seconds:.0f} s",
+            raise StepFailed(
+                f"Prometheus at {prometheus} did not answer within {timeout_seconds:.0f} s",
                 "its container is not running or another program holds the port "
                 "(docker logs of the prometheus container; monitoring.prometheus.port)",
             )
@@ -104,9 +92,8 @@ def main() -> None:
         ]
         missing = sorted(set(required) - {t["labels"].get("job") for t in active})
         down += [f"job {job} has no target" for job in missing]
-        fail(
-            args.host,
-            f"targets not up after {args.timeout_seconds:.0f} s: {'; '.join(down)}",
+        raise StepFailed(
+            f"targets not up after {timeout_seconds:.0f} s: {'; '.join(down)}",
             "the exporter is not running on that node, or a firewall outside spark-vllm drops "
             "its port on the fabric",
         )
@@ -121,22 +108,21 @@ def main() -> None:
                 f"({target.get('lastError') or target['health']}): not required; Ray exports "
                 "metrics only with its dashboard agent (ray[default] in the image)"
             )
-    if args.grafana:
+    if grafana:
         # Its own few seconds at least: Prometheus may have taken the whole bound.
         deadline = max(deadline, time.monotonic() + 30)
         while time.monotonic() < deadline:
-            status, _ = get(f"http://{args.grafana}/api/health")
+            status, _ = get(f"http://{grafana}/api/health")
             if status == 200:
-                print(f"monitoring: grafana answers at http://{args.grafana}")
+                print(f"monitoring: grafana answers at http://{grafana}")
                 return
             time.sleep(POLL_SECONDS)
-        fail(
-            args.host,
-            f"Grafana at {args.grafana} did not answer within {args.timeout_seconds:.0f} s",
+        raise StepFailed(
+            f"Grafana at {grafana} did not answer within {timeout_seconds:.0f} s",
             "its container is not running or another program holds the port "
             "(docker logs of the grafana container; monitoring.grafana.port)",
         )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_step("monitoring-ready", sys.argv[1:], ready))

@@ -214,13 +214,6 @@ def test_the_agent_signs_only_for_the_chains_hops() -> None:
     assert engine.relay_limits(chain) == ["-h", "root@10.0.0.2", "-h", "10.0.0.2>root@10.0.0.3"]
 
 
-def test_flags_are_read_as_the_shell_scripts_read_them() -> None:
-    flags = engine.parse_flags(["--image-id", "sha256:1", "--relay=a|b|c", "--worker-bin", "/x y"])
-    assert flags == {"image_id": "sha256:1", "relay": "a|b|c", "worker_bin": "/x y"}
-    with pytest.raises(engine.StepFailed):
-        engine.parse_flags(["--dangling"])
-
-
 def test_a_failure_is_one_message_naming_the_host_and_the_step(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -1,19 +1,16 @@
 """kv_sizing.py (vllm.kvCache): the KV cache's bytes from the model's config.json, its weights
-and the memory check's budget; pure functions table-tested, then the script on a snapshot."""
+and the memory check's budget; pure functions table-tested, then a snapshot on disk."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.program.test_scripts import SCRIPTS, load
+from tests.program.test_scripts import load
 
-SCRIPT = SCRIPTS / "kv_sizing.py"
 GIB = 1024**3
 
 
@@ -143,40 +140,36 @@ def snapshot(tmp_path: Path, config: dict[str, Any], weights: dict[str, int]) ->
     return snap
 
 
-def run(snap: Path, **flags: str) -> subprocess.CompletedProcess[str]:
-    args = {
-        "snapshot": str(snap), "budget-bytes": str(100 * GIB), "reserve-bytes": str(6 * GIB),
-        "kv-cache": "auto", "tensor-parallel": "2", "pipeline-parallel": "1",
-        "max-model-len": "32768", "kv-cache-dtype": "auto", **flags,
+def size_snapshot(snap: Path, **flags: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "snapshot": snap, "budget_bytes": 100 * GIB, "reserve_bytes": 6 * GIB,
+        "requested": "auto", "tensor_parallel": 2, "pipeline_parallel": 1,
+        "max_model_len": 32768, "kv_cache_dtype": "auto", **flags,
     }  # fmt: skip
-    argv = [word for key, value in args.items() for word in (f"--{key}", value)]
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, check=False
-    )
+    return dict(kv.size_snapshot(**args))
 
 
-def test_the_script_reads_the_snapshot_weights_through_their_links(tmp_path: Path) -> None:
+def test_the_snapshot_weights_are_read_through_their_links(tmp_path: Path) -> None:
     snap = snapshot(
         tmp_path,
         LLAMA_70B,
         {"model-00001.safetensors": 70 * GIB, "model-00002.safetensors": 70 * GIB},
     )
-    done = run(snap)
-    assert done.returncode == 0, done.stdout
-    first, note = done.stdout.splitlines()
-    result = json.loads(first.removeprefix(kv.PREFIX))
-    assert result["kvCacheBytes"] == 24 * GIB
-    assert note.startswith("note: KV cache 24.0 GiB per GPU (auto): ")
+    result = size_snapshot(snap)
+    assert (result["kvCacheBytes"], result["weightsPerGpuGib"]) == (24 * GIB, 70.0)
+    assert kv.summary(result).startswith("KV cache 24.0 GiB per GPU (auto): ")
 
 
-def test_the_script_names_the_problem_and_its_cause(tmp_path: Path) -> None:
+def test_a_snapshot_that_cannot_be_sized_names_the_problem_and_its_cause(tmp_path: Path) -> None:
     snap = snapshot(tmp_path, LLAMA_70B, {"model.safetensors": 140 * GIB})
-    done = run(snap, **{"kv-cache": str(30 * GIB)})
-    assert done.returncode == 1
-    problem, cause = done.stdout.splitlines()
-    assert problem.startswith("problem: vllm.kvCache 30.0 GiB does not fit")
-    assert cause.startswith("cause: lower vllm.kvCache")
+    with pytest.raises(kv.Refused) as refused:
+        size_snapshot(snap, requested=str(30 * GIB))
+    assert refused.value.problem.startswith("vllm.kvCache 30.0 GiB does not fit")
+    assert refused.value.cause.startswith("lower vllm.kvCache")
     (snap / "config.json").write_text(json.dumps({"model_type": "unknown"}))
-    done = run(snap)
-    assert done.returncode == 1
-    assert "config.json lacks what sizes its KV cache ('num_hidden_layers')" in done.stdout
+    with pytest.raises(kv.Refused, match=r"config.json lacks what sizes its KV cache \('num_"):
+        size_snapshot(snap)
+    (snap / "config.json").unlink()
+    with pytest.raises(kv.Refused, match=r"cannot read the model's config\.json") as refused:
+        size_snapshot(snap)
+    assert "the snapshot is incomplete" in refused.value.cause

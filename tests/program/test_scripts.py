@@ -51,6 +51,10 @@ def fake_docker_path(tmp_path: Path, script: str) -> str:
 
 
 def load(name: str) -> ModuleType:
+    """A host script as a module; its siblings import as they do on a host, where `python3
+    DIR/x.py` puts DIR first on sys.path."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -68,6 +72,78 @@ def test_scripts_are_shellcheck_clean() -> None:
     done = subprocess.run(["shellcheck", "-x", "-s", "bash", *scripts], cwd=SCRIPTS,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout
+
+
+# --- hostlib: what the Python host scripts share with lib.sh ---------------------------------
+
+
+def lib_sh(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`body` run by a step script that sources lib.sh, named `some-step`, with `args`."""
+    script = tmp_path / "some-step.sh"
+    script.write_text(f". {SCRIPTS / 'lib.sh'}\n{body}\n")
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
+                          timeout=30, check=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # Spaced and `=` forms, a value with a space, a `|` and a leading `--`.
+        ["--image-id", "sha256:1", "--relay=a|b|c", "--worker-bin", "/x y", "--x", "--y"],
+        # The last of a repeated flag wins; an empty value is a value.
+        ["--host", "a", "--host", "b", "--empty", ""],
+    ],
+)
+def test_hostlib_reads_flags_as_lib_sh_does(tmp_path: Path, argv: list[str]) -> None:
+    flags = load("hostlib").parse_flags(argv)
+    names = " ".join(f"ARG_{key.upper()}" for key in flags)
+    shown = lib_sh(tmp_path, f'parse_flags "$@"; for v in {names}; do echo "${{!v}}"; done', *argv)
+    assert shown.stdout.splitlines() == list(flags.values()), shown.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["--dangling"], "flag --dangling has no value"),
+        (["stray"], "unexpected argument 'stray'"),
+    ],
+)
+def test_hostlib_refuses_what_lib_sh_refuses_in_its_words(
+    tmp_path: Path, argv: list[str], what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hostlib = load("hostlib")
+    with pytest.raises(hostlib.StepFailed) as refused:
+        hostlib.parse_flags(argv)
+    hostlib.fail("spark1", "some-step", refused.value)
+    in_python = capsys.readouterr().err
+    in_bash = lib_sh(tmp_path, 'ARG_HOST=spark1 parse_flags "$@"', *argv).stderr
+    assert (
+        in_python
+        == in_bash
+        == (f"spark-vllm: spark1: some-step: {what}\n  likely cause: {hostlib.BUG}\n")
+    )
+
+
+def test_hostlib_runs_a_step_to_one_failure_message(capsys: pytest.CaptureFixture[str]) -> None:
+    hostlib = load("hostlib")
+
+    def broken(flags: dict[str, str]) -> None:
+        hostlib.require(flags, "host", "target")
+
+    assert hostlib.run_step("some-step", ["--host", "spark1"], broken) == 1
+    assert capsys.readouterr().err == (
+        f"spark-vllm: spark1: some-step: missing --target\n  likely cause: {hostlib.BUG}\n"
+    )
+
+    def crashing(flags: dict[str, str]) -> None:
+        raise KeyError("x")
+
+    assert hostlib.run_step("some-step", ["--host", "spark1"], crashing) == 1
+    said = capsys.readouterr().err
+    assert (
+        said.startswith("spark-vllm: spark1: some-step: KeyError: 'x'\n")
+        and "Traceback" not in said
+    )
 
 
 # --- hf-manifest ------------------------------------------------------------------------------
