@@ -40,6 +40,8 @@ fi
 
 speeds="negotiated speed: $ARG_HOST ${head_speed} Mb/s, $ARG_WORKER ${worker_speed} Mb/s"
 gbps=null
+# Whether to measure at all stays here: it is decided before python3 is known to be on the head,
+# and without it the step must name that, not fail on a missing interpreter.
 if awk -v f="$ARG_MIN_GBPS" 'BEGIN { exit !(f > 0) }'; then
   command -v python3 >/dev/null \
     || fail "python3 is not installed on the head; the link test needs it" \
@@ -66,7 +68,8 @@ if awk -v f="$ARG_MIN_GBPS" 'BEGIN { exit !(f > 0) }'; then
       "the fabric dropped the connection, or a firewall on $ARG_WORKER blocks the fabric"
   fi
   gbps="$(sed -n 's/.*"gbps": \([0-9.]*\).*/\1/p' <<<"$result")"
-  if awk -v g="$gbps" -v f="$ARG_MIN_GBPS" 'BEGIN { exit !(g < f) }'; then
+  verdict="$(python3 "$SPARK_BIN/link_probe.py" floor --gbps "$gbps" --min-gbps "$ARG_MIN_GBPS")"
+  if [ "$verdict" = below ]; then
     fail "the fabric from $ARG_HOST to $ARG_WORKER measured $gbps Gbit/s ($STREAMS TCP streams, ${ARG_SECONDS} s), below fabric.minLinkGbps $ARG_MIN_GBPS ($speeds; MTU $head_mtu)" \
       "a degraded cable or port (a negotiated speed below the link's rating), an MTU mismatch along the path, the wrong interface (hosts[].fabricInterface/fabricIp on a slower NIC), or traffic shaping"
   fi

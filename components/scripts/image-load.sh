@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# On a worker: load the image stream the head sends on stdin (copy_engine.py), then give the
+# On a worker: load the image stream the head sends on stdin (copy_image.py), then give the
 # image the pinned name every container uses (stacks/plan/image.py PINNED_REPOSITORY).
 #   image-load.sh STAGE_NAME PINNED zstd|plain
 #   image-load.sh stop STAGE_NAME   (what an earlier or stalled load of STAGE_NAME left running)
 # What arrives is staged beside this script's directory, in image-stage/STAGE_NAME
 # (image_stage.py receive), so a copy cut midway resumes; the stage goes once the load
 # succeeded. The process group is recorded in image-stage/STAGE_NAME.pid first, so the head can
-# stop a stalled load (`stop`, which copy_engine.py runs).
+# stop a stalled load (`stop`, which copy_image.py runs).
 set -euo pipefail
 bin="$(cd "$(dirname "$0")" && pwd)"
 # started PID: when the process began (clock ticks since boot, /proc/PID/stat's 22nd field,

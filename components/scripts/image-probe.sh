@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a worker: what the head's image copy needs to know of it, in one answer (copy_engine.py
+# On a worker: what the head's image copy needs to know of it, in one answer (copy_image.py
 # parse_image_probe reads it; every Docker question bounded, a wedged daemon answers nothing):
 #   image-probe.sh PINNED STAGE_NAME SECONDS
 # Sections, each after a `== NAME` line: `pinned` (docker image inspect PINNED, empty when it is

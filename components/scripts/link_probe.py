@@ -6,6 +6,9 @@
     python3 link_probe.py send --to IP:PORT --streams N --seconds S
         sends zeros on N parallel connections for S seconds, then waits for every count and
         prints `link {"gbps": ..., "bytes": ..., "seconds": ..., "streams": N}`.
+    python3 link_probe.py floor --gbps G --min-gbps F
+        prints `below` when the measured G Gbit/s is under the floor F (fabric.minLinkGbps),
+        else `met` (fabric-link.sh decides with it).
 
 Why this and not iperf3 or ssh: iperf3 is not on a stock DGX OS and cannot be brought offline;
 one ssh stream measures its cipher, which on a Spark is far below the link's 200 Gbit/s, so it
@@ -109,13 +112,23 @@ def send(target: str, streams: int, seconds: float) -> int:
     return 0
 
 
+def below_floor(gbps: float, floor: float) -> bool:
+    """Whether a measured link fails fabric.minLinkGbps; a link at the floor passes."""
+    return gbps < floor
+
+
 def main(argv: list[str]) -> int:
     mode = argv[0] if argv else ""
-    if mode not in ("receive", "send"):
+    if mode not in ("receive", "send", "floor"):
         print(__doc__, file=sys.stderr)
         return 2
 
     def probe(flags: dict[str, str]) -> int:
+        if mode == "floor":
+            require(flags, "gbps", "min-gbps")
+            below = below_floor(float(flags["gbps"]), float(flags["min_gbps"]))
+            print("below" if below else "met")
+            return 0
         streams = int(flags.get("streams", "4"))
         if mode == "receive":
             require(flags, "bind")

@@ -5,7 +5,7 @@
 #   relay.sh --host H --sink CMD [--chain MEMBERS --known-hosts K --agent-key PUB]
 # MEMBERS: the workers after this one, a `name|destination|bin` line each (lib.sh relay_call).
 # The hop to the next worker signs in with the head's fabric key through the agent the head
-# forwards for this one copy, limited to the chain's hops (copy_engine.py relay_agent: the key
+# forwards for this one copy, limited to the chain's hops (copy_relay.py relay_agent: the key
 # never lands on a worker, signs for nothing else, and nothing is left here once the copy ends),
 # and checks the next worker's host key against the head's pins (--known-hosts).
 # Prints `spark-vllm-relayed NAME STATUS` for this worker and, passed back up the chain, for

@@ -98,7 +98,7 @@ def install_scripts(plan: ClusterPlan, node: NodePlan, scripts_digest: str) -> S
     made = words(
         [node.bin_dir, f"{node.state_dir}/receipts", node.ray_dir, firewall_dir(node)]
         + [f"{node.state_dir}/image-stage"]  # what a cut image copy left (image-sync.sh)
-        + [f"{node.state_dir}/image-index"]  # the head's index of a saved image (copy_engine.py)
+        + [f"{node.state_dir}/image-index"]  # the head's index of a saved image (copy_image.py)
         + [image_history_file(node)]  # the images it was given (image_retain.py)
         + ([front_dir(plan)] if node.is_head else [])
     )

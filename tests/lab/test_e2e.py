@@ -444,7 +444,7 @@ def test_the_seeds_topology_with_three_hosts(
 
 def assert_the_forwarded_key_signs_for_the_chains_hops_only(lab: Lab, state_dir: str) -> None:
     """The agent a relay forwards holds the head's fabric key limited to the chain's hops
-    (copy_engine.py relay_agent, ssh-add -h, bound to the pinned host keys): with the chain
+    (copy_relay.py relay_agent, ssh-add -h, bound to the pinned host keys): with the chain
     spark2 -> spark3 the hop signs in; with a chain of spark2 alone, spark2 cannot use the key
     to reach spark3, though the very same key is authorized there."""
     bin_dir = f"{state_dir}/bin"
@@ -453,14 +453,15 @@ def assert_the_forwarded_key_signs_for_the_chains_hops_only(lab: Lab, state_dir:
     script = (
         "import subprocess, sys\n"
         f"sys.path.insert(0, {bin_dir!r})\n"
-        "import copy_engine as engine\n"
-        f"fabric = engine.Fabric({state_dir + '/fabric_ed25519'!r}, "
+        "import copy_relay as relay\n"
+        "from copy_transport import Fabric\n"
+        f"fabric = Fabric({state_dir + '/fabric_ed25519'!r}, "
         f"{state_dir + '/fabric_known_hosts'!r})\n"
-        "limits, chain = engine.parse_chain(sys.argv[1]), engine.parse_chain(sys.argv[2])\n"
+        "limits, chain = relay.parse_chain(sys.argv[1]), relay.parse_chain(sys.argv[2])\n"
         "pins = open(fabric.known_hosts).read().rstrip()\n"
         "public = open(fabric.key + '.pub').read().rstrip()\n"
-        "call = engine.relay_call('cat >/dev/null', chain, pins, public)\n"
-        "with engine.relay_agent(fabric, limits) as env:\n"
+        "call = relay.relay_call('cat >/dev/null', chain, pins, public)\n"
+        "with relay.relay_agent(fabric, limits) as env:\n"
         "    done = subprocess.run(fabric.command(chain[0].destination, call, forward=True),\n"
         "                          input='relayed', text=True, capture_output=True, env=env)\n"
         "sys.stderr.write(done.stderr)\n"

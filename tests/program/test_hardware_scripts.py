@@ -11,9 +11,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.program.test_scripts import SCRIPTS, run
+import pytest
+
+from tests.program.test_scripts import SCRIPTS, load, run
 
 GIB = 1 << 30
+link_probe = load("link_probe")
 
 # `ssh [options] DEST COMMAND`: the command, run here (the worker is this machine).
 FAKE_SSH = """#!/usr/bin/env bash
@@ -75,6 +78,19 @@ def test_without_a_floor_only_the_mtu_is_checked(tmp_path: Path) -> None:
     status, out, err = link(tmp_path, **{"min-gbps": "0"})
     assert status == 0, err
     assert '"gbps":null' in out
+
+
+@pytest.mark.parametrize(
+    ("gbps", "floor", "below"),
+    [
+        (150.2, 100, False),  # a healthy link
+        (100.0, 100, False),  # at the floor: it passes
+        (99.999, 100, True),  # under it, however little
+        (0.0, 0.01, True),  # nothing moved
+    ],
+)
+def test_a_link_fails_its_floor_only_below_it(gbps: float, floor: float, below: bool) -> None:
+    assert link_probe.below_floor(gbps, floor) is below
 
 
 # --- memory ------------------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+"""What every copy step shares (copy_image.py, copy_weights.py): the flags, the fabric, one
+deadline for the whole copy, the watch its streams run under, and what it reports it sent.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import time
+
+from copy_pump import Watch
+from copy_transport import Fabric
+from hostlib import require
+
+
+class Copy:
+    """What both copies share: the flags every copy step has, the fabric, one deadline for the
+    whole copy (relay included), the bytes sent and the workers a relay served."""
+
+    step = ""
+    what = ""
+    needs: tuple[str, ...] = ()
+
+    def __init__(self, flags: dict[str, str]) -> None:
+        require(flags, "host", "worker", "target", "worker-bin", "timeout-minutes", *self.needs)
+        self.flags = flags
+        self.worker, self.target = flags["worker"], flags["target"]
+        self.minutes = int(flags["timeout_minutes"])
+        self.deadline = time.monotonic() + 60 * self.minutes
+        self.fabric = Fabric(flags.get("fabric_key", ""), flags.get("fabric_known_hosts", ""))
+        self.sent = 0
+        self.relayed = 0
+
+    def watch(self, label: str) -> Watch:
+        return Watch(
+            label=label,
+            what=self.what,
+            progress_seconds=float(self.flags.get("progress_seconds", "10")),
+            stall_seconds=float(self.flags.get("stall_seconds", "0")),
+            deadline=self.deadline,
+        )
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.fabric.close()

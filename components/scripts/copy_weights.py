@@ -1,0 +1,210 @@
+"""The weights copy (weights-sync.sh, through copy_engine.py): on the head, send one worker the
+model's snapshot from the HF cache, only the blobs it lacks, and verify it there (hf-manifest.sh);
+the decisions are copy_plan.py's. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import copy_plan
+from copy_pump import Outcome, transfer
+from copy_relay import Member, Stream, member_names, parse_chain, relay, relayed_status
+from copy_step import Copy
+from copy_transport import ssh_sink
+from hostlib import StepFailed, note, words
+
+
+class WeightsCopy(Copy):
+    """One worker's copy of the head's snapshot (weights-sync.sh's flags). HF cache blobs are
+    content-addressed: a blob the worker holds whole is kept, one held in part is resumed and its
+    sha256 checked, only this revision's blobs are considered; tar keeps the snapshot's links."""
+
+    step, what, needs = "weights-sync", "weights", ("cache-dir", "model", "manifest")
+
+    def __init__(self, flags: dict[str, str]) -> None:
+        super().__init__(flags)
+        self.model, self.manifest = flags["model"], flags["manifest"]
+        parts = self.manifest.split()
+        self.commit, self.files, self.bytes = ([*parts, "", "0", "0"])[:3]
+        self.repo = "models--" + self.model.replace("/", "--")
+        self.hub = f"{flags['cache_dir']}/hub"
+        self.snapshot = Path(self.hub, self.repo, "snapshots", self.commit)
+        self.head: dict[str, int] = {}
+
+    def read_head(self) -> None:
+        """The revision's blobs (what its snapshot links to), with the head's sizes."""
+        if self.snapshot.is_dir():
+            for link in self.snapshot.rglob("*"):
+                if link.is_symlink():
+                    blob = link.resolve()
+                    self.head[blob.name] = blob.stat().st_size
+
+    def worker_manifest(self, destination: str, bin_dir: str) -> str:
+        call = words("bash", f"{bin_dir}/hf-manifest.sh", "--host", self.worker,
+                     "--cache-dir", self.flags["cache_dir"], "--model", self.model,
+                     "--revision", self.commit)  # fmt: skip
+        return self.fabric.ask(destination, call)[1].strip()
+
+    def blob_sizes(self, destination: str, bin_dir: str) -> dict[str, int] | None:
+        """What `destination` holds of each of the revision's blobs (0: absent); None when it
+        could not say."""
+        call = words("bash", f"{bin_dir}/hf-blob-sizes.sh", "--host", self.worker, "--cache-dir",
+                     self.flags["cache_dir"], "--model", self.model)  # fmt: skip
+        status, said = self.fabric.ask(
+            destination, call, stdin="".join(f"{n}\n" for n in self.head)
+        )
+        if status != 0:
+            raise StepFailed(
+                f"cannot read which blobs {self.worker} has: {' '.join(said.split())}",
+                "the worker's scripts are missing (run pulumi up again)",
+            )
+        sizes: dict[str, int] = {}
+        for line in said.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                sizes[parts[0]] = int(parts[1])
+        return sizes
+
+    def untar(self) -> str:
+        """What a worker runs to store a tar stream of the cache's files."""
+        return f"{words('mkdir', '-p', self.hub)} && {words('tar', '-C', self.hub, '-xf', '-')}"
+
+    # the relay chain
+    missed, left = "did not take the chain's blobs", "its own step sends what it lacks"
+
+    def chain_fact(self, member: Member) -> dict[str, int] | str:
+        if self.fabric.ask(member.destination, "true")[0] != 0:
+            return "unreachable"
+        if self.worker_manifest(member.destination, member.bin) == self.manifest:
+            return "has"
+        try:
+            return self.blob_sizes(member.destination, member.bin) or {}
+        except StepFailed:
+            return "unreachable"
+
+    def chain_stream(self, chain: list[Member], facts: list[dict[str, int] | str]) -> Stream | None:
+        lacking = [
+            (m, fact) for m, fact in zip(chain, facts, strict=True) if isinstance(fact, dict)
+        ]
+        if len(lacking) < 2:
+            return None
+        members = [member for member, _ in lacking]
+        blobs = copy_plan.chain_blobs(self.head, [holding for _, holding in lacking])
+        if not blobs:
+            return None
+        size = sum(self.head[name] for name in blobs)
+        return Stream(
+            members=members,
+            source=words(
+                "tar", "-C", self.hub, "-cf", "-", *(f"{self.repo}/blobs/{n}" for n in blobs)
+            ),
+            sink=self.untar(),
+            zstd=False,
+            size=size,
+            announcement=(
+                f"relaying {len(blobs)} blob(s) of {self.model}@{self.commit} ({size} bytes) to "
+                f"{member_names(members)} in one chain"
+            ),
+            subject=f"{len(blobs)} blob(s)",
+        )
+
+    def arrived(self, member: Member, outcome: Outcome) -> bool:
+        return relayed_status(outcome.output, member.name) == "0"
+
+    # the worker's own copy
+    def failed(self, outcome: Outcome, to_send: int, started: float) -> NoReturn:
+        if outcome.stalled:
+            raise StepFailed(
+                f"copying {self.model} to {self.worker} stalled: nothing moved for "
+                f"{self.flags.get('stall_seconds')}s (timeouts.copyStallSeconds; {self.sent} of "
+                f"{to_send} bytes sent); the transfer was stopped, the next run resumes",
+                f"{self.worker} stopped taking the stream: its disk is wedged or full, or the "
+                "fabric link stalled",
+            )
+        cause = (
+            f"the copy is slower than timeouts.weightsTransferMinutes={self.minutes} allows"
+            if outcome.status == 124
+            else f"the fabric link to {self.target} dropped or the worker's disk is full"
+        )
+        raise StepFailed(
+            f"copying {self.model} to {self.worker} failed after "
+            f"{int(time.monotonic() - started)}s "
+            f"(exit {outcome.status}; {self.sent} of {to_send} bytes sent, the next run resumes)",
+            cause,
+        )
+
+    def run(self) -> None:
+        self.fabric.check(self.target)
+        self.read_head()
+        chain = self.flags.get("relay", "")
+        if chain and self.fabric.key and self.snapshot.is_dir():
+            sent, self.relayed = relay(self, parse_chain(chain))
+            self.sent += sent
+        bin_dir = self.flags["worker_bin"]
+        if self.worker_manifest(self.target, bin_dir) == self.manifest:
+            print(
+                f"{self.worker} has {self.model}@{self.commit} ({self.files} files, "
+                f"{self.bytes} bytes); nothing more to copy"
+            )
+            self.report(int(self.files or 0), 0, 0)
+            return
+        if not self.snapshot.is_dir():
+            raise StepFailed(
+                f"the head has no snapshot {self.commit} of {self.model}",
+                "the fetch step did not complete",
+            )
+        worker = self.blob_sizes(self.target, bin_dir) or {}
+        plan = copy_plan.plan_blobs(self.head, worker)
+        note(
+            f"{self.worker}: {self.model}@{self.commit}: {len(plan.kept)} blob(s) kept, "
+            f"{len(plan.resumed)} resumed, {len(plan.whole)} to send; {plan.to_send} of "
+            f"{self.bytes} bytes to go"
+        )
+        started = time.monotonic()
+        blobs = f"{self.hub}/{self.repo}/blobs"
+        for name, have in plan.resumed.items():
+            source = words("tail", "-c", f"+{have + 1}", f"{blobs}/{name}")
+            blob = f"{blobs}/{name}"
+            sink = ssh_sink(
+                self.fabric, self.target, f"cat >> {words(blob)} && {words('sha256sum', blob)}"
+            )
+            outcome = transfer(source, sink, self.watch(self.worker), self.head[name] - have)
+            self.sent += outcome.sent
+            if outcome.status != 0 or outcome.stalled:
+                self.failed(outcome, plan.to_send, started)
+            found = outcome.output.split()[0] if outcome.output.split() else ""
+            if found != name:
+                raise StepFailed(
+                    f"the resumed blob {name} on {self.worker} does not match its sha256 ({found})",
+                    "the part the worker held was not the blob's beginning; the next run sends it "
+                    "whole after you delete it there",
+                )
+        # Whole blobs first, the snapshot's links last: a cut leaves no link to a missing blob.
+        members = [f"{self.repo}/blobs/{name}" for name in plan.whole]
+        source = words("tar", "-C", self.hub, "-cf", "-", *members, f"{self.repo}/refs",
+                       f"{self.repo}/snapshots/{self.commit}")  # fmt: skip
+        sink = ssh_sink(self.fabric, self.target, self.untar())
+        outcome = transfer(source, sink, self.watch(self.worker), plan.to_send)
+        self.sent += outcome.sent
+        if outcome.status != 0 or outcome.stalled:
+            self.failed(outcome, plan.to_send, started)
+        after = self.worker_manifest(self.target, bin_dir)
+        if after != self.manifest:
+            raise StepFailed(
+                f"after the copy {self.worker} reports '{after}', the head has '{self.manifest}'",
+                "the copy was incomplete (disk full?) or the cache is being changed concurrently",
+            )
+        print(
+            f"copied {self.model}@{self.commit} to {self.worker} ({self.files} files, {self.bytes} "
+            f"bytes; {self.sent} bytes sent) in {int(time.monotonic() - started)}s"
+        )
+        self.report(len(plan.kept), len(plan.resumed), len(plan.whole))
+
+    def report(self, kept: int, resumed: int, whole: int) -> None:
+        sent = {"bytes": self.sent, "total": int(self.bytes or 0), "kept": kept, "resumed": resumed,
+                "sent": whole, "relayed": self.relayed}  # fmt: skip
+        print(f"spark-vllm-weights-sent {json.dumps(sent, separators=(',', ':'))}", flush=True)
