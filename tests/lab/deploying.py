@@ -21,7 +21,7 @@ from lab.stack import PROJECT, stack_config
 from stacks.config import ServerSettings
 from tests.cli import PulumiCli
 from tests.lab.realmocks import RealMocks, StackOutputs, run_program
-from tests.program.test_scripts import load
+from tests.program.scripting import load
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "lab-secret-3f9a0c7e2b95d41a"

@@ -15,7 +15,7 @@ import pytest
 from stacks.plan.server import parse_benchmark, trusts_remote_code
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
-from tests.program.test_scripts import SCRIPTS, fake_docker_path, load
+from tests.program.scripting import SCRIPTS, fake_docker_path, load
 
 RESULT = {"duration": 2.5, "completed": 8, "total_token_throughput": 900.0,
           "output_throughput": 400.0, "request_throughput": 3.2, "median_ttft_ms": 41.234,

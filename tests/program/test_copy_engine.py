@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.program.test_scripts import load
+from tests.program.scripting import load
 
 load("copy_plan")
 load("image_layers")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.program.test_scripts import SCRIPTS, load
+from tests.program.scripting import SCRIPTS, load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inspect"
 load("copy_plan")

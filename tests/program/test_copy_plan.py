@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.program.test_scripts import load
+from tests.program.scripting import load
 
 plan = load("copy_plan")
 

@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import time
-from typing import Any
 
 import pytest
 
-from tests.program.test_scripts import load
+from tests.program.scripting import load, watch
 
 pump = load("copy_pump")
-
-
-def watch(stall: float = 0, progress: float = 1, seconds: float = 60) -> Any:
-    return pump.Watch(
-        label="spark2",
-        what="image",
-        progress_seconds=progress,
-        stall_seconds=stall,
-        deadline=time.monotonic() + seconds,
-    )
 
 
 def left_running(marker: str) -> str:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.program.test_copy_pump import pump, watch
-from tests.program.test_scripts import FAKE_SSH, SCRIPTS, load
+from tests.program.scripting import FAKE_SSH, SCRIPTS, load, watch
+
+pump = load("copy_pump")
 
 transport = load("copy_transport")
 relay = load("copy_relay")

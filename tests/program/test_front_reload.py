@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from stacks.plan.front import Route, router_config
-from tests.program.test_scripts import SCRIPTS, fake_docker_path
+from tests.program.scripting import SCRIPTS, fake_docker_path
 
 KEY = "reload-key"
 HAPROXY = shutil.which("haproxy")

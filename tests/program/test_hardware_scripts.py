@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.program.test_scripts import SCRIPTS, load, run
+from tests.program.scripting import SCRIPTS, fake_bin, load, run
 
 GIB = 1 << 30
 link_probe = load("link_probe")
@@ -22,15 +22,6 @@ link_probe = load("link_probe")
 FAKE_SSH = """#!/usr/bin/env bash
 exec bash -c "${@: -1}"
 """
-
-
-def fake_bin(tmp_path: Path, **tools: str) -> dict[str, str]:
-    bin_dir = tmp_path / "fakebin"
-    bin_dir.mkdir(exist_ok=True)
-    for name, text in tools.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
 def link(tmp_path: Path, **overrides: str) -> tuple[int, str, str]:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from stacks.plan.image import parse_image_facts
-from tests.program.test_scripts import SCRIPTS, load, run
+from tests.program.scripting import SCRIPTS, load, run
 
 HELP = """usage: vllm serve [model_tag] [options]
 options:

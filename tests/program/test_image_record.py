@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.program.test_hardware_scripts import fake_bin
-from tests.program.test_scripts import run
+from tests.program.scripting import fake_bin, run
 
 IMAGE_ID = "sha256:" + "c" * 64
 FAKE_DOCKER = f"""#!/usr/bin/env bash

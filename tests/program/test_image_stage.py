@@ -9,7 +9,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tests.program.test_scripts import load
+from tests.program.scripting import load
 
 copy_plan = load("copy_plan")
 SCRIPT = Path(__file__).resolve().parents[2] / "components" / "scripts" / "image_stage.py"

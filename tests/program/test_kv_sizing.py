@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.program.test_scripts import load
+from tests.program.scripting import load
 
 GIB = 1024**3
 

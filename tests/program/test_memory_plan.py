@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.program.test_scripts import load
+from tests.program.scripting import load
 
 plan = load("memory_plan")
 

@@ -7,7 +7,7 @@ import pytest
 
 import components.vllm_server as vllm_server
 from stacks.plan.server import parse_fabric_transport
-from tests.program.test_scripts import load
+from tests.program.scripting import load
 
 transport = load("nccl_transport").transport
 

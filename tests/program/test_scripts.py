@@ -2,65 +2,25 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 from typing import ClassVar
 
 import pytest
 
 from stacks.plan.known_bad import SHIPPED, entries_flag
+from tests.program.scripting import SCRIPTS, fake_docker_path, load, run
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
 COMMIT = "a" * 40
-
-
-def run(script: str, *args: str, stdin: str = "", env: dict[str, str] | None = None,
-        check: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    done = subprocess.run(
-        ["bash", str(SCRIPTS / script), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
-
-
-def fake_docker_path(tmp_path: Path, script: str) -> str:
-    """A PATH whose `docker` is `script` (a stand-in for the Docker CLI the scripts call)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "docker").write_text(script)
-    (bin_dir / "docker").chmod(0o755)
-    return f"{bin_dir}:{os.environ['PATH']}"
-
-
-def load(name: str) -> ModuleType:
-    """A host script as a module; its siblings import as they do on a host, where `python3
-    DIR/x.py` puts DIR first on sys.path."""
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # a dataclass looks its module up while it is made
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_scripts_are_shellcheck_clean() -> None:
@@ -681,22 +641,6 @@ def test_the_speed_measure_reports_medians_of_streamed_completions() -> None:
     assert (word, runs, tokens, version) == ("speed", "3", "8", "0.16.0rc1")
     assert 0.04 <= float(ttft) < 1.0
     assert 20 < float(rate) <= 110  # 7 tokens over ~7 gaps of 10 ms (and scheduling)
-
-
-# --- the relay chain's ssh stand-in (tests/program/test_copy_engine.py runs relay.sh) -----------
-
-# Stands in for ssh: runs the remote command with bash here, as the login shell on the far end
-# would; a destination named in $DOWN fails at once, as an unreachable host does.
-FAKE_SSH = """#!/usr/bin/env bash
-while [ $# -gt 0 ]; do
-  case "$1" in -o|-i|-c) shift 2 ;; -A|-n|-T) shift ;; *) break ;; esac
-done
-dest=$1; shift
-case " ${DOWN:-} " in
-  *" $dest "*) echo "ssh: connect to $dest: Connection timed out" >&2; exit 255 ;;
-esac
-exec bash -c "$*"
-"""
 
 
 def test_a_stalled_load_is_stopped_only_if_its_pid_still_names_it(tmp_path: Path) -> None:
