@@ -68,8 +68,9 @@ def _container_args(spec: ContainerSpec, image_id: pulumi.Input[str]) -> dict[st
     args: dict[str, Any] = {
         "image": image_id,
         "envs": list(spec.env),
-        "network_mode": "host",
-        "ipc_mode": "host",
+        "network_mode": spec.network,
+        # No network: IPC Docker's default too (an unset ipc_mode is no diff: Optional+Computed).
+        **({"ipc_mode": "host"} if spec.network == "host" else {}),
         "init": True,
         "restart": spec.restart,
         **({"pid_mode": "host"} if spec.host_pid else {}),
@@ -83,6 +84,11 @@ def _container_args(spec: ContainerSpec, image_id: pulumi.Input[str]) -> dict[st
         "destroy_grace_seconds": spec.stop_seconds,
         "stop_timeout": spec.stop_seconds,
     }
+    if spec.memory_mb is not None:
+        # memory_swap equal to memory: no swap. The provider reads both back in MB
+        # (resourceDockerContainerRead), so neither is a diff at the next refresh.
+        args["memory"] = spec.memory_mb
+        args["memory_swap"] = spec.memory_mb
     if spec.user is not None:
         args["user"] = spec.user
     if spec.capabilities:

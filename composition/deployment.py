@@ -20,6 +20,7 @@ from components.graph import Walk
 from components.host import Host, HostArgs
 from components.image import ImageDistribution
 from components.memory import ServerMemory
+from components.memory_guard import MemoryGuard
 from components.monitoring import Monitoring
 from components.ray_cluster import RayCluster
 from components.vllm_server import VllmServer
@@ -219,6 +220,8 @@ def _register(
                 done.memories.append(ServerMemory(walk, name))
             case "firewall":
                 Firewall(walk)
+            case "memory-guard":
+                MemoryGuard(walk)
             case "front":
                 done.front = Front(walk)
             case "compile-cache":

@@ -72,6 +72,10 @@ def stack_config(spec: LabSpec) -> dict[str, Any]:
         "minFreeDiskGib": 2,
         "requireNvidiaRuntime": False,
     }
+    # The lab's hosts share this machine's memory, so the preflight cannot treat them as
+    # unified-memory hosts; the memory guard a Spark user gets by default (memoryGuard auto
+    # follows unifiedMemory) runs here all the same, with its default threshold.
+    config["memoryGuard"] = {"enabled": True}
     config["timeouts"] = {
         "rayJoinSeconds": 120,
         "vllmReadySeconds": 240,

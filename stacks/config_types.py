@@ -184,6 +184,11 @@ GpuShare = Annotated[
         _one_error("neither a fraction above 0 and at most 0.98 nor auto; set e.g. 0.8, or auto")
     ),
 ]
+# memoryGuard.minAvailableGib: "auto" (memory_guard.py AUTO_*), or GiB.
+GuardFloor = Annotated[
+    Annotated[float, Field(gt=0.0, le=64.0)] | Literal["auto"],
+    WrapValidator(_one_error("neither GiB above 0 and at most 64 nor auto; set e.g. 4, or auto")),
+]
 # The KV cache per GPU: "auto", or a size in bytes that may be written with a unit.
 KvCacheSize = Annotated[
     Literal["auto"] | Annotated[int, Field(ge=MIN_KV_CACHE_BYTES)] | None,

@@ -22,6 +22,7 @@ from stacks.config_types import (
     USER_PATTERN,
     CacheDirectory,
     GpuShare,
+    GuardFloor,
     HostKey,
     HubId,
     HubRevision,
@@ -830,6 +831,35 @@ class PreflightConfig(ConfigModel):
     )
 
 
+class MemoryGuardConfig(ConfigModel):
+    enabled: bool | Literal["auto"] = Field(
+        default="auto",
+        description=(
+            "A guard on every node that stops this stack's newest server before the host runs "
+            "out of memory (on unified memory vLLM takes more than gpuMemoryUtilization while "
+            "it starts, and the host stops answering). auto: on when preflight.unifiedMemory."
+        ),
+    )
+    min_available_gib: GuardFloor = Field(
+        default="auto",
+        description=(
+            "The guard acts when the host's available memory (MemAvailable) falls below this "
+            "many GiB. auto: 3% of the host's memory, at least 1 GiB (3.6 GiB on a DGX Spark), "
+            "below what the memory check keeps free beside a server it sized."
+        ),
+    )
+    max_pressure_percent: float = Field(
+        default=60,
+        ge=0,
+        le=100,
+        description=(
+            "The guard also acts when the kernel's memory pressure (PSI `full avg10`: the share "
+            "of time every runnable task waited for memory) reaches this percent, the default "
+            "of systemd-oomd. 0: memory pressure alone never acts."
+        ),
+    )
+
+
 class TimeoutsConfig(ConfigModel):
     ray_join_seconds: int = Field(
         default=300,
@@ -957,6 +987,13 @@ class StackSchema(ConfigModel):
     preflight: PreflightConfig = Field(
         default_factory=PreflightConfig,
         description="The checks of each host before anything starts on it.",
+    )
+    memory_guard: MemoryGuardConfig = Field(
+        default_factory=MemoryGuardConfig,
+        description=(
+            "The memory guard on every node: it stops this stack's newest server before the "
+            "host runs out of memory, and the readiness wait says so."
+        ),
     )
     timeouts: TimeoutsConfig = Field(
         default_factory=TimeoutsConfig,

@@ -16,7 +16,8 @@ from stacks.schema import SECRETS, StackSchema
 
 # The stack's keys, as the schema declares them (the secrets apart: they never enter the model).
 SECRET_KEYS = tuple(SECRETS)
-CONFIG_KEYS = tuple(field.alias or name for name, field in StackSchema.model_fields.items())
+FIELDS_BY_KEY = {field.alias or name: field for name, field in StackSchema.model_fields.items()}
+CONFIG_KEYS = tuple(FIELDS_BY_KEY)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def _structured_values(config: pulumi.Config) -> tuple[dict[str, Any], list[str]
         # An optional key set to nothing (`bastion: {}`, `models: []`: Pulumi.yaml's defaults)
         # is not set.
         empty = value in ({}, [])
-        if value is not None and (not empty or StackConfig.model_fields[key].is_required()):
+        if value is not None and (not empty or FIELDS_BY_KEY[key].is_required()):
             values[key] = value
     return values, problems
 

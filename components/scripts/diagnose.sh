@@ -17,6 +17,21 @@ container_logs() {
   fi
 }
 
+# guard_stopped SPEC: what the node's memory guard (--guard-container) said when it stopped SPEC's
+# container, this very one (its ID is in the line: an earlier container's stop is not this
+# one's): the guard's line and its likely cause, or nothing.
+guard_stopped() {
+  local dest container cmd
+  [ -n "${ARG_GUARD_CONTAINER:-}" ] || return 0
+  IFS='|' read -r _ dest container <<<"$1"
+  cmd="id=\$($(words docker inspect --format '{{.Id}}' "$container") 2>/dev/null | cut -c1-12) && [ -n \"\$id\" ] && $(words docker logs "$ARG_GUARD_CONTAINER") 2>&1 | grep -F -A1 \"(id \$id,\""
+  if [ "$dest" = "-" ]; then
+    bash -c "$cmd" 2>/dev/null || true
+  else
+    fabric_ssh "$dest" "$cmd" 2>/dev/null || true
+  fi
+}
+
 container_status_line() {
   docker inspect --format "$STATUS_FORMAT" "$1" 2>/dev/null || echo missing
 }

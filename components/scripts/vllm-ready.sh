@@ -4,7 +4,8 @@
 #                 --served-name N
 #                 --timeout-seconds S --progress-seconds S --measure-completions N
 #                 --expect-transport ib|none --executor ray|mp [--rendezvous IP:PORT]
-#                 --nodes "name|dest|container ..." [--fabric-key ...]      (API key on stdin)
+#                 --nodes "name|dest|container ..." [--fabric-key ...] [--guard-container G]
+#                 (API key on stdin)
 # Every --progress-seconds it reports on stderr (streamed into the `pulumi up` output): the time
 # waited, the probe's state and the server's latest progress line from its log.
 . "$(dirname "$0")/lib.sh"
@@ -39,7 +40,20 @@ server_progress() {
   lines="$(docker logs --tail 400 "$ARG_CONTAINER" 2>&1 | tr '\r' '\n' | grep -v '^[[:space:]]*$' || true)"
   { grep -E "$PROGRESS" <<<"$lines" || tail -n 1 <<<"$lines"; } | tail -n 1 | cut -c1-200
 }
+# guarded: when a node's memory guard stopped one of this server's containers, that is the
+# failure (the host was about to run out of memory), named with the guard's figures.
+guarded() {
+  local spec said
+  for spec in "${node_specs[@]}"; do
+    said="$(guard_stopped "$spec")"
+    [ -n "$said" ] || continue
+    report_nodes "${node_specs[@]}"
+    fail "$(head -n 1 <<<"$said" | sed 's/^spark-vllm: //')" \
+      "$(sed -n 's/^  likely cause: //p' <<<"$said" | head -n 1)"
+  done
+}
 reported=$SECONDS
+guard_checked=$SECONDS
 probe() {
   printf '%s\n' "$api_key" | timeout 150 docker exec -i "$ARG_CONTAINER" \
     python3 "$ARG_CONTAINER_SCRIPTS/vllm_probe.py" "$ARG_PORT" "$ARG_SERVED_NAME" \
@@ -98,6 +112,11 @@ fabric_transport() {
 while :; do
   state="$(container_state "$ARG_CONTAINER")"
   restarts="$(docker inspect --format '{{.RestartCount}}' "$ARG_CONTAINER" 2>/dev/null || echo 0)"
+  # A stopped server, and every 10 s (a worker's rank stopped leaves the head's running a while).
+  if [ -n "${ARG_GUARD_CONTAINER:-}" ] && { [ "$state" != running ] || [ $(( SECONDS - guard_checked )) -ge 10 ]; }; then
+    guard_checked=$SECONDS
+    guarded
+  fi
   [ "$state" = running ] || [ "$state" = restarting ] || give_up \
     "the vLLM container $ARG_CONTAINER is $state after $(( SECONDS - started ))s ($restarts restarts; last probe: $last)" \
     "vLLM exited during start-up; its log above shows why"

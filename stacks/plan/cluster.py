@@ -21,7 +21,7 @@ from stacks.known_hosts import find_host_key
 OWNER_FILE = ".spark-vllm-owner"
 
 # The containers of the cluster itself (a server's are its ServerPlan's: `vllm`, slot-named).
-ClusterContainer = Literal["ray-head", "ray-worker", "front", "firewall"]
+ClusterContainer = Literal["ray-head", "ray-worker", "front", "firewall", "memory-guard"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,13 @@ class ClusterPlan:
     def runs_ray(self) -> bool:
         """Some server of the fleet is Ray's driver: the cluster runs Ray."""
         return any(slot.model.settings.executor == "ray" for slot in self.servers)
+
+    @property
+    def guards_memory(self) -> bool:
+        """memoryGuard.enabled, where `auto` follows preflight.unifiedMemory: a host whose GPU
+        takes the system's memory is the one a start-up can wedge."""
+        enabled = self.config.memory_guard.enabled
+        return self.config.preflight.unified_memory if enabled == "auto" else enabled
 
     @property
     def ray_address(self) -> str:

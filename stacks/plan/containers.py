@@ -43,6 +43,7 @@ Role = Literal[
     "prometheus",
     "grafana",
     "node-exporter",
+    "memory-guard",
 ]
 
 # Ray: `on-failure` restarts a crash, and, after a reboot, the exit the shutdown caused (a
@@ -64,6 +65,8 @@ RESTART_POLICY: dict[Role, str] = {
     "prometheus": "unless-stopped",
     "grafana": "unless-stopped",
     "node-exporter": "unless-stopped",
+    # As the firewall guard: back at boot even if stopped by hand, before the servers it watches.
+    "memory-guard": "always",
 }
 
 # The server's Ray driver finds its node's raylet among the processes it can see (Ray 2.x), so
@@ -132,6 +135,8 @@ class ContainerSpec:
     stop_seconds: int = 30
     user: str | None = None  # the image's own user when None
     capabilities: tuple[str, ...] = ()  # added to Docker's default set
+    network: Literal["host", "none"] = "host"  # "none": no network, and IPC Docker's default
+    memory_mb: int | None = None  # a hard limit, with no swap beside it
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,7 @@ class EntryScripts:
     gate: str  # firewall-gate.sh, before every Ray and vLLM entrypoint
     guard: str  # firewall.sh, the firewall container's
     exporter_gate: str  # exporter-gate.sh (POSIX sh), before node_exporter
+    memory_guard: str  # memory_guard.py (`python3 -c`), the memory guard's
 
 
 def ray_container(
@@ -268,6 +274,58 @@ def firewall_container(
         # replace the guard at every `pulumi up --refresh` (tests/engine/container_read.py).
         capabilities=("CAP_NET_ADMIN", "CAP_NET_RAW"),
     )
+
+
+# The memory guard's own bound: a Python loop reading two /proc files; measured at about 10 MiB.
+MEMORY_GUARD_MB = 64
+
+
+def memory_guard_container(
+    plan: ClusterPlan, node: NodePlan, scripts: EntryScripts
+) -> ContainerSpec:
+    """The memory guard on `node` (components/scripts/memory_guard.py, from the serving image):
+    no network, 64 MiB, and the host's Docker socket, through which it stops this deployment's
+    newest server on the node before the host runs out of memory. /proc/meminfo and
+    /proc/pressure/memory are the host's in any container (not namespaced)."""
+    guard = plan.config.memory_guard
+    command = {
+        "--node": node.name,
+        "--deployment": plan.deployment_id,
+        "--min-available": guard_floor(guard.min_available_gib),
+        "--max-pressure-percent": f"{guard.max_pressure_percent:g}",
+    }
+    labels = {**plan.labels, "spark-vllm.role": "memory-guard", "spark-vllm.node": node.name}
+    return ContainerSpec(
+        name=plan.container_name("memory-guard"),
+        node=node,
+        role="memory-guard",
+        entrypoint=("python3", "-c", scripts.memory_guard),
+        command=tuple(word for pair in command.items() for word in pair),
+        env=(),
+        restart=RESTART_POLICY["memory-guard"],
+        host_pid=False,
+        mounts=(Mount(DOCKER_SOCKET, DOCKER_SOCKET),),
+        labels=tuple(sorted(labels.items())),
+        gpus=False,
+        shm_size_mb=None,
+        ulimits=(),
+        devices=(),
+        stop_seconds=5,
+        user="0:0",
+        network="none",
+        memory_mb=MEMORY_GUARD_MB,
+    )
+
+
+# The daemon's socket, where `docker system dial-stdio` (the provider's SSH connection) finds it.
+DOCKER_SOCKET = "/var/run/docker.sock"
+
+
+def guard_floor(min_available_gib: float | Literal["auto"]) -> str:
+    """memoryGuard.minAvailableGib as the guard's --min-available: `auto` or bytes."""
+    if min_available_gib == "auto":
+        return "auto"
+    return str(int(min_available_gib * 1073741824))
 
 
 def _gated(

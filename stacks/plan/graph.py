@@ -14,9 +14,10 @@ The edges, in one place (each one's reason is beside it below):
     weights fetch (after the head's image facts) -> worker copies (after their image facts)
     memory check (after every node's weights)
     firewall guard (after the node's image facts and the memory check) -> its rules hold
+    memory guard (after the node's image facts and the memory check)
     front: key file, its config, its image -> its container (after the memory check)
     compile cache (after the node's image facts)
-    Ray containers (after their firewall, compile cache, memory check) -> join wait
+    Ray containers (after their firewall, memory guard, compile cache, memory check) -> join wait
     vLLM (after Ray's join wait, or with mp its headless ranks) -> readiness (through the front)
     each further model (a slot, stacks/fleet.py): its weights (each worker's copy after the
     previous model's), its memory check (after the previous model's readiness), its vLLM
@@ -41,6 +42,7 @@ from stacks.plan.containers import (
     firewall_container,
     front_container,
     headless_container,
+    memory_guard_container,
     ray_container,
     vllm_container,
 )
@@ -183,6 +185,7 @@ ComponentKind = Literal[
     "weights",
     "memory",
     "firewall",
+    "memory-guard",
     "front",
     "compile-cache",
     "ray",
@@ -247,8 +250,10 @@ def plan_graph(plan: ClusterPlan, facts: GraphFacts) -> DeploymentGraph:
     weights_ready = [_weights(each, entries, image_ready, copied) for each in servers]
     check = _memory(servers[0], entries, weights_ready[0], streams)
     firewalled = _firewall(plan, entries, facts, image_ready, check)
+    guarded = _memory_guard(plan, entries, facts, image_ready, check)
     key_file, front, front_reload = _front(plan, entries, facts, check)
-    gates = _Gates(firewalled, _compile_cache(plan, entries, image_ready), check, streams)
+    cache_ready = _compile_cache(plan, entries, image_ready)
+    gates = _Gates(firewalled, guarded, cache_ready, check, streams)
     # Ray drives one server (vLLM's Ray executor takes each node's whole GPU: StackConfig
     # allows one Ray model, on every host); the others are mp servers beside it.
     driver = next((each for each in servers if each.uses_ray), None)
@@ -506,6 +511,35 @@ def _firewall(
     return ready
 
 
+def _memory_guard(
+    plan: ClusterPlan,
+    entries: list[Planned],
+    facts: GraphFacts,
+    image_ready: dict[str, str],
+    check: str,
+) -> dict[str, str]:
+    """memoryGuard: a guard container per node (from the serving image), started before the
+    node's Ray and vLLM containers (and deleted after them), and, as the firewall's guard,
+    after the memory check (a refusal starts nothing): by node (none when it is off)."""
+    if not plan.guards_memory:
+        return {}
+    started: dict[str, str] = {}
+    for node in plan.nodes:
+        name = names.memory_guard_of(node.name)
+        entries.append(
+            Planned(
+                name,
+                names.MEMORY_GUARD,
+                memory_guard_container(plan, node, facts.entry_scripts),
+                node.name,
+                after=(names.preflight_of(node.name), image_ready[node.name], check),
+                image=PINNED_IMAGE,
+            )
+        )
+        started[node.name] = name
+    return started
+
+
 def _front(
     plan: ClusterPlan, entries: list[Planned], facts: GraphFacts, check: str
 ) -> tuple[str, str, str]:
@@ -686,10 +720,11 @@ def _compile_cache(
 @dataclass(frozen=True)
 class _Gates:
     """What every Ray and vLLM container of a node starts after: its preflight, its rules
-    holding (by node; none with the firewall off), its image and compile cache (by node), and
-    the memory check."""
+    holding (by node; none with the firewall off), its memory guard (by node; none when off),
+    its image and compile cache (by node), and the memory check."""
 
     firewalled: dict[str, str]
+    guarded: dict[str, str]
     cache_ready: dict[str, str]
     check: str
     images: dict[str, dict[str, str]]  # by image stream (its key), by node: checked there
@@ -697,10 +732,12 @@ class _Gates:
     def of(self, node: NodePlan, stream: str = "") -> tuple[str, ...]:
         """`stream`: the image the container runs (image.ref's comes before the cache)."""
         rules = (self.firewalled[node.name],) if node.name in self.firewalled else ()
+        guard = (self.guarded[node.name],) if node.name in self.guarded else ()
         own = (self.images[stream][node.name],) if stream else ()
         return (
             names.preflight_of(node.name),
             *rules,
+            *guard,
             self.cache_ready[node.name],
             *own,
             self.check,
@@ -839,11 +876,11 @@ def _components(
     plan: ClusterPlan, servers: Sequence[ServerPlan], streams: Sequence[ImageStream]
 ) -> tuple[PlannedComponent, ...]:
     """Every component, in the order the composition registers them: the hosts, the fabric, the
-    images, each server's weights, the first server's memory check, the firewall, the front,
-    the compile caches, Ray (when a server drives it), the first server, then each further
-    server's memory check and server, and monitoring (when on). A component without
-    resources (the fabric of one host, the firewall when off) is still registered: its URN
-    stays the parent of what a later change adds under it."""
+    images, each server's weights, the first server's memory check, the firewall, the memory
+    guard, the front, the compile caches, Ray (when a server drives it), the first server, then
+    each further server's memory check and server, and monitoring (when on). A component
+    without resources (the fabric of one host, the firewall or the memory guard when off) is
+    still registered: its URN stays the parent of what a later change adds under it."""
     first, *others = servers
     components = [PlannedComponent("host", node.name) for node in plan.nodes]
     components.append(PlannedComponent("fabric", names.FABRIC))
@@ -852,6 +889,7 @@ def _components(
     components += [
         PlannedComponent("memory", names.memory_of(first.slot)),
         PlannedComponent("firewall", names.FIREWALL),
+        PlannedComponent("memory-guard", names.MEMORY_GUARD),
         PlannedComponent("front", names.FRONT),
         PlannedComponent("compile-cache", names.COMPILE_CACHE),
     ]

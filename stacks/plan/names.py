@@ -16,6 +16,7 @@ from stacks.fleet import ServerSlot
 FABRIC, IMAGE, WEIGHTS, MEMORY = "fabric", "image", "weights", "memory"
 FIREWALL, FRONT, COMPILE_CACHE, RAY, VLLM = "firewall", "front", "compile-cache", "ray", "vllm"
 MONITORING = "monitoring"
+MEMORY_GUARD = "memory-guard"
 
 
 # A server's components (slot 0's keep the names of a stack of one model).
@@ -164,6 +165,10 @@ MONITORING_FILES = f"{MONITORING}-files"
 MONITORING_DATA = f"{MONITORING}-data"
 MONITORING_RAY_TARGETS = f"{MONITORING}-ray-targets"
 MONITORING_READY = f"{MONITORING}-ready"
+
+
+def memory_guard_of(node: str) -> str:
+    return f"{MEMORY_GUARD}-{node}"
 
 
 def node_exporter_of(node: str) -> str:

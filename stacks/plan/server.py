@@ -183,6 +183,12 @@ def vllm_ready(plan: ServerPlan) -> StepSpec:
         "executor": plan.served.settings.executor,
         # mp: where the nodes meet; the diagnostics check each node's way there.
         **({} if plan.uses_ray or not through_front else {"rendezvous": plan.rendezvous}),
+        # memoryGuard: a node's guard that stopped this server's container there is the cause.
+        **(
+            {"guard_container": plan.cluster.container_name("memory-guard")}
+            if plan.cluster.guards_memory
+            else {}
+        ),
     }
     served = plan.served
     snapshot = {"model": served.id, "revision": served.revision, "cache_dir": cfg.model.cache_dir}

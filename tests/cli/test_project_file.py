@@ -12,6 +12,7 @@ import yaml
 from stacks.config import (
     DockerConfig,
     FabricConfig,
+    MemoryGuardConfig,
     MonitoringConfig,
     PreflightConfig,
     RayConfig,
@@ -104,7 +105,7 @@ def test_a_stack_can_leave_every_optional_key_out() -> None:
     ("key", "model"),
     [("ray", RayConfig), ("docker", DockerConfig), ("fabric", FabricConfig),
      ("preflight", PreflightConfig), ("timeouts", TimeoutsConfig),
-     ("monitoring", MonitoringConfig)],
+     ("monitoring", MonitoringConfig), ("memoryGuard", MemoryGuardConfig)],
 )  # fmt: skip
 def test_project_defaults_are_the_programs_defaults(key: str, model: type) -> None:
     declared = load_project(REPO / "Pulumi.yaml").config[key]
@@ -115,8 +116,8 @@ def test_project_defaults_are_the_programs_defaults(key: str, model: type) -> No
 
 def test_every_key_the_program_reads_is_declared_with_a_description() -> None:
     project = load_project(REPO / "Pulumi.yaml")
-    # The top-level fields are single words: their names are their config keys.
-    assert set(project.config) == {*StackConfig.model_fields, "apiKey", "hfToken"}
+    keys = {field.alias or name for name, field in StackConfig.model_fields.items()}
+    assert set(project.config) == {*keys, "apiKey", "hfToken"}
     assert all(declared.description for declared in project.config.values())
 
 
@@ -124,7 +125,9 @@ def test_each_description_is_the_programs() -> None:
     """`pulumi config` users read Pulumi.yaml's descriptions, docs/configuration.md readers the
     model's: one text (stacks/schema.py), whitespace aside (Pulumi.yaml folds its lines)."""
     project = load_project(REPO / "Pulumi.yaml")
-    expected = {key: field.description for key, field in StackConfig.model_fields.items()}
+    expected = {
+        field.alias or key: field.description for key, field in StackConfig.model_fields.items()
+    }
     expected |= SECRETS
     declared = {key: " ".join(d.description.split()) for key, d in project.config.items()}
     assert declared == {key: " ".join(str(text).split()) for key, text in expected.items()}

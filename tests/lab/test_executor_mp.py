@@ -74,7 +74,8 @@ def test_every_node_serves_the_model_without_ray(stack: Stack) -> None:
     # The stand-in's text names every rank's node: both took part.
     fabric = [lab.spec.host_fabric_ip(i) for i in range(2)]
     assert reply["choices"][0]["text"].startswith(f"ranks={','.join(fabric)} "), reply
-    for host, others in (("spark1", ["firewall", "front"]), (WORKER, ["firewall"])):
+    head, worker = ["firewall", "front", "memory-guard"], ["firewall", "memory-guard"]
+    for host, others in (("spark1", head), (WORKER, worker)):
         running = host_sh(lab, host, "docker ps --format '{{.Names}}' | sort").split()
         assert running == sorted(f"{PREFIX}-{name}" for name in [*others, "vllm"]), running
         assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host
@@ -187,7 +188,7 @@ def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stac
     for host in ("spark1", WORKER):
         assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host
         running = set(host_sh(lab, host, "docker ps --format '{{.Names}}'").split())
-        ours = {"vllm", "firewall", "front"} if host == "spark1" else {"vllm", "firewall"}
+        ours = {"vllm", "firewall", "memory-guard"} | ({"front"} if host == "spark1" else set())
         assert running == {f"{PREFIX}-{name}" for name in ours}, (host, running)
 
 

@@ -1,6 +1,7 @@
 """Too little memory for the server, tried against the lab (issue 13): a memory hog on the worker
 leaves less than a fixed vllm.gpuMemoryUtilization asks, which is refused with its figures before
-anything starts, and `auto` then sizes the server to what the hog left.
+anything starts, and `auto` then sizes the server to what the hog left. And a start that runs
+away (issue 39): the memory guard stops it before the host runs out, SSH answering throughout.
 
 The lab's hosts share this machine's memory, so this module runs with no other lab module
 beside it (`exclusive`: tests/conftest.py), after the others: what is free must not move with
@@ -9,6 +10,8 @@ another lab's work between the refusal and the sizing."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 
 from lab import Lab
 from lab.stack import PROJECT
+from stacks.plan.containers import MEMORY_GUARD_MB
 from stacks.plan.hardware import KV_CACHE_RESERVE_BYTES
 from tests.lab.deploying import host_sh, lab_config
 from tests.lab.faulting import (
@@ -127,3 +131,113 @@ def test_a_memory_hog_leaves_too_little_and_auto_sizes_the_server_to_what_is_lef
         f"({kv_cache['tokens']} tokens, {kv_cache['fullLengthRequests']} requests of "
         f"{kv_cache['maxModelLen']})",
     )
+
+
+PREFIX = "spark-vllm"
+# A start that runs away, as vLLM's does on GB10 (vllm#46307): inside the worker's Ray container
+# (where vLLM's Ray workers run), it takes all but FIRST_LEFT of what is available at once, then
+# 128 MiB every 0.25 s. It never takes the last STOP_AT itself: if the guard failed, the test
+# fails on its assertions, not on this machine's OOM killer.
+FIRST_LEFT, STOP_AT = 3 * GIB, GIB // 2
+RUNAWAY = f"""
+import time
+def available():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+held = [b"x" * max(0, available() - {FIRST_LEFT})]
+while True:
+    if available() > {STOP_AT}:
+        held.append(b"x" * (128 << 20))
+    time.sleep(0.25)
+"""
+
+
+class Watch:
+    """Beside a deployment: once the worker's Ray container and the head's server run, the
+    runaway starts in the former; meanwhile the lowest MemAvailable, and SSH to the worker
+    (through the bastion, as a user) every second."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab, self.lowest, self.ssh_ok, self.ssh_failed = lab, float("inf"), 0, 0
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _running(self, host: str, container: str) -> bool:
+        status = f"docker inspect --format '{{{{.State.Status}}}}' {container} 2>/dev/null || true"
+        return host_sh(self.lab, host, status) == "running"
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 300
+        worker, server = f"{PREFIX}-ray-worker", f"{PREFIX}-vllm"
+        while not (self._running(WORKER, worker) and self._running("spark1", server)):
+            if time.monotonic() > deadline or self.done.is_set():
+                return
+            time.sleep(1)
+        script = RUNAWAY.replace("'", "'\\''")
+        host_sh(self.lab, WORKER, f"docker exec -d {PREFIX}-ray-worker python3 -c '{script}'")
+        self.started.set()
+        ssh_at = 0.0
+        while not self.done.is_set():
+            self.lowest = min(self.lowest, mem_available(self.lab))
+            if time.monotonic() - ssh_at >= 1:
+                ssh_at = time.monotonic()
+                answered = self.lab.ssh(WORKER, "true", timeout=10, check=False)
+                if answered.returncode == 0:
+                    self.ssh_ok += 1
+                else:
+                    self.ssh_failed += 1
+            time.sleep(0.2)
+
+
+def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
+    lab: Lab, stack: list[RealMocks]
+) -> None:
+    """The server starts slowly (a large model's load); meanwhile the worker's share of it runs
+    away. The worker's guard stops that container (SIGKILL through Docker, which then leaves it
+    stopped) before the host runs out; the readiness wait fails at once with the guard's line:
+    the node, the container, the figures, the likely cause. The next `up` serves."""
+    config = lab_config(lab)
+    vllm = config[f"{PROJECT}:vllm"]
+    config[f"{PROJECT}:vllm"] = {**vllm, "env": {"VLLM_STANDIN_LOAD_SECONDS": "120"}}
+    watch = Watch(lab)
+    watch.thread.start()
+    try:
+        error = failing_up(lab, stack, config)
+    finally:
+        watch.done.set()
+        watch.thread.join(timeout=60)
+    assert watch.started.is_set(), error
+    found = re.search(
+        r"spark-vllm: spark1: vllm-ready: spark2: memory-guard: stopped spark-vllm-ray-worker "
+        r"\(id \w{12}, ray-worker, started \d+s before\) at [\dT:Z-]+: ([\d.]+) GiB of "
+        r"([\d.]+) GiB available, below the guard's ([\d.]+) GiB",
+        error,
+    )
+    assert found, error
+    assert "likely cause: the server takes more memory than this node has while it starts" in error
+    acted_at, total, floor = (float(v) for v in found.groups())
+    assert acted_at < floor and floor == max(1.0, round(total * 0.03, 1)), found.group(0)
+    # Stopped by hand as far as Docker knows: its restart policy leaves it down.
+    state = host_sh(lab, WORKER, f"docker inspect --format '{{{{.State.Status}}}} "
+                                 f"{{{{.RestartCount}}}}' {PREFIX}-ray-worker")  # fmt: skip
+    assert state == "exited 0", state
+    # The host never ran out: SSH answered every second, and what was left stayed above half
+    # the floor (the runaway grows 512 MiB/s; the guard reads twice a second).
+    assert watch.ssh_failed == 0 and watch.ssh_ok >= 1, (watch.ssh_ok, watch.ssh_failed)
+    assert watch.lowest > floor * GIB / 2, watch.lowest
+    usage = host_sh(lab, WORKER, f"docker stats --no-stream --format '{{{{.MemUsage}}}}' "
+                                 f"{PREFIX}-memory-guard")  # fmt: skip
+    guard_mib = float(re.match(r"([\d.]+)MiB", usage)[1])  # type: ignore[index]
+    assert guard_mib < MEMORY_GUARD_MB, guard_mib
+    record_figure(
+        "memory guard: a runaway start stopped",
+        f"at {acted_at} GiB available (its floor {floor} GiB of {total} GiB); lowest seen "
+        f"{watch.lowest / GIB:.2f} GiB; SSH answered {watch.ssh_ok} of {watch.ssh_ok} times; "
+        f"the guard itself {guard_mib:.0f} MiB",
+    )
+    # The next `up`, the runaway gone with its container: refresh reads the stopped Ray
+    # container (pulumi-docker sets must_run false) and the up starts it; the server serves.
+    outputs = successful_up(lab, stack, lab_config(lab))
+    assert "ready after" in outputs["readiness"]

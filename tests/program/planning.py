@@ -69,7 +69,11 @@ def every_step(plan: ClusterPlan) -> list[StepSpec]:
 
 
 SCRIPTS = EntryScripts(
-    launcher="echo launcher", gate="echo gate", guard="echo guard", exporter_gate="echo gate"
+    launcher="echo launcher",
+    gate="echo gate",
+    guard="echo guard",
+    exporter_gate="echo gate",
+    memory_guard="print('memory guard')",
 )
 
 

@@ -89,8 +89,9 @@ def test_a_new_ref_with_keep_on_destroy_false_stops_every_container_of_the_image
 ) -> None:
     """The serving image's pull is delete-before-replace when its delete removes the image:
     every container started from it goes first (and the waits whose triggers hold their IDs),
-    so `docker rmi` never meets a running container. The record, the copies and the checks
-    only update. The front's container is not the serving image's: it keeps serving."""
+    so `docker rmi` never meets a running container (both guards run it too). The record, the
+    copies and the checks only update. The front's container is not the serving image's: it
+    keeps serving."""
     config = make_config(hosts=2)
     config["image"] = {**config["image"], "keepOnDestroy": False}
     up = evaluate(config, SECRETS)
@@ -101,6 +102,8 @@ def test_a_new_ref_with_keep_on_destroy_false_stops_every_container_of_the_image
     assert doomed == {
         "firewall-spark1-guard",
         "firewall-spark2-guard",
+        "memory-guard-spark1",
+        "memory-guard-spark2",
         "ray-head",
         "ray-spark2",
         "ray-joined",

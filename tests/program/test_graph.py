@@ -22,6 +22,7 @@ COMPONENTS = {
     "spark-vllm:index:RayCluster",
     "spark-vllm:index:VllmServer",
     "spark-vllm:index:Firewall",
+    "spark-vllm:index:MemoryGuard",
     "spark-vllm:index:Front",
     "spark-vllm:index:CompileCache",
 }
@@ -94,8 +95,8 @@ def test_one_image_transfer_and_one_weights_copy_per_worker(evaluation: Evaluati
     pulls = {r.name: r.inputs["name"] for r in ev.by_type("docker:index/remoteImage:RemoteImage")}
     # Pulled on the head only: the serving image, and the front's.
     assert pulls == {"image-pull": "example/vllm-gb10:1.0", "front-pull": "haproxy:3.2"}
-    # Ray per node, vLLM, the front, and the firewall guard per node.
-    assert len(ev.by_type("docker:index/container:Container")) == 2 * n + 2
+    # Ray per node, vLLM, the front, and the firewall guard and memory guard per node.
+    assert len(ev.by_type("docker:index/container:Container")) == 3 * n + 2
 
 
 def test_connections_use_the_bastion_for_via_hosts_only(evaluation: Evaluation) -> None:

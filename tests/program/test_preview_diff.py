@@ -43,6 +43,9 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         # The guard runs from the serving image; its rules stay in the kernel meanwhile.
         "firewall-spark1-guard": "replace",
         "firewall-spark2-guard": "replace",
+        # So does the memory guard: replaced, stopped for a few seconds, before the servers.
+        "memory-guard-spark1": "replace",
+        "memory-guard-spark2": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",  # a new cluster is waited for again

@@ -24,7 +24,11 @@ from tests.program.planning import every_step, known, plan_of
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = EntryScripts(
-    launcher="echo launcher", gate="echo gate", guard="echo guard", exporter_gate="echo gate"
+    launcher="echo launcher",
+    gate="echo gate",
+    guard="echo guard",
+    exporter_gate="echo gate",
+    memory_guard="print('memory guard')",
 )
 
 

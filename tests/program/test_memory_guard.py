@@ -1,0 +1,118 @@
+"""memory_guard.py: the memory guard's decisions, facts in and decision out: the thresholds for
+a host, when it acts, which container it stops, and the line the readiness wait quotes. The
+guard against real Docker and a real runaway start: tests/lab/test_memory_faults.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from stacks.plan.hardware import AUTO_MARGIN_FRACTION, AUTO_MIN_MARGIN_BYTES
+from tests.program.scripting import load
+
+guard = load("memory_guard")
+
+GIB = 1 << 30
+SPARK_TOTAL = int(119.7 * GIB)  # a DGX Spark's MemTotal
+
+MEMINFO = """MemTotal:       24522392 kB
+MemFree:         1034876 kB
+MemAvailable:   20338500 kB
+Buffers:          123456 kB
+"""
+PSI = """some avg10=12.50 avg60=3.10 avg300=0.80 total=123456
+full avg10=4.25 avg60=1.00 avg300=0.20 total=65432
+"""
+
+
+def test_the_host_figures_are_read_as_the_kernel_writes_them() -> None:
+    memory = guard.parse_meminfo(MEMINFO)
+    assert (memory.total, memory.available) == (24522392 * 1024, 20338500 * 1024)
+    assert guard.parse_pressure(PSI) == 4.25  # `full`, not `some`
+    assert guard.parse_pressure("") is None  # a kernel without PSI
+
+
+@pytest.mark.parametrize(
+    ("setting", "total", "floor"),
+    [
+        ("auto", SPARK_TOTAL, int(SPARK_TOTAL * 0.03)),  # 3.6 GiB on a Spark
+        ("auto", 24 * GIB, GIB),  # a small host: at least 1 GiB
+        (str(5 * GIB), SPARK_TOTAL, 5 * GIB),  # as configured
+    ],
+)
+def test_the_floor_is_three_percent_and_at_least_a_gib(
+    setting: str, total: int, floor: int
+) -> None:
+    assert guard.limits_of(setting, 60, total).min_available == floor
+
+
+def test_auto_sits_below_what_the_memory_check_keeps_beside_a_server_it_sized() -> None:
+    """A server that took what the memory check gave it leaves the check's margin available:
+    the guard must not act on it, on a Spark or on a small host."""
+    for total in (SPARK_TOTAL, 24 * GIB, 64 * GIB):
+        margin = max(AUTO_MARGIN_FRACTION * total, AUTO_MIN_MARGIN_BYTES)
+        assert guard.limits_of("auto", 60, total).min_available < margin
+
+
+@pytest.mark.parametrize(
+    ("available_gib", "pressure", "acts_on"),
+    [
+        (10.0, 1.0, None),
+        (0.9, None, "0.9 GiB of 23.4 GiB available, below the guard's 1.0 GiB"),
+        (1.0, None, None),  # at the floor: not below it
+        (10.0, 60.0, "memory pressure 60% (PSI full avg10), at or above the guard's 60%"),
+        (10.0, 59.9, None),
+    ],
+)
+def test_it_acts_below_the_floor_or_at_the_pressure_limit(
+    available_gib: float, pressure: float | None, acts_on: str | None
+) -> None:
+    memory = guard.Memory(int(23.4 * GIB), int(available_gib * GIB))
+    assert guard.breach(memory, pressure, guard.Limits(GIB, 60)) == acts_on
+
+
+def test_a_pressure_limit_of_zero_leaves_pressure_alone() -> None:
+    memory = guard.Memory(24 * GIB, 10 * GIB)
+    assert guard.breach(memory, 100.0, guard.Limits(GIB, 0)) is None
+
+
+def server(name: str, role: str, started: float) -> object:
+    return guard.Server(f"{name}-id-0123456789", name, role, started)
+
+
+@pytest.mark.parametrize(
+    ("servers", "stopped"),
+    [
+        # The newest server is the one starting (one server starts after the other is ready).
+        ([server("m0", "vllm", 100), server("m1", "vllm", 200)], "m1"),
+        ([server("m0", "vllm-headless", 300), server("m1", "vllm", 200)], "m0"),
+        # A server before Ray, however new Ray is: the memory is the server's.
+        ([server("ray", "ray-head", 500), server("m0", "vllm", 100)], "m0"),
+        # A Ray worker node (executor ray): vLLM's workers run in its Ray container.
+        ([server("ray", "ray-worker", 500)], "ray"),
+        # Nothing of ours: nothing to stop (the front and the guards are never candidates).
+        ([server("front", "front", 900), server("guard", "memory-guard", 900)], None),
+        ([], None),
+        # A tie (a reboot starts several in one second): by name, so every run agrees.
+        ([server("a", "vllm", 100), server("b", "vllm", 100)], "b"),
+    ],
+)
+def test_it_stops_the_newest_server(servers: list[object], stopped: str | None) -> None:
+    chosen = guard.choose(servers)
+    assert (chosen.name if chosen else None) == stopped
+
+
+def test_its_line_names_the_node_the_container_and_the_figures() -> None:
+    stopped = guard.Server("4f2a9c1b7d3e" + "0" * 52, "spark-vllm-vllm", "vllm-headless", 1000.0)
+    line = guard.stop_line("spark2", stopped, "0.9 GiB of 23.4 GiB available", 12.0, 1042.0)
+    assert line == (
+        "spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id 4f2a9c1b7d3e, "
+        "vllm-headless, started 42s before) at 1970-01-01T00:17:22Z: 0.9 GiB of 23.4 GiB "
+        "available; memory pressure 12%"
+    )
+    # What the readiness wait greps for (diagnose.sh guard_stopped): the stop and the ID.
+    assert guard.STOP_LINE in line and "(id 4f2a9c1b7d3e," in line
+
+
+def test_dockers_start_time_is_read_to_the_microsecond() -> None:
+    assert guard.started_at("1970-01-01T00:16:40.123456789Z") == pytest.approx(1000.123456)
+    assert guard.started_at("1970-01-01T00:16:40Z") == 1000.0
