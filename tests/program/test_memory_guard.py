@@ -4,10 +4,14 @@ guard against real Docker and a real runaway start: tests/lab/test_memory_faults
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from stacks.plan.hardware import AUTO_MARGIN_FRACTION, AUTO_MIN_MARGIN_BYTES
-from tests.program.scripting import load
+from tests.program.scripting import FAKE_SSH, SCRIPTS, fake_bin, load
 
 guard = load("memory_guard")
 
@@ -116,3 +120,57 @@ def test_its_line_names_the_node_the_container_and_the_figures() -> None:
 def test_dockers_start_time_is_read_to_the_microsecond() -> None:
     assert guard.started_at("1970-01-01T00:16:40.123456789Z") == pytest.approx(1000.123456)
     assert guard.started_at("1970-01-01T00:16:40Z") == 1000.0
+
+
+# A Docker CLI stand-in for diagnose.sh's guard_stopped: `inspect` answers the current
+# container's ID; the guard's log holds a stop of an earlier container and one of this one.
+FAKE_DOCKER = """#!/usr/bin/env bash
+case "$1" in
+  inspect) echo "4f2a9c1b7d3e000000000000000000000000000000000000000000000000cafe" ;;
+  logs) cat <<'LOG'
+spark-vllm: spark2: memory-guard: watching: acts below 1.0 GiB available of 23.4 GiB
+spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id 0123456789ab, vllm-headless, started 9s before) at 2026-12-05T01:00:00Z: 0.8 GiB of 23.4 GiB available, below the guard's 1.0 GiB
+  likely cause: an earlier start
+spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id 4f2a9c1b7d3e, vllm-headless, started 41s before) at 2026-12-05T02:00:00Z: 0.9 GiB of 23.4 GiB available, below the guard's 1.0 GiB
+  likely cause: this start
+LOG
+  ;;
+esac
+"""  # noqa: E501
+
+
+@pytest.mark.parametrize("dest", ["-", "spark2-fabric"])
+def test_the_wait_quotes_the_guards_stop_of_its_own_container_only(
+    tmp_path: Path, dest: str
+) -> None:
+    """diagnose.sh guard_stopped, on the head (`-`) or over the fabric: the stop naming the
+    container's current ID, with its cause; an earlier container's stop is not this one's."""
+    env = fake_bin(tmp_path, docker=FAKE_DOCKER, ssh=FAKE_SSH)
+    script = (
+        f'. "{SCRIPTS}/lib.sh"; . "{SCRIPTS}/diagnose.sh"; '
+        "ARG_GUARD_CONTAINER=spark-vllm-memory-guard; "
+        f'guard_stopped "spark2|{dest}|spark-vllm-vllm"'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **env},
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and "(id 4f2a9c1b7d3e," in lines[0], done
+    assert lines[1] == "  likely cause: this start"
+
+
+def test_without_a_guard_the_wait_asks_nothing(tmp_path: Path) -> None:
+    env = fake_bin(tmp_path, docker="#!/bin/sh\necho called >&2; exit 1\n")
+    script = f'. "{SCRIPTS}/lib.sh"; . "{SCRIPTS}/diagnose.sh"; guard_stopped "spark2|-|c"'
+    done = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **env},
+    )
+    assert (done.stdout, done.stderr) == ("", "")
