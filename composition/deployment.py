@@ -29,6 +29,7 @@ from stacks.config import ConfigError
 from stacks.known_hosts import write_known_hosts
 from stacks.plan import hardware, names, server
 from stacks.plan.cluster import ClusterPlan, placed, plan_cluster, unpinned_endpoints
+from stacks.plan.cold_start import cold_start, cold_start_steps, cold_start_table
 from stacks.plan.graph import DeploymentGraph, GraphFacts, plan_graph
 from stacks.plan.server_plan import ServerPlan, per_server
 from stacks.plan.steps import Stdin
@@ -45,6 +46,7 @@ class Deployment:
     front: Front
     servers: tuple[VllmServer, ...]  # in the fleet's order
     api_key: pulumi.Output[str]
+    cold_starts: tuple[pulumi.Output[dict[str, Any]], ...] = ()  # per server, in fleet order
     monitoring: Monitoring | None = None  # monitoring.enabled
 
     def outputs(self) -> dict[str, object]:
@@ -80,9 +82,10 @@ class Deployment:
                         s.readiness.stdout,
                         m.sizing,
                         s.benchmark.stdout if s.benchmark is not None else None,
+                        c,
                     ).apply(functools.partial(_model_output, each))
-                    for each, s, m in zip(
-                        per_server(plan), self.servers, self.memories, strict=True
+                    for each, s, m, c in zip(
+                        per_server(plan), self.servers, self.memories, self.cold_starts, strict=True
                     )
                 )
             ),
@@ -172,7 +175,23 @@ def build_deployment(settings: Settings) -> Deployment:
     _warn_hardware(deployment.hosts)
     unbuilt = [entry.name for entry in graph if entry.name not in walk.built]
     assert not unbuilt, f"planned but never registered: {unbuilt}"
-    return Deployment(plan=plan, api_key=settings.api_key, **deployment.parts())
+    cold_starts = tuple(_cold_start(each, graph, walk) for each in per_server(plan))
+    return Deployment(
+        plan=plan, api_key=settings.api_key, cold_starts=cold_starts, **deployment.parts()
+    )
+
+
+def _cold_start(plan: ServerPlan, graph: DeploymentGraph, walk: Walk) -> pulumi.Output[Any]:
+    """A server's cold-start figures (stacks/plan/cold_start.py), printed once `up` knows them."""
+    steps = cold_start_steps(plan, graph.by_name)
+    stdout = {name: walk.step(name).stdout for name in steps.every()}
+
+    def figures(out: dict[str, str]) -> dict[str, Any]:
+        found = cold_start(steps, out)
+        pulumi.log.info(cold_start_table(plan.served.served_name, found))
+        return found
+
+    return pulumi.Output.all(**stdout).apply(figures)
 
 
 @dataclass
@@ -236,11 +255,12 @@ def _register(
 
 
 def _model_output(plan: ServerPlan, done: list[Any]) -> dict[str, Any]:
-    """One entry of the `models` output, from its server's readiness, memory check and (with
-    vllm.benchmark) its benchmark."""
+    """One entry of the `models` output, from its server's readiness, memory check, (with
+    vllm.benchmark) its benchmark, and its cold-start figures."""
     output = server.model_output(plan, done[0], done[1])
     if done[2] is not None:
         output["benchmark"] = server.parse_benchmark(done[2])
+    output["coldStart"] = done[3]
     return output
 
 

@@ -371,5 +371,5 @@ class ImageCopy(Copy):
 
     def report(self, kept: int, layers: int, staged: int) -> None:
         sent = {"bytes": self.sent, "layersKept": kept, "layers": layers, "staged": staged,
-                "relayed": self.relayed}  # fmt: skip
+                "relayed": self.relayed, "seconds": self.seconds()}  # fmt: skip
         print(f"spark-vllm-image-sent {json.dumps(sent)}", flush=True)

@@ -25,7 +25,8 @@ class Copy:
         self.flags = flags
         self.worker, self.target = flags["worker"], flags["target"]
         self.minutes = int(flags["timeout_minutes"])
-        self.deadline = time.monotonic() + 60 * self.minutes
+        self.started = time.monotonic()
+        self.deadline = self.started + 60 * self.minutes
         self.fabric = Fabric(flags.get("fabric_key", ""), flags.get("fabric_known_hosts", ""))
         self.sent = 0
         self.relayed = 0
@@ -38,6 +39,10 @@ class Copy:
             stall_seconds=float(self.flags.get("stall_seconds", "0")),
             deadline=self.deadline,
         )
+
+    def seconds(self) -> float:
+        """How long the step took so far: its report's `seconds` (the cold-start figures)."""
+        return round(time.monotonic() - self.started, 1)
 
     def run(self) -> None:
         raise NotImplementedError

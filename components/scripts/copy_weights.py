@@ -206,5 +206,5 @@ class WeightsCopy(Copy):
 
     def report(self, kept: int, resumed: int, whole: int) -> None:
         sent = {"bytes": self.sent, "total": int(self.bytes or 0), "kept": kept, "resumed": resumed,
-                "sent": whole, "relayed": self.relayed}  # fmt: skip
+                "sent": whole, "relayed": self.relayed, "seconds": self.seconds()}  # fmt: skip
         print(f"spark-vllm-weights-sent {json.dumps(sent, separators=(',', ':'))}", flush=True)

@@ -5,6 +5,14 @@ set -euo pipefail
 SPARK_STEP="$(basename "$0" .sh)"
 # shellcheck disable=SC2034  # read by the scripts that source this file
 SPARK_BIN="$(cd "$(dirname "$0")" && pwd)"
+SPARK_STARTED_US="${EPOCHREALTIME//[!0-9]/}"
+
+# step_seconds: `spark-vllm-seconds S.S` on stdout, how long this step has run so far (the
+# cold-start figures of the `models` output, stacks/plan/cold_start.py).
+step_seconds() {
+  local tenths=$(( (${EPOCHREALTIME//[!0-9]/} - SPARK_STARTED_US) / 100000 ))
+  printf 'spark-vllm-seconds %d.%d\n' $(( tenths / 10 )) $(( tenths % 10 ))
+}
 
 # fail WHAT [LIKELY_CAUSE]: print one clear message and stop this step.
 fail() {

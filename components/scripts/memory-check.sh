@@ -87,5 +87,6 @@ if [ -n "${ARG_KV_CACHE:-}" ]; then
             --max-model-len "$ARG_MAX_MODEL_LEN" --kv-cache-dtype "$ARG_KV_CACHE_DTYPE"
             --reserve-bytes "$ARG_RESERVE_BYTES")
 fi
+step_seconds
 plan decide --utilization "$ARG_UTILIZATION" --margin-fraction "$ARG_MARGIN_FRACTION" \
   --min-margin-bytes "$ARG_MIN_MARGIN_BYTES" "${kv_flags[@]}" <<<"$facts"

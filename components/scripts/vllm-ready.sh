@@ -5,7 +5,7 @@
 #                 --timeout-seconds S --progress-seconds S --measure-completions N
 #                 --expect-transport ib|none --executor ray|mp [--rendezvous IP:PORT]
 #                 --nodes "name|dest|container ..." [--fabric-key ...] [--guard-container G]
-#                 (API key on stdin)
+#                 [--server-address A --server-port P]                    (API key on stdin)
 # Every --progress-seconds it reports on stderr (streamed into the `pulumi up` output): the time
 # waited, the probe's state and the server's latest progress line from its log.
 . "$(dirname "$0")/lib.sh"
@@ -51,6 +51,29 @@ guarded() {
     fail "$(head -n 1 <<<"$said" | sed 's/^spark-vllm: //')" \
       "$(sed -n 's/^  likely cause: //p' <<<"$said" | head -n 1)"
   done
+}
+# The cold start, timed from the container's start (Docker's StartedAt): how long Docker took to
+# start it, then its own port open (--server-port), /health answering (the probe gets past it),
+# the first completion. Not measured when the server was ready at the first probe (a wait run
+# again on a server that serves): `spark-vllm-start {json}`, stacks/plan/cold_start.py.
+epoch() { date -d "$1" +%s.%N 2>/dev/null || true; }
+read -r created started_at <<<"$(docker inspect --format '{{.Created}} {{.State.StartedAt}}' "$ARG_CONTAINER" 2>/dev/null || echo "- -")"
+start_epoch="$(epoch "$started_at")"
+port_open="" healthy="" first_probe=1 warm=0
+after_start() { awk -v a="$1" -v b="$start_epoch" 'BEGIN { printf "%.1f", a - b }'; }
+start_figures() {
+  if [ -z "$start_epoch" ] || [ "$warm" = 1 ]; then
+    printf '\nspark-vllm-start {"measured":false}'
+    return 0
+  fi
+  printf '\nspark-vllm-start {"measured":true,"containerStartSeconds":%s,"portOpenSeconds":%s,"healthSeconds":%s,"firstTokenSeconds":%s}' \
+    "$(awk -v a="$start_epoch" -v b="$(epoch "$created")" 'BEGIN { printf "%.1f", a - b }')" \
+    "$(if [ -n "$port_open" ]; then after_start "$port_open"; else echo null; fi)" \
+    "$(after_start "${healthy:-$first_token}")" "$(after_start "$first_token")"
+}
+port_answers() {
+  [ -n "${ARG_SERVER_PORT:-}" ] \
+    && timeout 2 bash -c "exec 3<>/dev/tcp/$ARG_SERVER_ADDRESS/$ARG_SERVER_PORT" 2>/dev/null
 }
 reported=$SECONDS
 guard_checked=$SECONDS
@@ -124,14 +147,23 @@ while :; do
   [ "$restarts" = 0 ] || give_up \
     "vLLM exited during start-up and Docker restarted it $restarts time(s) (last probe: $last)" \
     "vLLM refused its arguments or failed to load the model; its log above shows the first error"
+  [ -n "$port_open" ] || ! port_answers || port_open="$EPOCHREALTIME"
   line="$(probe_watched)" || true
   case "$line" in
-    ready*) echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }$(speed)$(fabric_transport)"; exit 0 ;;
+    ready*|waiting*) [ -n "$healthy" ] || healthy="$EPOCHREALTIME" ;;
+  esac
+  case "$line" in
+    ready*)
+      first_token="$EPOCHREALTIME"
+      [ "$first_probe" = 0 ] || warm=1
+      echo "vllm: ready after $(( SECONDS - started ))s; first completion: ${line#ready }$(speed)$(fabric_transport)$(start_figures)"
+      exit 0 ;;
     unauthorized*) give_up "vLLM rejects the configured API key (${line#unauthorized })" \
                      "the container was started with another key; run 'pulumi up' again to replace it" ;;
     "") ;;
     *) last="$line" ;;
   esac
+  first_probe=0
   if [ $(( SECONDS - reported )) -ge "$ARG_PROGRESS_SECONDS" ]; then
     reported=$SECONDS
     note "vllm: waiting $(( SECONDS - started ))s of ${ARG_TIMEOUT_SECONDS}s; probe: $last; server log: $(server_progress)"

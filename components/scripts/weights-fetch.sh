@@ -22,4 +22,5 @@ if [ "$status" -ne 0 ]; then
   fail "fetching $ARG_MODEL@$ARG_REVISION failed: $(tail -n 3 <<<"$output" | paste -sd ' ' -)" "$cause"
 fi
 note "$output"
+step_seconds  # before the manifest: the fetch's last line
 bash "$SPARK_BIN/hf-manifest.sh" --host "$ARG_HOST" --cache-dir "$ARG_CACHE_DIR" --model "$ARG_MODEL" --revision "$ARG_REVISION"

@@ -183,6 +183,9 @@ def vllm_ready(plan: ServerPlan) -> StepSpec:
         "executor": plan.served.settings.executor,
         # mp: where the nodes meet; the diagnostics check each node's way there.
         **({} if plan.uses_ray or not through_front else {"rendezvous": plan.rendezvous}),
+        # The cold-start figures: when the server's own port opens (stacks/plan/cold_start.py).
+        "server_address": plan.server_address,
+        "server_port": plan.server_port,
         # memoryGuard: a node's guard that stopped this server's container there is the cause.
         **(
             {"guard_container": plan.cluster.container_name("memory-guard")}

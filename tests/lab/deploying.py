@@ -19,6 +19,7 @@ from lab import Lab
 from lab import client as lab_client
 from lab.stack import PROJECT, stack_config
 from stacks.config import ServerSettings
+from stacks.plan.cold_start import START_STAGES
 from tests.cli import PulumiCli
 from tests.lab.realmocks import RealMocks, StackOutputs, run_program
 from tests.program.scripting import load
@@ -70,6 +71,22 @@ def benchmark_figure(rows: list[dict[str, Any]]) -> str:
         f"{r['concurrency']} concurrent: {r['outputTokensPerSecond']:.0f} tok/s out, "
         f"median TTFT {r['medianTtftMs']:.1f} ms"
         for r in rows
+    )
+
+
+def cold_start_figure(cold: dict[str, Any]) -> str:
+    """A server's `coldStart` (the `models` output) as one line of the lab figures, after
+    checking that every stage was measured and that they happened in order."""
+    start = [cold[stage] for stage in START_STAGES]
+    assert all(value is not None for value in start), cold
+    assert start[1:] == sorted(start[1:]), cold  # port open, /health, first token
+    image = ", ".join(f"{w} {s:.1f} s" for w, s in cold["imageCopySeconds"].items())
+    weights = ", ".join(f"{w} {s:.1f} s" for w, s in cold["weightsCopySeconds"].items())
+    return (
+        f"image copy {image or 'none'}; weights fetch {cold['weightsFetchSeconds']:.1f} s, copy "
+        f"{weights or 'none'}; memory check {cold['memoryCheckSeconds']:.1f} s; from the "
+        f"container's start ({cold['containerStartSeconds']:.1f} s): port open "
+        f"{start[1]:.1f} s, /health {start[2]:.1f} s, first token {start[3]:.1f} s"
     )
 
 

@@ -30,6 +30,7 @@ from tests.lab.deploying import (
     STATE,
     as_fleet,
     benchmark_figure,
+    cold_start_figure,
     complete,
     copy_report,
     default_lab_config,
@@ -379,6 +380,9 @@ def test_the_seeds_topology_with_three_hosts(
         )
         assert outputs["endpointUrl"] == f"http://{lab.spec.outside_far_ip}:8000/v1"
         assert [m["servedName"] for m in outputs["models"]] == models
+        cold = outputs["models"][0]["coldStart"]
+        assert set(cold["imageCopySeconds"]) == {"spark2", "spark3"}, cold
+        record_figure(f"cold start, executor {executor} (3 hosts)", cold_start_figure(cold))
         assert models_listed(outputs["endpointUrl"]) == models
         for model in models[1:]:  # each model through the one endpoint, the official client
             attacker.assert_the_openai_client_streams(outputs["endpointUrl"], API_KEY, model)

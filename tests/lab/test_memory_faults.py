@@ -173,15 +173,34 @@ class Watch:
         self.lowest, self.ssh_ok, self.ssh_failed = float("inf"), 0, 0
         self.started = threading.Event()
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _ready_to_run_away(self) -> bool:
         worker = container_id(self.lab, WORKER, f"{PREFIX}-ray-worker")
         server = container_id(self.lab, "spark1", f"{PREFIX}-vllm")
+        old = self.old_server.split()[:1]
         return (
             worker.endswith(" running")
             and server.endswith(" running")
-            and (server.split()[0] != self.old_server.split()[0])
+            and server.split()[:1] != old
+        )
+
+    def _watch(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:  # the test reports it: a thread's error is silent
+            self.error = error
+
+    def explain(self) -> str:
+        """What the watch saw, and what each guard said: for a failure's message."""
+        said = {
+            host: host_sh(self.lab, host, f"docker logs {PREFIX}-memory-guard 2>&1 | tail -5")
+            for host in self.lab.spec.host_names
+        }
+        return (
+            f"runaway started: {self.started.is_set()}; watch error: {self.error!r}; lowest "
+            f"{self.lowest / GIB:.2f} GiB; guards: {said}"
         )
 
     def _run(self) -> None:
@@ -232,10 +251,12 @@ def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
     started = time.monotonic()
     try:
         error = failing_up(lab, stack, config)
+    except pytest.fail.Exception as no_error:
+        raise AssertionError(f"{no_error}: {watch.explain()}") from None
     finally:
         watch.done.set()
         watch.thread.join(timeout=60)
-    assert watch.started.is_set(), error
+    assert watch.started.is_set(), (error, watch.explain())
     # The lab's hosts share this machine's memory, so both guards act: each stops its own
     # node's newest (the head's new server; the worker's Ray container, where the runaway ran).
     # The wait names the first it finds in its nodes' order (the worker's, unless the head's

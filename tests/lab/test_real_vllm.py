@@ -31,6 +31,7 @@ from tests.lab.deploying import (
     RequestLoop,
     as_fleet,
     benchmark_figure,
+    cold_start_figure,
     complete,
     copy_report,
     default_lab_config,
@@ -88,6 +89,10 @@ def test_real_vllm_serves_across_both_hosts(stack: Stack) -> None:
     record_figure(
         "real vLLM: time to ready (mp TP=2 across two hosts, cold compile cache)",
         f"{ready_seconds(outputs['readiness']):.0f} s ({outputs['readiness'].splitlines()[0]})",
+    )
+    (model,) = outputs["models"]
+    record_figure(
+        "real vLLM: cold start (mp TP=2, cold compile cache)", cold_start_figure(model["coldStart"])
     )
     worker_log = host_sh(lab, WORKER, f"docker logs {PREFIX}-vllm 2>&1")
     # vLLM's own lines: the headless node's executor, and its rank in a gloo group of two.

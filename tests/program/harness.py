@@ -177,8 +177,16 @@ def recorded_receipts(create: Any) -> dict[str, str]:
 def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
     if name.endswith("-head-key"):
         return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeHeadKey spark-vllm-fabric:x:spark1\n"
-    if name.endswith("-fetch"):
-        return "0123456789abcdef0123456789abcdef01234567 3 1048576\n"
+    if name.endswith("-fetch"):  # its time (lib.sh step_seconds), then the manifest
+        return "spark-vllm-seconds 12.5\n0123456789abcdef0123456789abcdef01234567 3 1048576\n"
+    if name.endswith("-sync"):  # as the image copy reports what it sent, and its time
+        sent = {"bytes": 5 << 30, "layersKept": 0, "layers": 9, "staged": 0, "relayed": 0}
+        return "spark-vllm-image-sent " + json.dumps({**sent, "seconds": 61.2}) + "\n"
+    if name.endswith("-copy"):  # as the weights copy does
+        sent = {"bytes": 1048576, "total": 1048576, "kept": 0, "resumed": 0, "sent": 3}
+        return (
+            "spark-vllm-weights-sent " + json.dumps({**sent, "relayed": 0, "seconds": 8.4}) + "\n"
+        )
     if name.endswith("-retain"):  # as image_retain.py answers on a node's first image
         create = shlex.split(str(inputs.get("create")))
         pinned = create[create.index("--pinned") + 1]
@@ -190,7 +198,12 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
             if "--expect-transport ib" in str(inputs.get("create"))
             else "not checked (no hosts[].rdmaHcas)"
         )
-        return f'vllm: ready after 42s; first completion: "hello"\nfabric transport: {transport}\n'
+        start = {"measured": True, "containerStartSeconds": 0.4, "portOpenSeconds": 31.0,
+                 "healthSeconds": 33.1, "firstTokenSeconds": 35.2}  # fmt: skip
+        return (
+            f'vllm: ready after 42s; first completion: "hello"\nfabric transport: {transport}\n'
+            f"spark-vllm-start {json.dumps(start)}\n"
+        )
     if name.endswith("-link"):  # as fabric-link.sh answers for a healthy 200G link
         worker = name.split("-")[-2]
         figures = {"worker": worker, "gbps": 93.5, "mtu": 9000, "headSpeedMbps": 200000}
@@ -208,7 +221,7 @@ def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
             kv_cache = create[create.index("--kv-cache") + 1]
             kv_bytes = 30 * 1024**3 if kv_cache == "auto" else int(kv_cache)
             sizing["kvCache"] = {"kvCacheBytes": kv_bytes, "mode": kv_cache}
-        return "spark-vllm-memory-sizing " + json.dumps(sizing) + "\n"
+        return "spark-vllm-seconds 3.0\nspark-vllm-memory-sizing " + json.dumps(sizing) + "\n"
     if name.endswith("-facts"):  # as image-facts.sh answers for a vLLM image with Ray
         facts = {"machine": "aarch64", "python": "3.12.3", "ray": "2.53.0", "vllm": "0.16.0"}
         return "spark-vllm-image-facts " + json.dumps(facts, sort_keys=True) + "\n"
