@@ -36,6 +36,7 @@ from stacks.plan.cluster import NodePlan
 FACTS_HEADER = "spark-vllm-facts 1"
 MISSING = "-"
 SLOT_LINE = "slot"  # "slot K KEY": a server's slot, as the head recorded it
+GUARD_LINE = "guard"  # "guard LINE": the memory guard's stop of a container stopped still
 
 
 @dataclass
@@ -46,6 +47,8 @@ class HostFacts:
     holding: dict[str, str]  # step -> the token it ran with; its checks still hold
     failing: dict[str, str]  # step -> why its checks no longer hold
     slots: dict[str, int] = field(default_factory=dict)  # server's key -> its recorded slot
+    # The memory guard's lines about containers it stopped that are stopped still.
+    guard_stops: list[str] = field(default_factory=list)
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -61,15 +64,20 @@ class HostFacts:
 
 def parse_facts(host: str, stdout: str) -> HostFacts:
     """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt, then
-    `slot K KEY` per server's recorded slot."""
+    `slot K KEY` per server's recorded slot, then `guard LINE` per server the memory guard
+    stopped that is stopped still."""
     lines = stdout.splitlines()
     if FACTS_HEADER not in lines:
         raise ValueError(f"no facts in the answer: {stdout.strip()[-300:] or 'nothing'}")
     holding: dict[str, str] = {}
     failing: dict[str, str] = {}
     slots: dict[str, int] = {}
+    guard_stops: list[str] = []
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
+        if step == GUARD_LINE:
+            guard_stops.append(rest)
+            continue
         if step == SLOT_LINE:
             slot, _, key = rest.partition(" ")
             if slot.isdigit() and key:
@@ -80,22 +88,27 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
             failing[step] = why
         elif step and token:
             holding[step] = token
-    return HostFacts(host, holding, failing, slots)
+    return HostFacts(host, holding, failing, slots, guard_stops)
 
 
-def facts_command(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path) -> str:
-    """The local command that reads `node`'s facts: OpenSSH with the Docker provider's options."""
+def facts_command(
+    node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path, guard: str = ""
+) -> str:
+    """The local command that reads `node`'s facts: OpenSSH with the Docker provider's options.
+    `guard`: the memory guard's container name (none when it is off)."""
     words = ["ssh", *docker_ssh_opts(node, auth, known_hosts, control_dir)]
     words += ["-T", "-p", str(node.ssh.port), "--", node.ssh.destination]
-    words.append(shlex.join(["bash", "-s", "--", node.state_dir]))
+    words.append(shlex.join(["bash", "-s", "--", node.state_dir, guard]))
     return shlex.join(words)
 
 
-def gather_facts(node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path) -> HostFacts:
+def gather_facts(
+    node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path, guard: str = ""
+) -> HostFacts:
     """Read `node`'s receipts now (a blocking invoke: the plan depends on them)."""
     try:
         result = local.run(
-            command=facts_command(node, auth, known_hosts, control_dir),
+            command=facts_command(node, auth, known_hosts, control_dir, guard),
             stdin=facts_script(),
             logging=local.Logging.NONE,
             add_previous_output_in_env=False,

@@ -13,7 +13,7 @@ import pulumi
 from components.bundle import entry_scripts, scripts_bundle
 from components.compile_cache import CompileCache
 from components.fabric_trust import FabricTrust
-from components.facts import gather_facts
+from components.facts import HostFacts, gather_facts
 from components.firewall import Firewall
 from components.front import Front
 from components.graph import Walk
@@ -145,10 +145,12 @@ def build_deployment(settings: Settings) -> Deployment:
     control_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # What the plan needs of the hosts and of this machine, read before any resource.
+    guard = plan.container_name("memory-guard") if plan.guards_memory else ""
     facts = {
-        node.name: gather_facts(node, settings.ssh_auth, derived_known_hosts, control_dir)
+        node.name: gather_facts(node, settings.ssh_auth, derived_known_hosts, control_dir, guard)
         for node in plan.nodes
     }
+    _warn_guard_stops(facts)
     # Each model in the slot the head recorded for it: its resources' names and ports stay.
     try:
         plan = placed(plan, facts[plan.head.name].slots)
@@ -276,6 +278,20 @@ def _warn_hardware(hosts: dict[str, Host]) -> None:
             pulumi.log.warn(warning)
 
     facts.apply(warn)
+
+
+def _warn_guard_stops(facts: dict[str, HostFacts]) -> None:
+    """A server the memory guard stopped, and stopped still, in the `up` (and `preview`) output:
+    the `up --refresh` that reads it stopped starts it again (pulumi-docker's must_run), into
+    the same wall unless its memory was lowered first."""
+    for node_facts in facts.values():
+        for line in node_facts.guard_stops:
+            pulumi.log.warn(
+                f"{line.removeprefix('spark-vllm: ')}; it is stopped still. Lower "
+                "vllm.gpuMemoryUtilization or vllm.kvCache (or free what else holds the "
+                "memory) before an `up --refresh` starts it again (docs/troubleshooting.md, "
+                "The memory guard stopped a server)"
+            )
 
 
 def _refuse_unpinned(plan: ClusterPlan) -> None:

@@ -1,11 +1,13 @@
 # Facts about one host, read-only, gathered by the program on every run over the host's own SSH
 # connection (sent on stdin after snapshot.sh, so it needs nothing installed on the host):
-#   bash -s -- STATE_DIR
+#   bash -s -- STATE_DIR [GUARD_CONTAINER]
 # Prints "spark-vllm-facts 1", then one line per receipt (receipt.sh): "STEP TOKEN" when every
 # check recorded with it still holds, "STEP - WHY" when one does not. Every check is bounded.
-# Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots).
+# Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots),
+# and "guard LINE" for each container the memory guard stopped that is stopped still.
 set -uo pipefail
 state_dir="$1"
+guard="${2:-}"
 
 # holds CHECK-FIELDS...: succeed silently, or print why the check fails.
 holds() {
@@ -60,5 +62,16 @@ if [ -f "$state_dir/front/slots" ]; then
   while read -r slot key; do
     [ -n "$key" ] && echo "slot $slot $key"
   done < "$state_dir/front/slots"
+fi
+# The memory guard's stops (memory_guard.py's lines, the container's short ID in them) whose
+# container is there and stopped still: the next `up` says so, before anything changes.
+if [ -n "$guard" ]; then
+  timeout 10 docker logs --tail 500 "$guard" 2>/dev/null | grep -F 'memory-guard: stopped' \
+    | tail -n 20 | while IFS= read -r line; do
+      id="$(sed -n 's/.*(id \([0-9a-f]\{12\}\),.*/\1/p' <<<"$line")"
+      [ -n "$id" ] || continue
+      running="$(timeout 10 docker inspect --format '{{.State.Running}}' "$id" 2>/dev/null)"
+      [ "$running" = false ] && echo "guard $line"
+    done
 fi
 exit 0

@@ -244,7 +244,8 @@ def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
     config = lab_config(lab)
     vllm = config[f"{PROJECT}:vllm"]
     config[f"{PROJECT}:vllm"] = {**vllm, "env": {"VLLM_STANDIN_LOAD_SECONDS": "120"}}
-    config[f"{PROJECT}:memoryGuard"] = {"minAvailableGib": floor}
+    guard = config[f"{PROJECT}:memoryGuard"]
+    config[f"{PROJECT}:memoryGuard"] = {**guard, "minAvailableGib": floor}
     old_server = container_id(lab, "spark1", f"{PREFIX}-vllm")
     watch = Watch(lab, old_server, runaway(int((floor + 1) * GIB), int((floor - 1) * GIB)))
     watch.thread.start()
@@ -298,3 +299,8 @@ def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
     # the stopped Ray container (pulumi-docker sets must_run false) and the up starts it.
     outputs = successful_up(lab, stack, lab_config(lab))
     assert "ready after" in outputs["readiness"]
+    # That `up` said first what the guard had stopped and was stopped still (its facts).
+    warned = [line for line in stack[-1].program_log if "it is stopped still" in line]
+    assert any(f"spark2: memory-guard: stopped {PREFIX}-ray-worker" in w for w in warned), (
+        stack[-1].program_log
+    )

@@ -18,7 +18,7 @@ from typing import ClassVar
 import pytest
 
 from stacks.plan.known_bad import SHIPPED, entries_flag
-from tests.program.scripting import SCRIPTS, fake_docker_path, load, run
+from tests.program.scripting import SCRIPTS, fake_bin, fake_docker_path, load, run
 
 COMMIT = "a" * 40
 
@@ -539,11 +539,12 @@ def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Pat
 # --- receipts and facts (components/facts.py) ----------------------------------------------------
 
 
-def facts(state_dir: Path) -> dict[str, str]:
+def facts(state_dir: Path, *guard: str, env: dict[str, str] | None = None) -> dict[str, str]:
     """facts.sh as the program runs it: from stdin after snapshot.sh, nothing installed."""
     script = (SCRIPTS / "snapshot.sh").read_text() + (SCRIPTS / "facts.sh").read_text()
-    done = subprocess.run(["bash", "-s", "--", str(state_dir)], input=script,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(["bash", "-s", "--", str(state_dir), *guard], input=script,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "spark-vllm-facts 1"
@@ -582,6 +583,39 @@ def test_receipts_hold_until_what_they_check_changes(tmp_path: Path) -> None:
 
 def test_a_removed_state_dir_has_no_receipts(tmp_path: Path) -> None:
     assert facts(tmp_path / "never-made") == {}
+
+
+# The guard's log: a stop of a container since replaced (gone), of one started again since
+# (running), and of one stopped still: only the last is news for the next `up`.
+GUARD_DOCKER = """#!/usr/bin/env bash
+case "$1" in
+  logs) cat <<'LOG'
+spark-vllm: spark2: memory-guard: watching: acts below 1.0 GiB available of 23.4 GiB
+spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id aaaaaaaaaaaa, vllm, started 9s before) at T1: low
+  likely cause: x
+spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id bbbbbbbbbbbb, vllm, started 9s before) at T2: low
+spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id cccccccccccc, vllm, started 9s before) at T3: low
+LOG
+  ;;
+  inspect)
+    case "${*: -1}" in
+      bbbbbbbbbbbb) echo true ;;
+      cccccccccccc) echo false ;;
+      *) echo "Error: No such object" >&2; exit 1 ;;
+    esac ;;
+esac
+"""  # noqa: E501
+
+
+def test_facts_name_what_the_memory_guard_stopped_that_is_stopped_still(tmp_path: Path) -> None:
+    env = fake_bin(tmp_path, docker=GUARD_DOCKER)
+    found = facts(tmp_path / "state", "spark-vllm-memory-guard", env=env)
+    assert found == {
+        "guard": "spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id cccccccccccc, "
+        "vllm, started 9s before) at T3: low"
+    }
+    # Without a guard (memoryGuard off), nothing is asked of Docker.
+    assert facts(tmp_path / "state", env=fake_bin(tmp_path, docker="#!/bin/sh\nexit 1\n")) == {}
 
 
 # --- quoting for remote shells (lib.sh words) -----------------------------------------------------
