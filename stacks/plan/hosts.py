@@ -18,11 +18,9 @@ from stacks.plan.firewall import (
 from stacks.plan.front import (
     CONTAINER_FRONT_DIR,
     FRONT_CONFIG_NAME,
-    MODELS_FILE_NAME,
     front_config,
     front_config_digest,
-    models_document,
-    routes_of,
+    front_files,
 )
 from stacks.plan.hardware import GIB, memory_shares, shares_file
 from stacks.plan.image import image_history_file
@@ -244,10 +242,9 @@ def write_front_config(plan: ClusterPlan) -> StepSpec:
     """The front's haproxy.cfg on the head, whole on the command line: it holds no secret, so
     `pulumi preview` shows what a change does to it."""
     head, path = plan.head, f"{front_dir(plan)}/{FRONT_CONFIG_NAME}"
-    files = [(path, front_config(plan))]
-    if len(plan.servers) > 1:  # /v1/models: read when the configuration is loaded
-        models = models_document(routes_of(plan))
-        files.insert(0, (f"{front_dir(plan)}/{MODELS_FILE_NAME}", models))
+    # What the configuration reads (/v1/models, the keys' metrics) first: read when it loads.
+    files = [(f"{front_dir(plan)}/{name}", text) for name, text in front_files(plan)]
+    files.append((path, front_config(plan)))
     if keeps_slot_record(plan):
         # Each server's slot, read back as a fact on every run, so a model keeps its slot
         # while others come and go.
