@@ -18,6 +18,7 @@ from stacks.plan.firewall import (
 from stacks.plan.front import (
     CONTAINER_FRONT_DIR,
     FRONT_CONFIG_NAME,
+    KEYS_MAP_NAME,
     front_config,
     front_config_digest,
     front_files,
@@ -233,9 +234,16 @@ def reload_front(plan: ClusterPlan) -> StepSpec:
             file=f"{front_dir(plan)}/{FRONT_CONFIG_NAME}",
             config=f"{CONTAINER_FRONT_DIR}/{FRONT_CONFIG_NAME}",
             digest=front_config_digest(plan),
+            # The named keys' map, written apart (a new value changes no configuration).
+            **({"keys_map": keys_map_file(plan)} if plan.config.keys else {}),
         ),
         timeouts=Timeouts(create=3),
     )
+
+
+def keys_map_file(plan: ClusterPlan) -> str:
+    """The named keys' map on the head, beside the API key (front-keys-file.sh)."""
+    return f"{plan.api_key_dir}/{KEYS_MAP_NAME}"
 
 
 def write_front_config(plan: ClusterPlan) -> StepSpec:

@@ -12,8 +12,8 @@ from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_API_KEY_FILE, CONTAINER_SCRIPTS_DIR
 from stacks.plan.fabric import fabric_flags
-from stacks.plan.front import KEYS_MAP_NAME
 from stacks.plan.hardware import extra_arg_value
+from stacks.plan.hosts import keys_map_file
 from stacks.plan.server_plan import ServerPlan, log_specs, node_check_specs
 from stacks.plan.steps import Stdin, StepSpec, Timeouts, check, script_call, undoable
 
@@ -86,7 +86,7 @@ def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
     if not plan.config.keys:
         return None
     head = plan.head
-    file = f"{plan.api_key_dir}/{KEYS_MAP_NAME}"
+    file = keys_map_file(plan)
     return undoable(
         plan,
         names.FRONT_KEYS,

@@ -32,6 +32,7 @@ from stacks.plan.front import (
     models_document,
     router_config,
 )
+from tests.program.scripting import fake_docker_path, run
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
 VALUES = {
@@ -348,3 +349,53 @@ def test_a_key_revoked_by_a_reload_is_refused_and_no_other_request_fails(front: 
     for client in clients:
         client.join(timeout=10)
     assert failures == [] and served[0] > 10
+
+
+# --- front-reload.sh and the map --------------------------------------------------------------
+
+RECORDING_DOCKER = """#!/usr/bin/env bash
+case "$1" in
+  inspect) echo "running $FAKE_STARTED" ;;
+  exec) exit 0 ;;
+  kill) echo kill >> "$FAKE_SIGNALS" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("with_map", "signalled"), [(True, True), (False, False)])
+def test_a_map_written_after_the_front_started_reloads_it(
+    tmp_path: Path, with_map: bool, signalled: bool
+) -> None:
+    """A key's new value rewrites only the map: a front started after its configuration was
+    written but before the map was must still reload (front-reload.sh --keys-map)."""
+    config, keys_map, signals = tmp_path / "haproxy.cfg", tmp_path / "keys.map", tmp_path / "sig"
+    config.write_text("global\n")
+    os.utime(config, (1_000_000_000, 1_000_000_000))  # 2001
+    keys_map.write_text("value name\n")  # now
+    flags = ["--host", "spark1", "--container", "front", "--file", str(config)]
+    flags += ["--config", str(config), "--digest", "d1"]
+    flags += ["--keys-map", str(keys_map)] if with_map else []
+    env = {
+        "PATH": fake_docker_path(tmp_path, RECORDING_DOCKER),
+        "FAKE_STARTED": "2020-01-01T00:00:00.000000000Z",  # after the file, before the map
+        "FAKE_SIGNALS": str(signals),
+    }
+    done = run("front-reload.sh", *flags, env=env)
+    assert done.returncode == 0, done.stderr
+    assert signals.exists() == signalled, done.stdout
+
+
+def test_the_map_is_written_private_from_stdin_and_removed(tmp_path: Path) -> None:
+    keys_map = tmp_path / "secrets" / "keys.map"
+    text = "".join(f"{value} {name}\n" for name, value in VALUES.items())
+    done = run("front-keys-file.sh", "write", "--host", "h", "--file", str(keys_map), stdin=text)
+    assert done.returncode == 0, done.stderr
+    assert keys_map.read_text() == text
+    assert keys_map.stat().st_mode & 0o777 == 0o600
+    assert (keys_map.parent.stat().st_mode & 0o777) == 0o700
+    for value in VALUES.values():
+        assert value not in done.stdout + done.stderr
+    assert "named keys written: 3" in done.stdout
+    run("front-keys-file.sh", "remove", "--host", "h", "--file", str(keys_map), check=True)
+    assert not keys_map.exists()

@@ -114,6 +114,11 @@ def test_the_values_travel_only_on_the_key_steps_stdin(make_config: ConfigFactor
     config_step = run.named("front-config").inputs["create"]
     assert "acl key_0 var(txn.key) -m str alice" in config_step
     assert "models-alice.json" in config_step
+    # The reload also follows the map, written apart from the configuration.
+    assert (
+        "--keys-map /home/aurora/.spark-vllm/spark-vllm.dev/secrets/keys.map"
+        in (run.named("front-reload").inputs["create"])
+    )
     # The map is written before the front starts and before it reloads.
     assert run.depends_on("front-container", "front-keys")
     assert run.depends_on("front-reload", "front-keys")
