@@ -25,8 +25,8 @@ class Settings:
     deployment_id: str
     hf_token: pulumi.Output[str] | None  # None: not set (models that are not gated)
     api_key: pulumi.Output[str]
-    # The named keys' map for the front (stacks/plan/front.py KEYS_MAP_NAME): one `<key> <name>`
-    # line each, a secret; empty without `keys`.
+    # What the front-keys step reads: the operator's key on a line, then the named keys' map
+    # (stacks/plan/front.py KEYS_MAP_NAME: one `<key> <name>` line each). A secret.
     user_keys: pulumi.Output[str]
     ssh_auth: SshAuth
     known_hosts: Path | None  # ssh.knownHostsFile, expanded; it exists
@@ -58,7 +58,7 @@ def load_settings() -> Settings:
         deployment_id=f"{project}/{stack}",
         hf_token=pulumi.Output.secret(hf_token) if hf_token else None,
         api_key=pulumi.Output.secret(config.get("apiKey") or ""),
-        user_keys=pulumi.Output.secret(keys_map(user_keys)),
+        user_keys=pulumi.Output.secret(f"{config.get('apiKey') or ''}\n{keys_map(user_keys)}"),
         ssh_auth=ssh_auth,
         known_hosts=known_hosts,
         local_dir=base / f"{project}-{stack}",

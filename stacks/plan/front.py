@@ -31,6 +31,10 @@ BEARER_FILE_NAME = "bearer"  # `Bearer <key>`: the one Authorization header the 
 UNAUTHORIZED_BODY = json.dumps({"error": "Unauthorized"})  # what vLLM itself answers
 MODELS_FILE_NAME = "models.json"  # /v1/models when several models share the front
 KEYS_MAP_NAME = "keys.map"  # `<key> <name>` per named key, beside `bearer` (front-keys-file.sh)
+# `operator Bearer <apiKey>`, beside it: what a named key's request carries on to vLLM, whose own
+# --api-key check knows only the operator's key. A map of its own, so that no client's token can
+# ever look this entry up.
+UPSTREAM_MAP_NAME = "upstream.map"
 KEYS_TABLE = "keys"  # the stick table that counts each named key's requests and bytes
 KEYS_LUA_NAME = "keys.lua"  # the per-key metrics (KEY_METRICS_PATH), read from that table
 KEY_METRICS_PATH = "/metrics/keys"
@@ -132,6 +136,11 @@ def front_config(plan: ClusterPlan) -> str:
     )
 
 
+def upstream_map(keys_map: str) -> str:
+    """The operator's header map, beside the named keys' map."""
+    return keys_map.rsplit("/", 1)[0] + f"/{UPSTREAM_MAP_NAME}"
+
+
 def error_body(status: int, kind: str, message: str, param: str | None = "model") -> str:
     """vLLM's error shape (ErrorResponse: message, type, param, code), as a config string."""
     error = {"message": message, "type": kind, "param": param, "code": status}
@@ -225,7 +234,7 @@ def router_config(
         "    http-request return status 401 content-type application/json"
         f" string {unauthorized} hdr www-authenticate Bearer unless has_key"
         + (" || named_key" if keys else ""),
-        *key_lines(keys),
+        *key_lines(keys, keys_map),
     ]
     if keys and keys_lua is not None and metrics_bind is not None:
         lines.insert(lines.index("defaults"), f"    lua-load {keys_lua}")
@@ -284,9 +293,10 @@ def router_config(
     return "\n".join([*lines, *keys_table(keys), ""])
 
 
-def key_lines(keys: Sequence[Key]) -> list[str]:
-    """After the key check: each named key's requests tracked in KEYS_TABLE (its counters, its
-    rate), and a JSON 429 with Retry-After past its limit, before any body is read."""
+def key_lines(keys: Sequence[Key], keys_map: str) -> list[str]:
+    """After the key check: a named key's request goes on to vLLM with the operator's key (vLLM
+    checks its own); each named key's requests tracked in KEYS_TABLE (its counters, its rate),
+    and a JSON 429 with Retry-After past its limit, before any body is read."""
     if not keys:
         return []
     too_many = error_body(
@@ -295,7 +305,11 @@ def key_lines(keys: Sequence[Key]) -> list[str]:
         f"This key's requests per minute are used up; retry after {KEY_WINDOW_SECONDS} s.",
         param=None,
     )
-    lines = [f"    http-request track-sc1 var(txn.key) table {KEYS_TABLE} if named_key"]
+    lines = [
+        "    http-request set-header authorization"
+        f" %[str(operator),map_str({upstream_map(keys_map)})] if named_key",
+        f"    http-request track-sc1 var(txn.key) table {KEYS_TABLE} if named_key",
+    ]
     for index, key in enumerate(keys):
         lines.append(f"    acl key_{index} var(txn.key) -m str {key.name}")
         if key.requests_per_minute is not None:

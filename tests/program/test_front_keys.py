@@ -94,6 +94,10 @@ def test_a_keys_limited_models(key: Key, served: list[str], expected: list[str] 
 def test_the_configuration_names_keys_never_their_values() -> None:
     text = config(KEYS)
     assert "http_auth_bearer,map_str(/k/keys.map)" in text
+    # On to vLLM with the operator's key, from a map of its own (no client token looks it up).
+    assert "set-header authorization %[str(operator),map_str(/k/upstream.map)] if named_key" in (
+        text
+    )
     assert "unless has_key || named_key" in text
     assert "acl key_1 var(txn.key) -m str bob" in text
     assert "hdr retry-after 60" in text and "sc_http_req_rate(1) gt 3" in text
@@ -119,7 +123,8 @@ def free_port() -> int:
 
 
 def model_server(name: str) -> ThreadingHTTPServer:
-    """A stand-in that answers every request with the name of the model it serves."""
+    """A stand-in that answers every request with the name of the model it serves, and, as
+    vLLM's --api-key does, a 401 to a request without the operator's key."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -130,12 +135,13 @@ def model_server(name: str) -> ThreadingHTTPServer:
         def answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(length)
-            body = json.dumps({"served_by": name}).encode()
-            self.send_response(200)
+            admitted = self.headers.get("Authorization") == f"Bearer {OPERATOR}"
+            body = json.dumps({"served_by": name} if admitted else {"error": "vLLM's 401"})
+            self.send_response(200 if admitted else 401)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(body.encode())
 
         do_GET = do_POST = answer
 
@@ -192,6 +198,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
 
     def write(keys: tuple[Key, ...], values: dict[str, str]) -> None:
         (secrets / "keys.map").write_text("".join(f"{values[k.name]} {k.name}\n" for k in keys))
+        (secrets / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
         (files / "keys.lua").write_text(KEYS_LUA)
         (files / "models.json").write_text(models_document(served))
         for key in keys:
@@ -388,14 +395,20 @@ def test_a_map_written_after_the_front_started_reloads_it(
 
 def test_the_map_is_written_private_from_stdin_and_removed(tmp_path: Path) -> None:
     keys_map = tmp_path / "secrets" / "keys.map"
+    upstream = tmp_path / "secrets" / "upstream.map"
     text = "".join(f"{value} {name}\n" for name, value in VALUES.items())
-    done = run("front-keys-file.sh", "write", "--host", "h", "--file", str(keys_map), stdin=text)
+    done = run(
+        "front-keys-file.sh", "write", "--host", "h", "--file", str(keys_map),
+        stdin=f"{OPERATOR}\n{text}",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert keys_map.read_text() == text
+    assert upstream.read_text() == f"operator Bearer {OPERATOR}\n"
     assert keys_map.stat().st_mode & 0o777 == 0o600
+    assert upstream.stat().st_mode & 0o777 == 0o600
     assert (keys_map.parent.stat().st_mode & 0o777) == 0o700
     for value in VALUES.values():
         assert value not in done.stdout + done.stderr
     assert "named keys written: 3" in done.stdout
     run("front-keys-file.sh", "remove", "--host", "h", "--file", str(keys_map), check=True)
-    assert not keys_map.exists()
+    assert not keys_map.exists() and not upstream.exists()

@@ -106,7 +106,8 @@ def test_the_values_travel_only_on_the_key_steps_stdin(make_config: ConfigFactor
     run = deploy(config, [ALICE, BOB])
     step = run.named("front-keys")
     assert is_secret(step.inputs["stdin"])
-    assert unwrap(step.inputs["stdin"]) == f"{ALICE} alice\n{BOB} bob\n"
+    operator = SECRETS["apiKey"]  # first: what a named key's request carries on to vLLM
+    assert unwrap(step.inputs["stdin"]) == f"{operator}\n{ALICE} alice\n{BOB} bob\n"
     assert "front-keys" in step.inputs["create"] and "keys.map" in step.inputs["create"]
     for registration in run.registrations:
         inputs = {k: v for k, v in registration.inputs.items() if k != "stdin"}
