@@ -169,3 +169,13 @@ def test_adding_changing_and_revoking_a_key_reloads_the_front_and_nothing_else(
     }
     # The same keys again: nothing.
     assert plan_of(with_keys(base, alice), with_keys(base, alice), [ALICE], [ALICE]) == {}
+
+
+def test_with_one_model_a_key_is_a_reload_of_the_front_too(make_config: ConfigFactory) -> None:
+    """One model: vLLM answers /v1/models itself and the front reads no body; a key still
+    changes only the front's steps."""
+    base = make_config(hosts=2)
+    keyed = with_keys(base, {"name": "alice", "models": ["qwen"], "requestsPerMinute": 10})
+    assert plan_of(base, keyed, [], [ALICE]) == {"front-keys": "create", **FRONT_ONLY}
+    config = deploy(keyed, [ALICE]).named("front-config").inputs["create"]
+    assert "sc_http_req_rate(1) gt 10" in config and "status 403" not in config
