@@ -115,7 +115,7 @@ class Walk:
             after=self._after(entry),
             stdin=stdin,
             values=self._values_for((*create_consumes(spec), *delete_consumes(spec))),
-            triggers=[self.built[name].id for name in entry.triggers] if entry.triggers else None,
+            triggers=self._triggers(entry),
             aliases=[
                 pulumi.Alias(
                     name=moved.name,
@@ -124,6 +124,15 @@ class Walk:
                 for moved in entry.moved_from
             ],
         )
+
+    def _triggers(self, entry: Planned) -> list[pulumi.Input[str]] | None:
+        """What replaces (re-runs) a step when it changes: resources' IDs, secrets' hashes."""
+        triggers: list[pulumi.Input[str]] = [self.built[name].id for name in entry.triggers]
+        triggers += [
+            pulumi.Output.from_input(self._stdin[secret]).apply(_hash)
+            for secret in entry.secret_triggers
+        ]
+        return triggers or None
 
     def _container(
         self, entry: Planned, spec: ContainerSpec, parent: pulumi.Resource

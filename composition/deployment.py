@@ -163,6 +163,7 @@ def build_deployment(settings: Settings) -> Deployment:
         "scripts-bundle": bundle.archive_b64,
         "hf-token": settings.hf_token if settings.hf_token is not None else "",
         "api-key": settings.api_key,
+        "user-keys": settings.user_keys,
     }
     walk = Walk(plan, graph, stdin)
     host_args = functools.partial(

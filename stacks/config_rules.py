@@ -238,6 +238,24 @@ def _served_names_distinct(cfg: StackSchema) -> str | None:
     return None
 
 
+def _keys_named_once_for_served_models(cfg: StackSchema) -> str | None:
+    """A key's name labels its metrics and its rate: two keys with one name would share both.
+    A model a key names must be one the fleet serves (a typo would refuse every request)."""
+    served = list(dict.fromkeys(model.served_name for model in fleet_of(cfg)))
+    seen: set[str] = set()
+    for index, key in enumerate(cfg.keys or ()):
+        if key.name in seen:
+            return f"keys[{index}].name: {key.name!r} is used by two keys"
+        seen.add(key.name)
+        for position, name in enumerate(key.models or ()):
+            if name not in served:
+                return (
+                    f"keys[{index}].models[{position}]: {name!r} is not a model this stack "
+                    f"serves (its served names: {', '.join(served)})"
+                )
+    return None
+
+
 def _ray_servers_apart(cfg: StackSchema) -> str | None:
     """vLLM's Ray executor asks Ray for whole GPUs (a placement group of {"GPU": 1} bundles,
     vllm/v1/executor/ray_utils.py initialize_ray_cluster): on a node whose GPU one Ray server
@@ -597,6 +615,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         _served_names_distinct,
         "Entries that share a `servedName` serve the same `id` and `revision` (replicas).",
+    ),
+    Rule(
+        _keys_named_once_for_served_models,
+        "Each of `keys` has a name of its own, and the `models` it names are served names of "
+        "the stack's models.",
     ),
     Rule(
         _benchmark_fits_the_context,

@@ -281,6 +281,41 @@ class FrontConfig(ConfigModel):
     )
 
 
+# A named key's requests, counted over a sliding minute (stacks/plan/front.py KEY_WINDOW_SECONDS).
+MAX_REQUESTS_PER_MINUTE = 1_000_000
+
+
+class UserKeyConfig(ConfigModel):
+    """One entry of `keys`: a named key beside `apiKey`, its models and its request rate. Its
+    value is the entry's `key`, a secret (`pulumi config set --path --secret 'keys[0].key'
+    ...`), read beside the typed config (stacks/settings.py) and never part of it."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        description=(
+            "The key's name, as the front's metrics label its requests and bytes (lowercase "
+            "letters, digits and `-`, at most 32 characters)."
+        ),
+    )
+    models: list[ServedName] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The served names (`models[].servedName`, or the `id`) this key may use; any other "
+            "is a 403 and `/v1/models` lists only these. Unset: every model."
+        ),
+    )
+    requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REQUESTS_PER_MINUTE,
+        description=(
+            "The requests this key may make in a sliding minute; one more is a 429 with "
+            "`Retry-After`. Unset: no limit (as `apiKey`)."
+        ),
+    )
+
+
 class MonitoringImageConfig(ConfigModel):
     ref: str = Field(
         min_length=1,
@@ -945,6 +980,17 @@ class StackSchema(ConfigModel):
         description=(
             "The front on the head (HAProxy): it publishes `vllm.port` and admits only requests "
             "with the API key, on every path."
+        ),
+    )
+    keys: list[UserKeyConfig] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Named keys beside `apiKey` (which stays admitted for every model, with no limit): "
+            "each a `name`, its value `key` (a secret, like `apiKey`: `pulumi config set --path "
+            "--secret 'keys[0].key' ...`; a plain-text value is refused), the `models` it may "
+            "use and its `requestsPerMinute`. Adding, changing or revoking one reloads the "
+            "front and nothing else."
         ),
     )
     model: ModelConfig = Field(

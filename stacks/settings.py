@@ -26,6 +26,9 @@ class Settings:
     deployment_id: str
     hf_token: pulumi.Output[str] | None  # None: not set (models that are not gated)
     api_key: pulumi.Output[str]
+    # What the front-keys step reads: the operator's key on a line, then the named keys' map
+    # (stacks/plan/front.py KEYS_MAP_NAME: one `<key> <name>` line each). A secret.
+    user_keys: pulumi.Output[str]
     ssh_auth: SshAuth
     known_hosts: Path | None  # ssh.knownHostsFile, expanded; it exists
     local_dir: Path  # this machine's derived files: known_hosts for Docker, SSH control sockets
@@ -36,6 +39,8 @@ def load_settings() -> Settings:
     (stacks/config.py), the secrets', and those of the files the config names on this machine."""
     config = pulumi.Config()
     raw, problems = _structured_values(config)
+    user_keys, key_problems = _user_keys(raw, config, pulumi.get_project())
+    problems += key_problems
     problems += _unknown_keys(pulumi.get_project())
     problems += _secret_problems(config, pulumi.get_project())
     try:
@@ -54,10 +59,55 @@ def load_settings() -> Settings:
         deployment_id=f"{project}/{stack}",
         hf_token=pulumi.Output.secret(hf_token) if hf_token else None,
         api_key=pulumi.Output.secret(config.get("apiKey") or ""),
+        user_keys=pulumi.Output.secret(f"{config.get('apiKey') or ''}\n{keys_map(user_keys)}"),
         ssh_auth=ssh_auth,
         known_hosts=known_hosts,
         local_dir=base / f"{project}-{stack}",
     )
+
+
+def _user_keys(
+    raw: dict[str, Any], config: pulumi.Config, project: str
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """Each of `keys`' (name, value), the values taken out of the typed config (a secret never
+    enters it), and their problems: a value that is missing, not a bearer token as `apiKey` must
+    be, `apiKey` itself or another key's, or set without --secret. Pulumi marks a structured
+    key secret as a whole, so a plain value beside secret ones in the list is not seen here."""
+    entries = raw.get("keys")
+    if not isinstance(entries, list):
+        return [], []
+    found: list[tuple[str, str]] = []
+    problems: list[str] = []
+    if not pulumi.runtime.is_config_secret(f"{project}:keys"):
+        problems.append(
+            "keys: the keys' values are stored in plain text; set each with "
+            "pulumi config set --path --secret 'keys[0].key' ..."
+        )
+    taken = {config.get("apiKey") or ""}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            continue  # the typed config reports it
+        value = entry.pop("key", None)
+        where = f"keys[{index}].key"
+        if not isinstance(value, str) or not value:
+            problems.append(
+                f"{where}: is required: pulumi config set --path --secret '{where}' "
+                '"$(openssl rand -hex 24)"'
+            )
+        elif problem := api_key_problem(value, f"--path --secret '{where}'"):
+            problems.append(f"{where}: {problem}")
+        elif value in taken:
+            problems.append(f"{where}: is apiKey's or another key's value; give each its own")
+        else:
+            taken.add(value)
+            found.append((str(entry.get("name", "")), value))
+    return found, problems
+
+
+def keys_map(keys: list[tuple[str, str]]) -> str:
+    """HAProxy's map file of the named keys: `<key> <name>` per line (a map's key is its first
+    word: a bearer token has no space)."""
+    return "".join(f"{value} {name}\n" for name, value in keys)
 
 
 def _known_hosts_file(ssh: SshConfig) -> Path | None:
@@ -146,19 +196,17 @@ API_KEY_PATTERN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 MIN_API_KEY_LENGTH = 24
 
 
-def api_key_problem(key: str) -> str | None:
-    """Why `key` cannot be the API key (never quoting it: it is a secret), or None."""
+def api_key_problem(key: str, setting: str = "--secret apiKey") -> str | None:
+    """Why `key` cannot be the API key (never quoting it: it is a secret), or None. `setting`:
+    the key's `pulumi config set` flags, for the fix."""
+    fix = f'pulumi config set {setting} "$(openssl rand -hex 24)"'
     if not API_KEY_PATTERN.fullmatch(key):
         return (
             "must be one word of letters, digits and - . _ ~ + / (a bearer token, RFC 6750): "
-            'no spaces, commas or line breaks; pulumi config set --secret apiKey "$(openssl '
-            'rand -hex 24)"'
+            f"no spaces, commas or line breaks; {fix}"
         )
     if len(key) < MIN_API_KEY_LENGTH:
-        return (
-            f"is {len(key)} characters long; use at least {MIN_API_KEY_LENGTH}: "
-            'pulumi config set --secret apiKey "$(openssl rand -hex 24)"'
-        )
+        return f"is {len(key)} characters long; use at least {MIN_API_KEY_LENGTH}: {fix}"
     return None
 
 

@@ -7,8 +7,10 @@
 # file (`.good`): a refused one is replaced by it at once, so a restart of the front (a reboot,
 # Docker's restart policy) never reads a configuration HAProxy refused; and the configuration
 # step's receipt goes, so the next `pulumi up` writes and checks the new one again (rather than
-# taking the one put back for it).
+# taking the one put back for it). --keys-map: the named keys' map the configuration reads, written
+# by a step of its own: a front that started before it was last written reloads too.
 #   front-reload.sh --host H --container C --file HOST_PATH --config CONTAINER_PATH --digest D
+#                   [--keys-map HOST_PATH]
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host container file config digest
@@ -29,6 +31,10 @@ if [ "$status" != running ]; then  # restarting, exited, created: it reads the f
 fi
 started="$(date -d "${state#* }" +%s.%N 2>/dev/null || echo 0)"
 written="$(stat -c %.9Y "$ARG_FILE" 2>/dev/null || echo 0)"
+if [ -n "${ARG_KEYS_MAP:-}" ]; then
+  map_written="$(stat -c %.9Y "$ARG_KEYS_MAP" 2>/dev/null || echo 0)"
+  written="$(awk -v a="$written" -v b="$map_written" 'BEGIN { print (b > a) ? b : a }')"
+fi
 if awk -v started="$started" -v written="$written" 'BEGIN { exit !(started >= written) }'; then
   keep_good
   echo "the front started with configuration $ARG_DIGEST"

@@ -9,7 +9,9 @@ checks a header against a pattern file (the key never in its configuration), and
 the request body's `model` field and balance replicas when several models share the endpoint.
 
 The configuration is a pure function of the plan; the key stays in the secrets directory as a
-pattern file (`Bearer <key>`), written beside the key by api-key-file.sh.
+pattern file (`Bearer <key>`), written beside the key by api-key-file.sh. The named keys (`keys`)
+are a map file beside it (`<key> <name>`, front-keys-file.sh): the configuration names the keys,
+never their values; a stick table counts each key's requests and bytes and bounds its rate.
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ FRONT_CONFIG_NAME = "haproxy.cfg"
 BEARER_FILE_NAME = "bearer"  # `Bearer <key>`: the one Authorization header the front admits
 UNAUTHORIZED_BODY = json.dumps({"error": "Unauthorized"})  # what vLLM itself answers
 MODELS_FILE_NAME = "models.json"  # /v1/models when several models share the front
+KEYS_MAP_NAME = "keys.map"  # `<key> <name>` per named key, beside `bearer` (front-keys-file.sh)
+# `operator Bearer <apiKey>`, beside it: what a named key's request carries on to vLLM, whose own
+# --api-key check knows only the operator's key. A map of its own, so that no client's token can
+# ever look this entry up.
+UPSTREAM_MAP_NAME = "upstream.map"
+KEYS_TABLE = "keys"  # the stick table that counts each named key's requests and bytes
+KEYS_LUA_NAME = "keys.lua"  # the per-key metrics (KEY_METRICS_PATH), read from that table
+KEY_METRICS_PATH = "/metrics/keys"
+# A key's rate is counted over a sliding minute: LLM services state their limits per minute
+# (requests and tokens per minute), and one request can take longer than 10 s, so a shorter
+# window would turn a client's short burst (a batch sent at once) into refusals it cannot plan
+# for. A refused request counts too: a client that ignores Retry-After stays refused.
+KEY_WINDOW_SECONDS = 60
 # With several models the front reads a request body up to this many bytes to find its
 # `model` (a 1 MiB prompt). HAProxy holds a request and a response buffer per connection (more
 # while it checks servers), so at ROUTER_MAX_CONNECTIONS its buffers can reach a few GiB in
@@ -65,6 +80,24 @@ class Route:
     servers: tuple[tuple[str, str], ...]  # (label, host:port)
 
 
+@dataclass(frozen=True)
+class Key:
+    """A named key as the front sees it: its name, the served names it may use (None: every
+    one) and the requests it may make in KEY_WINDOW_SECONDS (None: no limit)."""
+
+    name: str
+    models: tuple[str, ...] | None = None
+    requests_per_minute: int | None = None
+
+
+def keys_of(plan: ClusterPlan) -> tuple[Key, ...]:
+    """`keys`, as the front checks them (their values are in the map file, not here)."""
+    return tuple(
+        Key(key.name, tuple(key.models) if key.models else None, key.requests_per_minute)
+        for key in plan.config.keys or ()
+    )
+
+
 def routes_of(plan: ClusterPlan) -> tuple[Route, ...]:
     """One route per served name, in the fleet's order (the first is where a request without
     `model` goes); entries sharing a name are its replicas. Each server listens at its slot's
@@ -89,14 +122,28 @@ def front_config(plan: ClusterPlan) -> str:
     models = f"{CONTAINER_FRONT_DIR}/{MODELS_FILE_NAME}"
     metrics = f"127.0.0.1:{plan.config.front.metrics_port}"
     per_client = plan.config.front.max_connections_per_client
+    keys = keys_of(plan)
     return router_config(
-        front_bind(plan), bearer, routes_of(plan), models, metrics, per_client=per_client
+        front_bind(plan),
+        bearer,
+        routes_of(plan),
+        models,
+        metrics,
+        per_client=per_client,
+        keys=keys,
+        keys_map=f"{CONTAINER_API_KEY_DIR}/{KEYS_MAP_NAME}",
+        keys_lua=f"{CONTAINER_FRONT_DIR}/{KEYS_LUA_NAME}",
     )
 
 
-def error_body(status: int, kind: str, message: str) -> str:
+def upstream_map(keys_map: str) -> str:
+    """The operator's header map, beside the named keys' map."""
+    return keys_map.rsplit("/", 1)[0] + f"/{UPSTREAM_MAP_NAME}"
+
+
+def error_body(status: int, kind: str, message: str, param: str | None = "model") -> str:
     """vLLM's error shape (ErrorResponse: message, type, param, code), as a config string."""
-    error = {"message": message, "type": kind, "param": "model", "code": status}
+    error = {"message": message, "type": kind, "param": param, "code": status}
     return haproxy_string(json.dumps({"error": error}))
 
 
@@ -113,6 +160,9 @@ def router_config(
     metrics_bind: str | None = None,
     per_client: int = 64,
     max_connections: int | None = None,
+    keys: Sequence[Key] = (),
+    keys_map: str = "",
+    keys_lua: str | None = None,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -172,9 +222,22 @@ def router_config(
         "    tcp-request connection track-sc0 src",
         f"    tcp-request connection reject if {{ sc0_conn_cur gt {per_client} }}",
         f"    acl has_key req.hdr(authorization) -m str -f {bearer}",
+        *(
+            [
+                f"    http-request set-var(txn.key) http_auth_bearer,map_str({keys_map})"
+                " unless has_key",
+                "    acl named_key var(txn.key) -m found",
+            ]
+            if keys
+            else []
+        ),
         "    http-request return status 401 content-type application/json"
-        f" string {unauthorized} hdr www-authenticate Bearer unless has_key",
+        f" string {unauthorized} hdr www-authenticate Bearer unless has_key"
+        + (" || named_key" if keys else ""),
+        *key_lines(keys, keys_map),
     ]
+    if keys and keys_lua is not None and metrics_bind is not None:
+        lines.insert(lines.index("defaults"), f"    lua-load {keys_lua}")
     if metrics_bind is not None:
         # HAProxy's Prometheus exporter (built in: Debian's 2.6, the official images' USE_PROMEX)
         # on loopback only: requests, errors, queue and response times per backend (model).
@@ -182,6 +245,11 @@ def router_config(
             "frontend metrics",
             f"    bind {metrics_bind}",
             "    no log",
+            *(
+                [f"    http-request use-service lua.key_metrics if {{ path {KEY_METRICS_PATH} }}"]
+                if keys and keys_lua is not None
+                else []
+            ),
             "    http-request use-service prometheus-exporter if { path /metrics }",
             "    http-request return status 404",
         ]
@@ -190,8 +258,16 @@ def router_config(
         # 404 for another); the configuration does not name it, so a new name leaves the
         # front as it is.
         lines += ["    default_backend model_0", *backend_lines(0, routes[0], named=False)]
-        return "\n".join([*lines, ""])
+        return "\n".join([*lines, *keys_table(keys), ""])
+    served = [route.served_name for route in routes]
     lines += [
+        *(
+            "    http-request return status 200 content-type application/json"
+            f" file {key_models_file(models_file, key.name)} if METH_GET {{ path /v1/models }}"
+            f" key_{index}"
+            for index, key in enumerate(keys)
+            if limited_models(key, served)
+        ),
         "    http-request return status 200 content-type application/json"
         f" file {models_file} if METH_GET {{ path /v1/models }}",
         "    http-request wait-for-body time 30s if METH_POST",
@@ -203,6 +279,7 @@ def router_config(
             f"    acl model_{index} var(txn.model) -m str {haproxy_string(route.served_name)}"
             for index, route in enumerate(routes)
         ),
+        *forbidden_lines(keys, served),
         "    http-request return status 413 content-type application/json"
         f" string {too_large} if METH_POST json_body !{{ var(txn.model) -m found }} body_cut",
         "    http-request return status 404 content-type application/json"
@@ -213,7 +290,125 @@ def router_config(
     ]
     for index, route in enumerate(routes):
         lines += backend_lines(index, route, named=True)
-    return "\n".join([*lines, ""])
+    return "\n".join([*lines, *keys_table(keys), ""])
+
+
+def key_lines(keys: Sequence[Key], keys_map: str) -> list[str]:
+    """After the key check: a named key's request goes on to vLLM with the operator's key (vLLM
+    checks its own); each named key's requests tracked in KEYS_TABLE (its counters, its rate),
+    and a JSON 429 with Retry-After past its limit, before any body is read."""
+    if not keys:
+        return []
+    too_many = error_body(
+        429,
+        "RateLimitError",
+        f"This key's requests per minute are used up; retry after {KEY_WINDOW_SECONDS} s.",
+        param=None,
+    )
+    lines = [
+        "    http-request set-header authorization"
+        f" %[str(operator),map_str({upstream_map(keys_map)})] if named_key",
+        f"    http-request track-sc1 var(txn.key) table {KEYS_TABLE} if named_key",
+    ]
+    for index, key in enumerate(keys):
+        lines.append(f"    acl key_{index} var(txn.key) -m str {key.name}")
+        if key.requests_per_minute is not None:
+            lines.append(
+                "    http-request return status 429 content-type application/json"
+                f" hdr retry-after {KEY_WINDOW_SECONDS} string {too_many}"
+                f" if key_{index} {{ sc_http_req_rate(1) gt {key.requests_per_minute} }}"
+            )
+    return lines
+
+
+def limited_models(key: Key, served: Sequence[str]) -> list[str] | None:
+    """The served names `key` may use when that is not every one (None: every one)."""
+    if key.models is None or set(served) <= set(key.models):
+        return None
+    return [name for name in served if name in key.models]
+
+
+def forbidden_lines(keys: Sequence[Key], served: Sequence[str]) -> list[str]:
+    """A key limited to some models: any other `model` (served or not: the answer tells it
+    nothing of the others) is a JSON 403; a request without `model` goes to the first model,
+    so it is refused too when that one is not the key's."""
+    forbidden = error_body(
+        403, "PermissionDeniedError", "The model `MODEL` is not available with this key."
+    ).replace("MODEL", "%[var(txn.model),json(utf8s)]")
+    no_model = error_body(
+        403,
+        "PermissionDeniedError",
+        "This key must name its model: the request's `model` is missing.",
+    )
+    lines = []
+    for index, key in enumerate(keys):
+        allowed = limited_models(key, served)
+        if allowed is None:
+            continue
+        lines.append(
+            "    http-request return status 403 content-type application/json"
+            f" lf-string {forbidden} if key_{index} {{ var(txn.model) -m found }} "
+            + " ".join(f"!model_{served.index(name)}" for name in allowed)
+        )
+        if served[0] not in allowed:
+            lines.append(
+                "    http-request return status 403 content-type application/json"
+                f" string {no_model} if key_{index} !{{ var(txn.model) -m found }}"
+            )
+    return lines
+
+
+def keys_table(keys: Sequence[Key]) -> list[str]:
+    """The named keys' stick table: per key, its requests (and their rate over
+    KEY_WINDOW_SECONDS) and bytes in and out, since the front last loaded its configuration.
+    No expiry: a table far larger than the keys never evicts one."""
+    if not keys:
+        return []
+    size = max(1024, 2 * len(keys))
+    return [
+        f"backend {KEYS_TABLE}",
+        f"    stick-table type string len 32 size {size} store http_req_cnt,"
+        f"http_req_rate({KEY_WINDOW_SECONDS}s),bytes_in_cnt,bytes_out_cnt",
+    ]
+
+
+def key_models_file(models_file: str, name: str) -> str:
+    """The /v1/models document of a key limited to some models, beside the whole list."""
+    return models_file.removesuffix(".json") + f"-{name}.json"
+
+
+# The per-key counters in Prometheus's text format: HAProxy's exporter shows a stick table's
+# size and use, not its entries, so a Lua service (Lua is built into Debian's HAProxy and the
+# official images) reads the entries. A key appears once it has made a request.
+KEYS_LUA = """\
+-- Written by spark-vllm (stacks/plan/front.py): the named keys' counters for Prometheus.
+local metrics = {
+  {"spark_vllm_key_requests_total", "http_req_cnt", "Requests made with the key."},
+  {"spark_vllm_key_bytes_in_total", "bytes_in_cnt", "Bytes received from clients with the key."},
+  {"spark_vllm_key_bytes_out_total", "bytes_out_cnt", "Bytes sent to clients with the key."},
+}
+core.register_service("key_metrics", "http", function(applet)
+  local entries = core.backends["TABLE"].stktable:dump()
+  local names = {}
+  for name in pairs(entries) do names[#names + 1] = name end
+  table.sort(names)
+  local out = {}
+  for _, metric in ipairs(metrics) do
+    out[#out + 1] = "# HELP " .. metric[1] .. " " .. metric[3]
+    out[#out + 1] = "# TYPE " .. metric[1] .. " counter"
+    for _, name in ipairs(names) do
+      local value = entries[name][metric[2]] or 0
+      out[#out + 1] = string.format('%s{key="%s"} %d', metric[1], name, value)
+    end
+  end
+  local body = table.concat(out, "\\n") .. "\\n"
+  applet:set_status(200)
+  applet:add_header("content-type", "text/plain; version=0.0.4")
+  applet:add_header("content-length", string.len(body))
+  applet:start_response()
+  applet:send(body)
+end)
+""".replace("TABLE", KEYS_TABLE)
 
 
 def backend_lines(index: int, route: Route, named: bool) -> list[str]:
@@ -245,8 +440,9 @@ def backend_lines(index: int, route: Route, named: bool) -> list[str]:
     ]
 
 
-def models_document(routes: Sequence[Route]) -> str:
-    """What /v1/models answers for several routes: vLLM's list, one entry per served name."""
+def models_document(routes: Sequence[Route], only: Sequence[str] | None = None) -> str:
+    """What /v1/models answers for several routes: vLLM's list, one entry per served name (those
+    in `only`, when given: a key's models)."""
     data = [
         {
             "id": route.served_name,
@@ -258,14 +454,33 @@ def models_document(routes: Sequence[Route]) -> str:
             **({"max_model_len": route.max_model_len} if route.max_model_len else {}),
         }
         for route in routes
+        if only is None or route.served_name in only
     ]
     return json.dumps({"object": "list", "data": data})
+
+
+def front_files(plan: ClusterPlan) -> list[tuple[str, str]]:
+    """The files the configuration reads beside it in the front's directory (by name): the
+    models list with several models, and each limited key's; the per-key metrics' Lua."""
+    routes = routes_of(plan)
+    files = []
+    if len(plan.servers) > 1:
+        files.append((MODELS_FILE_NAME, models_document(routes)))
+        served = [route.served_name for route in routes]
+        for key in keys_of(plan):
+            allowed = limited_models(key, served)
+            if allowed is not None:
+                name = key_models_file(MODELS_FILE_NAME, key.name)
+                files.append((name, models_document(routes, allowed)))
+    if plan.config.keys:
+        files.append((KEYS_LUA_NAME, KEYS_LUA))
+    return files
 
 
 def front_config_digest(plan: ClusterPlan) -> str:
     """The configuration's hash (with several models, the models list's too): in the reload
     step's command, so a changed file reloads the front (front-reload.sh)."""
     served = front_config(plan)
-    if len(plan.servers) > 1:  # /v1/models is read when the configuration is loaded
-        served += models_document(routes_of(plan))
+    for _, text in front_files(plan):  # read when the configuration is loaded
+        served += text
     return hashlib.sha256(served.encode()).hexdigest()[:16]

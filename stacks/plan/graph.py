@@ -174,6 +174,7 @@ class Planned:
     stdout_stdin: str | None = None  # a step: whose stdout it reads on stdin (its spec's kind)
     id_labels: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a container: label -> whose IDs
     secret_labels: tuple[tuple[str, Stdin], ...] = ()  # a container: label -> a secret's hash
+    secret_triggers: tuple[Stdin, ...] = ()  # a step: secrets whose new hash re-runs it
     image: Later | None = None  # a container: the later value naming its image
     moved_from: tuple[MovedFrom, ...] = ()
 
@@ -564,6 +565,12 @@ def _front(
     entries.append(
         Planned(config.name, names.FRONT, config, head.name, after=(names.scripts_of(head.name),))
     )
+    keys = server.front_keys_file(plan)
+    if keys is not None:
+        entries.append(
+            Planned(keys.name, names.FRONT, keys, head.name, after=(names.scripts_of(head.name),))
+        )
+    read = (key_file.name, *((keys.name,) if keys is not None else ()))
     pull = names.FRONT_PULL
     entries.append(
         Planned(
@@ -581,7 +588,7 @@ def _front(
             names.FRONT,
             front_container(plan, facts.mounts_tokens[head.name]),
             head.name,
-            after=(names.preflight_of(head.name), config.name, key_file.name, check),
+            after=(names.preflight_of(head.name), config.name, *read, check),
             # A new key must restart the front (it loads the pattern file at start).
             secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
             image=FRONT_IMAGE_ID,
@@ -589,7 +596,16 @@ def _front(
     )
     reload = hosts.reload_front(plan)
     entries.append(
-        Planned(reload.name, names.FRONT, reload, head.name, after=(config.name, container))
+        Planned(
+            reload.name,
+            names.FRONT,
+            reload,
+            head.name,
+            after=(config.name, container, *read[1:]),
+            # A key added, changed or revoked: the map's hash changes, so the front reloads
+            # (the configuration alone names the keys, not their values).
+            secret_triggers=("user-keys",) if keys is not None else (),
+        )
     )
     return key_file.name, container, reload.name
 

@@ -18,11 +18,10 @@ from stacks.plan.firewall import (
 from stacks.plan.front import (
     CONTAINER_FRONT_DIR,
     FRONT_CONFIG_NAME,
-    MODELS_FILE_NAME,
+    KEYS_MAP_NAME,
     front_config,
     front_config_digest,
-    models_document,
-    routes_of,
+    front_files,
 )
 from stacks.plan.hardware import GIB, memory_shares, shares_file
 from stacks.plan.image import image_history_file
@@ -235,19 +234,25 @@ def reload_front(plan: ClusterPlan) -> StepSpec:
             file=f"{front_dir(plan)}/{FRONT_CONFIG_NAME}",
             config=f"{CONTAINER_FRONT_DIR}/{FRONT_CONFIG_NAME}",
             digest=front_config_digest(plan),
+            # The named keys' map, written apart (a new value changes no configuration).
+            **({"keys_map": keys_map_file(plan)} if plan.config.keys else {}),
         ),
         timeouts=Timeouts(create=3),
     )
+
+
+def keys_map_file(plan: ClusterPlan) -> str:
+    """The named keys' map on the head, beside the API key (front-keys-file.sh)."""
+    return f"{plan.api_key_dir}/{KEYS_MAP_NAME}"
 
 
 def write_front_config(plan: ClusterPlan) -> StepSpec:
     """The front's haproxy.cfg on the head, whole on the command line: it holds no secret, so
     `pulumi preview` shows what a change does to it."""
     head, path = plan.head, f"{front_dir(plan)}/{FRONT_CONFIG_NAME}"
-    files = [(path, front_config(plan))]
-    if len(plan.servers) > 1:  # /v1/models: read when the configuration is loaded
-        models = models_document(routes_of(plan))
-        files.insert(0, (f"{front_dir(plan)}/{MODELS_FILE_NAME}", models))
+    # What the configuration reads (/v1/models, the keys' metrics) first: read when it loads.
+    files = [(f"{front_dir(plan)}/{name}", text) for name, text in front_files(plan)]
+    files.append((path, front_config(plan)))
     if keeps_slot_record(plan):
         # Each server's slot, read back as a fact on every run, so a model keeps its slot
         # while others come and go.

@@ -13,6 +13,7 @@ from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_API_KEY_FILE, CONTAINER_SCRIPTS_DIR
 from stacks.plan.fabric import fabric_flags
 from stacks.plan.hardware import extra_arg_value
+from stacks.plan.hosts import keys_map_file
 from stacks.plan.server_plan import ServerPlan, log_specs, node_check_specs
 from stacks.plan.steps import Stdin, StepSpec, Timeouts, check, script_call, undoable
 
@@ -76,6 +77,27 @@ def front_key_file(plan: ClusterPlan) -> StepSpec:
     Grafana's admin password derived from it (written whether or not monitoring runs, so
     turning monitoring on changes no step of the front)."""
     return _key_file(plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, grafana=True)
+
+
+def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
+    """The named keys' map (`keys`, stdin) beside the API key on the head, where the front
+    reads it; none without `keys`. A step of its own: a key added, changed or revoked touches
+    no other key's file, and no server (the servers read only the API key)."""
+    if not plan.config.keys:
+        return None
+    head = plan.head
+    file = keys_map_file(plan)
+    return undoable(
+        plan,
+        names.FRONT_KEYS,
+        head,
+        "front-keys-file.sh",
+        ("write", "remove"),
+        {"file": file},
+        (check("files", file),),
+        stdin="user-keys",
+        quiet="none",
+    )
 
 
 def server_key_file(plan: ServerPlan) -> StepSpec:

@@ -27,7 +27,9 @@ from stacks.plan.later import consumed, resolve
 BUNDLE_MARKER = ".bundle-digest"
 
 # What a step reads on stdin; the component wires the resource (or secret) that provides it.
-Stdin = Literal["scripts-bundle", "hf-token", "api-key", "head-public-key", "worker-host-keys"]
+Stdin = Literal[
+    "scripts-bundle", "hf-token", "api-key", "user-keys", "head-public-key", "worker-host-keys"
+]
 
 
 @dataclass(frozen=True)

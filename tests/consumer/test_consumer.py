@@ -65,9 +65,15 @@ def project(tmp_path: Path) -> Path:
     return copy
 
 
-def up(project: Path, endpoint: str, key: str = KEY, **config: Any) -> tuple[RealMocks, dict]:
+def up(
+    project: Path, endpoint: str, key: str = KEY, own_key: str | None = None, **config: Any
+) -> tuple[RealMocks, dict]:
+    """`key`: the deployment's `apiKey` output (the operator's); `own_key`: this project's own,
+    set with --secret."""
     cli = PulumiCli(project)
     cli.stack_from("dev", {"vllmStack": REFERENCE, **config})
+    if own_key is not None:
+        cli.config_set("dev", "apiKey", own_key, secret=True)
     mocks = RealMocks()
     secret = {SECRET_SIG_KEY: SECRET_SIG_VALUE, "value": key}
     mocks.stack_references[REFERENCE] = {
@@ -104,6 +110,20 @@ def test_the_consumer_writes_the_client_config_and_checks_the_endpoint(
     assert config_entry.inputs["stdin"][SECRET_SIG_KEY] == SECRET_SIG_VALUE
     mocks.teardown()
     assert not written.exists(), "destroy removes the written key"
+
+
+def test_a_second_project_uses_its_own_key_and_model(project: Path, endpoint: str) -> None:
+    """One of the deployment's `keys`, given to this project: it, not the operator's key, is in
+    the client configuration and the check, with the model the key may use."""
+    mocks, outputs = up(project, endpoint, key="sk-operator-not-ours", own_key=KEY, model="embed")
+    assert outputs["model"] == "embed"
+    written = project / "openai.env"
+    assert f"OPENAI_API_KEY={KEY}\n" in written.read_text()
+    assert "OPENAI_MODEL=embed\n" in written.read_text()
+    assert [(seen["auth"], seen["model"]) for seen in Endpoint.seen] == [(f"Bearer {KEY}", "embed")]
+    for entry in mocks.journal:
+        assert KEY not in json.dumps(entry.inputs.get("create")), entry.name
+    mocks.teardown()
 
 
 def test_a_refused_key_fails_the_up_naming_the_endpoint(project: Path, endpoint: str) -> None:

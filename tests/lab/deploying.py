@@ -47,12 +47,19 @@ def deploy(
     project_dir: Path = REPO,
     stack: str = "lab",
 ) -> StackOutputs:
-    """`pulumi up` of a stack whose file holds `config`; its apiKey is set with --secret."""
+    """`pulumi up` of a stack whose file holds `config`; its apiKey and each of its `keys`' `key`
+    are set with --secret (`--path 'keys[i].key'`)."""
     cli = PulumiCli(project_dir)
     plain = {key: value for key, value in config.items() if key != f"{PROJECT}:apiKey"}
+    named = [dict(entry) for entry in config.get(f"{PROJECT}:keys") or []]
+    values = [entry.pop("key") for entry in named]
+    if named:
+        plain[f"{PROJECT}:keys"] = named
     cli.stack_from(stack, plain)
     if f"{PROJECT}:apiKey" in config:
         cli.config_set(stack, "apiKey", config[f"{PROJECT}:apiKey"], secret=True)
+    for index, value in enumerate(values):
+        cli.config_set(stack, f"keys[{index}].key", value, secret=True, path=True)
     return run_program(cli, stack, mocks, max_parallel=8)
 
 

@@ -11,6 +11,8 @@ import math
 import os
 import shlex
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,84 @@ def test_a_second_model_is_added_beside_the_first(stack: Stack) -> None:
         assert containers(stack, host) == {f"{PREFIX}-vllm", f"{PREFIX}-vllm-s1"}
     names = [m["servedName"] for m in stack.outputs["models"]]
     assert names == [SERVED_NAME, SECOND] and stack.outputs["modelId"] == SERVED_NAME
+
+
+# Named keys (`keys`): a second project's, limited to the second model and 5 requests a
+# minute, and one for every model.
+TEAM_KEY, NOTEBOOK_KEY = "team-a-lab-key-6b1e9d0c3f7a2e58", "notebook-lab-key-0d4c8e2a9f1b7e36"
+FRONT_ONLY = {"front-config": "update", "front-reload": "replace"}
+
+
+def keyed(base: str, key: str, model: str) -> tuple[int, dict[str, str]]:
+    """A completion's status and headers at `base` (`.../v1`) with `key`."""
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode()
+    request = urllib.request.Request(
+        base + "/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}
+
+
+def test_keys_per_user_are_a_reload_of_the_front_and_nothing_else(stack: Stack) -> None:
+    """Two named keys added, then revoked, while the operator's key serves: each `up` plans
+    the front's key map, configuration and reload only; the limited key reaches only its model,
+    is refused past its rate, and its requests are counted; once revoked both are refused."""
+    started = time.monotonic()
+    before = stack.config
+    keys = [
+        {"name": "team-a", "models": [SECOND], "requestsPerMinute": 5, "key": TEAM_KEY},
+        {"name": "notebook", "key": NOTEBOOK_KEY},
+    ]
+    try:
+        run = changed_while_serving(stack, "add two keys", {**before, f"{PROJECT}:keys": keys})
+        assert run.changed() == {"front-keys": "create", **FRONT_ONLY}
+        the_keys_serve(stack)
+    finally:  # the next tests start from the stack without keys
+        run = changed_while_serving(stack, "revoke every key", before)
+    assert run.changed() == {"front-keys": "delete", **FRONT_ONLY}
+    for key in (TEAM_KEY, NOTEBOOK_KEY):
+        assert keyed(stack.endpoint, key, SECOND)[0] == 401
+    record_timing("several models: keys added, used and revoked", time.monotonic() - started)
+
+
+def the_keys_serve(stack: Stack) -> None:
+    """Once the front reloaded (the step sends the signal; HAProxy loads the new configuration
+    after it), team-a reaches only its model and its rate, notebook every model, and each
+    key's requests are counted; no key's value is in the front's configuration or log."""
+    deadline = time.monotonic() + 10
+    while keyed(stack.endpoint, NOTEBOOK_KEY, SERVED_NAME)[0] != 200:
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                "the named key is refused after the reload:\n"
+                + host_sh(
+                    stack.lab,
+                    "spark1",
+                    f"ls -la ~/.spark-vllm/*/secrets; docker logs --tail 20 {PREFIX}-front 2>&1;"
+                    f" docker exec {PREFIX}-front grep -n key /spark-vllm/front/haproxy.cfg",
+                )
+            )
+        time.sleep(0.2)
+    assert keyed(stack.endpoint, TEAM_KEY, SECOND)[0] == 200
+    assert keyed(stack.endpoint, TEAM_KEY, SERVED_NAME)[0] == 403
+    assert models_listed(stack.endpoint, TEAM_KEY) == [SECOND]
+    assert models_listed(stack.endpoint, NOTEBOOK_KEY) == [SERVED_NAME, SECOND]
+    # team-a's 4th, 5th and 6th requests of the minute (/v1/models counts too).
+    statuses = [keyed(stack.endpoint, TEAM_KEY, SECOND) for _ in range(3)]
+    assert [status for status, _ in statuses] == [200, 200, 429]
+    assert statuses[2][1]["retry-after"] == "60"
+    metrics = host_sh(stack.lab, "spark1", "curl -s 127.0.0.1:8404/metrics/keys")
+    assert 'spark_vllm_key_requests_total{key="team-a"} 6' in metrics, metrics
+    assert 'spark_vllm_key_requests_total{key="notebook"} 2' in metrics, metrics
+    for value in (TEAM_KEY, NOTEBOOK_KEY):  # not in the front's configuration or its log
+        assert value not in host_sh(stack.lab, "spark1", f"docker logs {PREFIX}-front 2>&1")
+        assert value not in host_sh(
+            stack.lab, "spark1", f"docker exec {PREFIX}-front cat /spark-vllm/front/haproxy.cfg"
+        )
 
 
 def test_changing_one_models_flags_replaces_only_its_server(stack: Stack) -> None:

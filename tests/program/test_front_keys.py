@@ -1,0 +1,414 @@
+"""Named keys at the front (stacks/plan/front.py): the configuration as a table of pure cases,
+then run for real on loopback (the installed HAProxy, Debian's 2.6 as in the lab image) before
+two stand-in models: a key's models, its rate, its counters in the metrics, and a key revoked
+by a reload while the others' requests go on."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from stacks.plan.front import (
+    KEY_METRICS_PATH,
+    KEYS_LUA,
+    Key,
+    Route,
+    key_models_file,
+    limited_models,
+    models_document,
+    router_config,
+)
+from tests.program.scripting import fake_docker_path, run
+
+OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
+VALUES = {
+    "alice": "alice-key-5f0c2d7e9b1a4c38e6d2",
+    "bob": "bob-key-8e1f3a6c0d9b2e7f4a51c",
+    "carol": "carol-key-3d7a1e0f9c5b2e8d6a4f",
+}
+KEYS = (Key("alice", ("beta",)), Key("bob", None, 3), Key("carol"))
+HAPROXY = shutil.which("haproxy")
+
+
+def routes(*ports: int) -> list[Route]:
+    return [
+        Route(name, f"org/{name}", None, (("s", f"127.0.0.1:{port}"),))
+        for name, port in zip(("alpha", "beta")[: len(ports)], ports, strict=True)
+    ]
+
+
+def config(keys: tuple[Key, ...], ports: tuple[int, ...] = (1, 2)) -> str:
+    return router_config(
+        "127.0.0.1:1",
+        "/k/bearer",
+        routes(*ports),
+        "/f/models.json",
+        "127.0.0.1:3",
+        keys=keys,
+        keys_map="/k/keys.map",
+        keys_lua="/f/keys.lua",
+    )
+
+
+def test_without_keys_the_configuration_is_as_before() -> None:
+    """No `keys`: not a line of the named keys' machinery (a stack without them keeps its
+    front as it was)."""
+    for ports in ((1,), (1, 2)):
+        text = config((), ports)
+        for word in ("keys.map", "txn.key", "track-sc1", "lua", "backend keys", "429", "403"):
+            assert word not in text
+
+
+@pytest.mark.parametrize(
+    ("key", "served", "expected"),
+    [
+        (Key("a"), ["alpha", "beta"], None),  # unset: every model
+        (Key("a", ("alpha", "beta")), ["alpha", "beta"], None),  # every one named: no limit
+        (Key("a", ("beta",)), ["alpha", "beta"], ["beta"]),
+        (
+            Key("a", ("beta", "alpha")),
+            ["alpha", "beta", "gamma"],
+            ["alpha", "beta"],
+        ),  # served order
+        (Key("a", ("alpha",)), ["alpha"], None),  # one model: nothing to refuse
+    ],
+)
+def test_a_keys_limited_models(key: Key, served: list[str], expected: list[str] | None) -> None:
+    assert limited_models(key, served) == expected
+
+
+def test_the_configuration_names_keys_never_their_values() -> None:
+    text = config(KEYS)
+    assert "http_auth_bearer,map_str(/k/keys.map)" in text
+    # On to vLLM with the operator's key, from a map of its own (no client token looks it up).
+    assert "set-header authorization %[str(operator),map_str(/k/upstream.map)] if named_key" in (
+        text
+    )
+    assert "unless has_key || named_key" in text
+    assert "acl key_1 var(txn.key) -m str bob" in text
+    assert "hdr retry-after 60" in text and "sc_http_req_rate(1) gt 3" in text
+    assert text.count("status 429") == 1  # bob alone has a limit
+    assert "file /f/models-alice.json if METH_GET { path /v1/models } key_0" in text
+    assert "lua-load /f/keys.lua" in text
+    assert f"use-service lua.key_metrics if {{ path {KEY_METRICS_PATH} }}" in text
+    for value in (OPERATOR, *VALUES.values()):
+        assert value not in text
+    # One model: no body is read, so no model is refused; the rate and the counters stay.
+    single = config(KEYS, (1,))
+    assert "status 403" not in single and "models-alice" not in single
+    assert "sc_http_req_rate(1) gt 3" in single and "backend keys" in single
+
+
+# --- the real HAProxy -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def model_server(name: str) -> ThreadingHTTPServer:
+    """A stand-in that answers every request with the name of the model it serves, and, as
+    vLLM's --api-key does, a 401 to a request without the operator's key."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            admitted = self.headers.get("Authorization") == f"Bearer {OPERATOR}"
+            body = json.dumps({"served_by": name} if admitted else {"error": "vLLM's 401"})
+            self.send_response(200 if admitted else 401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_GET = do_POST = answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: dict
+
+
+@dataclass
+class Front:
+    url: str
+    metrics: str
+    write: Callable[[tuple[Key, ...], dict[str, str]], None]  # the map and the configuration
+    master: subprocess.Popen
+
+
+def call(
+    url: str, key: str | None, model: str | None = None, path: str = "/v1/completions"
+) -> Response:
+    body = None if model is None else json.dumps({"model": model, "prompt": "hi"}).encode()
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url + path, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw, status, got = response.read(), response.status, dict(response.headers)
+    except urllib.error.HTTPError as error:
+        raw, status, got = error.read(), error.code, dict(error.headers)
+    return Response(status, {k.lower(): v for k, v in got.items()}, json.loads(raw or b"{}"))
+
+
+@pytest.fixture
+def front(tmp_path: Path) -> Iterator[Front]:
+    if HAPROXY is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("HAProxy (Debian's, lab/install-deps.sh) is not installed")
+        pytest.skip("HAProxy (Debian's, lab/install-deps.sh) is not installed")
+    servers = [model_server("alpha"), model_server("beta")]
+    port, metrics = free_port(), free_port()
+    secrets, files = tmp_path / "secrets", tmp_path / "front"
+    secrets.mkdir()
+    files.mkdir()
+    (secrets / "bearer").write_text(f"Bearer {OPERATOR}\n")
+    served = routes(*(server.server_address[1] for server in servers))
+    haproxy_cfg = files / "haproxy.cfg"
+
+    def write(keys: tuple[Key, ...], values: dict[str, str]) -> None:
+        (secrets / "keys.map").write_text("".join(f"{values[k.name]} {k.name}\n" for k in keys))
+        (secrets / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
+        (files / "keys.lua").write_text(KEYS_LUA)
+        (files / "models.json").write_text(models_document(served))
+        for key in keys:
+            allowed = limited_models(key, [r.served_name for r in served])
+            if allowed is not None:
+                name = key_models_file(str(files / "models.json"), key.name)
+                Path(name).write_text(models_document(served, allowed))
+        haproxy_cfg.write_text(
+            router_config(
+                f"127.0.0.1:{port}",
+                str(secrets / "bearer"),
+                served,
+                str(files / "models.json"),
+                f"127.0.0.1:{metrics}",
+                keys=keys,
+                keys_map=str(secrets / "keys.map"),
+                keys_lua=str(files / "keys.lua"),
+            )
+        )
+        check = subprocess.run(
+            [HAPROXY, "-c", "-f", str(haproxy_cfg)], capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+
+    write(KEYS, VALUES)
+    master = subprocess.Popen(
+        [HAPROXY, "-W", "-db", "-f", str(haproxy_cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            call(url, OPERATOR, path="/health")
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.1)
+    try:
+        yield Front(url, f"http://127.0.0.1:{metrics}", write, master)
+    finally:
+        master.terminate()
+        master.wait(timeout=10)
+        for server in servers:
+            server.shutdown()
+
+
+def test_each_key_reaches_its_models_and_no_other(front: Front) -> None:
+    url = front.url
+    # The operator's key and a key without `models`: every model.
+    for key in (OPERATOR, VALUES["carol"]):
+        assert call(url, key, "alpha").body == {"served_by": "alpha"}
+        assert call(url, key, "beta").body == {"served_by": "beta"}
+    assert call(url, None, "beta").status == 401
+    assert call(url, "not-a-key-7d1e0c9b3a5f2e8d", "beta").status == 401
+    # alice: beta only. Another model, served or not, is a 403 in vLLM's shape naming only
+    # the model asked for; a request without `model` (the first model's) too.
+    alice = VALUES["alice"]
+    assert call(url, alice, "beta").body == {"served_by": "beta"}
+    for asked in ("alpha", "gamma"):
+        refused = call(url, alice, asked)
+        assert refused.status == 403
+        error = refused.body["error"]
+        assert (error["type"], error["code"], error["param"]) == (
+            "PermissionDeniedError",
+            403,
+            "model",
+        )
+        assert f"`{asked}`" in error["message"] and "beta" not in error["message"]
+        assert refused.headers["content-type"] == "application/json"
+    missing = call(url, alice, path="/health")
+    assert missing.status == 403 and "alpha" not in json.dumps(missing.body)
+    # /v1/models: the key's models alone; the whole list for the others.
+    listed = call(url, alice, path="/v1/models").body
+    assert [model["id"] for model in listed["data"]] == ["beta"]
+    listed = call(url, VALUES["carol"], path="/v1/models").body
+    assert [model["id"] for model in listed["data"]] == ["alpha", "beta"]
+
+
+def test_past_its_rate_a_key_gets_a_429_with_retry_after_and_the_others_do_not(
+    front: Front,
+) -> None:
+    bob = VALUES["bob"]
+    assert [call(front.url, bob, "alpha").status for _ in range(3)] == [200, 200, 200]
+    refused = call(front.url, bob, "alpha")
+    assert refused.status == 429
+    assert refused.headers["retry-after"] == "60"
+    assert (
+        refused.body["error"]["type"] == "RateLimitError" and refused.body["error"]["code"] == 429
+    )
+    # Other keys, and the operator's, are not counted against bob's limit.
+    assert call(front.url, VALUES["carol"], "alpha").status == 200
+    assert call(front.url, OPERATOR, "alpha").status == 200
+
+
+def key_metrics(front: Front) -> dict[tuple[str, str], int]:
+    with urllib.request.urlopen(front.metrics + KEY_METRICS_PATH, timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("spark_vllm_key_"):
+            series, value = line.rsplit(" ", 1)
+            name, label = series.split("{")
+            values[(name, label.removeprefix('key="').removesuffix('"}'))] = int(value)
+    return values
+
+
+def test_each_keys_requests_and_bytes_are_in_the_metrics(front: Front) -> None:
+    for _ in range(2):
+        call(front.url, VALUES["carol"], "alpha")
+    call(front.url, VALUES["alice"], "beta")
+    call(front.url, OPERATOR, "beta")  # the operator's key is not counted per key
+    metrics = key_metrics(front)
+    assert metrics[("spark_vllm_key_requests_total", "carol")] == 2
+    assert metrics[("spark_vllm_key_requests_total", "alice")] == 1
+    assert ("spark_vllm_key_requests_total", "bob") not in metrics  # no request yet
+    assert metrics[("spark_vllm_key_bytes_in_total", "carol")] > 0
+    out_carol = metrics[("spark_vllm_key_bytes_out_total", "carol")]
+    out_alice = metrics[("spark_vllm_key_bytes_out_total", "alice")]
+    assert out_carol > out_alice > 0  # two answers against one
+    # HAProxy's own exporter still answers beside them.
+    with urllib.request.urlopen(front.metrics + "/metrics", timeout=10) as response:
+        assert "haproxy_frontend_http_requests_total" in response.read().decode()
+
+
+def test_a_key_revoked_by_a_reload_is_refused_and_no_other_request_fails(front: Front) -> None:
+    failures: list[int] = []
+    served = [0]
+    stop = threading.Event()
+
+    def keep_asking(key: str) -> None:
+        while not stop.is_set():
+            status = call(front.url, key, "beta").status
+            served[0] += 1
+            if status != 200:
+                failures.append(status)
+
+    clients = [
+        threading.Thread(target=keep_asking, args=(key,)) for key in (VALUES["carol"], OPERATOR)
+    ]
+    for client in clients:
+        client.start()
+    time.sleep(0.5)
+    assert call(front.url, VALUES["alice"], "beta").status == 200
+    kept = tuple(key for key in KEYS if key.name != "alice")
+    front.write(kept, VALUES)
+    front.master.send_signal(signal.SIGUSR2)  # what front-reload.sh sends the container
+    deadline = time.monotonic() + 10
+    while call(front.url, VALUES["alice"], "beta").status != 401:
+        assert time.monotonic() < deadline, "the revoked key is still admitted"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    stop.set()
+    for client in clients:
+        client.join(timeout=10)
+    assert failures == [] and served[0] > 10
+
+
+# --- front-reload.sh and the map --------------------------------------------------------------
+
+RECORDING_DOCKER = """#!/usr/bin/env bash
+case "$1" in
+  inspect) echo "running $FAKE_STARTED" ;;
+  exec) exit 0 ;;
+  kill) echo kill >> "$FAKE_SIGNALS" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("with_map", "signalled"), [(True, True), (False, False)])
+def test_a_map_written_after_the_front_started_reloads_it(
+    tmp_path: Path, with_map: bool, signalled: bool
+) -> None:
+    """A key's new value rewrites only the map: a front started after its configuration was
+    written but before the map was must still reload (front-reload.sh --keys-map)."""
+    config, keys_map, signals = tmp_path / "haproxy.cfg", tmp_path / "keys.map", tmp_path / "sig"
+    config.write_text("global\n")
+    os.utime(config, (1_000_000_000, 1_000_000_000))  # 2001
+    keys_map.write_text("value name\n")  # now
+    flags = ["--host", "spark1", "--container", "front", "--file", str(config)]
+    flags += ["--config", str(config), "--digest", "d1"]
+    flags += ["--keys-map", str(keys_map)] if with_map else []
+    env = {
+        "PATH": fake_docker_path(tmp_path, RECORDING_DOCKER),
+        "FAKE_STARTED": "2020-01-01T00:00:00.000000000Z",  # after the file, before the map
+        "FAKE_SIGNALS": str(signals),
+    }
+    done = run("front-reload.sh", *flags, env=env)
+    assert done.returncode == 0, done.stderr
+    assert signals.exists() == signalled, done.stdout
+
+
+def test_the_map_is_written_private_from_stdin_and_removed(tmp_path: Path) -> None:
+    keys_map = tmp_path / "secrets" / "keys.map"
+    upstream = tmp_path / "secrets" / "upstream.map"
+    text = "".join(f"{value} {name}\n" for name, value in VALUES.items())
+    done = run(
+        "front-keys-file.sh", "write", "--host", "h", "--file", str(keys_map),
+        stdin=f"{OPERATOR}\n{text}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert keys_map.read_text() == text
+    assert upstream.read_text() == f"operator Bearer {OPERATOR}\n"
+    assert keys_map.stat().st_mode & 0o777 == 0o600
+    assert upstream.stat().st_mode & 0o777 == 0o600
+    assert (keys_map.parent.stat().st_mode & 0o777) == 0o700
+    for value in VALUES.values():
+        assert value not in done.stdout + done.stderr
+    assert "named keys written: 3" in done.stdout
+    run("front-keys-file.sh", "remove", "--host", "h", "--file", str(keys_map), check=True)
+    assert not keys_map.exists() and not upstream.exists()
