@@ -301,7 +301,6 @@ def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
     outputs = successful_up(lab, stack, lab_config(lab))
     assert "ready after" in outputs["readiness"]
     # That `up` said first what the guard had stopped and was stopped still (its facts).
-    warned = [line for line in stack[-1].program_log if "it is stopped still" in line]
-    assert any(f"spark2: memory-guard: stopped {PREFIX}-ray-worker" in w for w in warned), (
-        stack[-1].program_log
-    )
+    log = stack[-1].program_log
+    warned = [line for line in log if "it is stopped still" in line]
+    assert any(f"spark2: memory-guard: stopped {PREFIX}-ray-worker" in w for w in warned), log
