@@ -40,6 +40,9 @@ MODULE_COST: dict[str, float] = {
     # Real vLLM (its CPU build): the image built once per run, torch.compile cold then warm.
     # The longest module: it starts first, so that it does not end last.
     "tests/lab/test_real_vllm.py": 1200,
+    # Every model change beside a serving one, keys, monitoring: long; not exclusive, so it
+    # starts with the costly ones rather than last, alone, after the exclusive module.
+    "tests/lab/test_several_models.py": 340,
     "tests/lab/test_executor_mp.py": 306,
     "tests/lab/test_e2e.py": 282,
     "tests/lab/test_bench.py": 259,

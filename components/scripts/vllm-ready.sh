@@ -59,22 +59,37 @@ guarded() {
 epoch() { date -d "$1" +%s.%N 2>/dev/null || true; }
 read -r created started_at <<<"$(docker inspect --format '{{.Created}} {{.State.StartedAt}}' "$ARG_CONTAINER" 2>/dev/null || echo "- -")"
 start_epoch="$(epoch "$started_at")"
-port_open="" healthy="" first_probe=1 warm=0
+healthy="" first_probe=1 warm=0
 after_start() { awk -v a="$1" -v b="$start_epoch" 'BEGIN { printf "%.1f", a - b }'; }
 start_figures() {
   if [ -z "$start_epoch" ] || [ "$warm" = 1 ]; then
     printf '\nspark-vllm-start {"measured":false}'
     return 0
   fi
+  local port_open
+  port_open="$(cat "$port_file" 2>/dev/null || true)"
   printf '\nspark-vllm-start {"measured":true,"containerStartSeconds":%s,"portOpenSeconds":%s,"healthSeconds":%s,"firstTokenSeconds":%s}' \
     "$(awk -v a="$start_epoch" -v b="$(epoch "$created")" 'BEGIN { printf "%.1f", a - b }')" \
     "$(if [ -n "$port_open" ]; then after_start "$port_open"; else echo null; fi)" \
     "$(after_start "${healthy:-$first_token}")" "$(after_start "$first_token")"
 }
 port_answers() {
-  [ -n "${ARG_SERVER_PORT:-}" ] \
-    && timeout 2 bash -c "exec 3<>/dev/tcp/$ARG_SERVER_ADDRESS/$ARG_SERVER_PORT" 2>/dev/null
+  timeout 2 bash -c "exec 3<>/dev/tcp/$ARG_SERVER_ADDRESS/$ARG_SERVER_PORT" 2>/dev/null
 }
+# The port is watched apart, four times a second, not once per probe (every 2 s): a server
+# that binds and answers within one probe's interval still shows when its port opened.
+port_file="$(mktemp)"
+port_watcher=""
+if [ -n "${ARG_SERVER_PORT:-}" ]; then
+  ( until port_answers; do
+      [ "$SECONDS" -lt "$deadline" ] || exit 0
+      sleep 0.25
+    done
+    printf '%s' "$EPOCHREALTIME" >"$port_file" ) &
+  port_watcher=$!
+fi
+# (`|| true`: under errexit a failed kill of a watcher that already ended would fail the step.)
+trap '[ -z "$port_watcher" ] || kill "$port_watcher" 2>/dev/null || true; rm -f "$port_file"' EXIT
 reported=$SECONDS
 guard_checked=$SECONDS
 probe() {
@@ -147,7 +162,6 @@ while :; do
   [ "$restarts" = 0 ] || give_up \
     "vLLM exited during start-up and Docker restarted it $restarts time(s) (last probe: $last)" \
     "vLLM refused its arguments or failed to load the model; its log above shows the first error"
-  [ -n "$port_open" ] || ! port_answers || port_open="$EPOCHREALTIME"
   line="$(probe_watched)" || true
   case "$line" in
     ready*|waiting*) [ -n "$healthy" ] || healthy="$EPOCHREALTIME" ;;

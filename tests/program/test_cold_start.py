@@ -93,3 +93,9 @@ def test_the_table_shows_the_slowest_worker() -> None:
     assert lines[1] == "  image copy (slowest worker): 70.0 s"
     assert lines[3] == "  weights copy (slowest worker): -"
     assert lines[-1] == "  first token, from the start: 35.2 s"
+
+
+def test_a_port_seen_open_after_health_answered_was_open_by_then() -> None:
+    line = ('spark-vllm-start {"measured":true,"containerStartSeconds":0.2,"portOpenSeconds":8.2,'
+            '"healthSeconds":8.0,"firstTokenSeconds":8.1}')  # fmt: skip
+    assert cs.start_figures(line)["portOpenSeconds"] == 8.0
