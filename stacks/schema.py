@@ -422,7 +422,10 @@ class ModelConfig(ConfigModel):
     )
     revision: HubRevision = Field(
         default="main",
-        description="The model's branch, tag or commit on the Hub (without `models`).",
+        description=(
+            "The model's branch, tag or commit on the Hub (without `models`). A branch or tag is "
+            "resolved at the first fetch and that commit is kept; `up` names it to write here."
+        ),
     )
     served_name: ServedName | None = Field(
         default=None,
@@ -611,7 +614,11 @@ class ServedModelConfig(ServerSettings):
 
     id: HubId = Field(description="The model on the Hugging Face Hub (`org/name`).")
     revision: HubRevision = Field(
-        default="main", description="The model's branch, tag or commit on the Hub."
+        default="main",
+        description=(
+            "The model's branch, tag or commit on the Hub. A branch or tag is resolved at the "
+            "first fetch and that commit is kept; `up` names it to write here."
+        ),
     )
     served_name: ServedName | None = Field(
         default=None,

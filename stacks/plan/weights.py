@@ -3,6 +3,9 @@ serving image's HF client, copied to each worker over the fabric."""
 
 from __future__ import annotations
 
+import re
+
+from stacks.fleet import ServedModel
 from stacks.plan import names
 from stacks.plan.cluster import NodePlan
 from stacks.plan.fabric import head_to_worker, relay_flags
@@ -50,6 +53,29 @@ def manifest_values(manifest: str) -> dict[str, str]:
             "(commit files bytes) belongs"
         )
     return {later.name: field for later, field in zip(MANIFEST_FIELDS, fields, strict=True)}
+
+
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+# A branch or tag is resolved once, at the first fetch: the head records the commit
+# (weights-fetch.sh, in its state dir) and points the cache's ref at it, and every later fetch of
+# the same model and revision (an update re-runs `create`: a new image, a failed receipt) fetches
+# that commit (hf_fetch.py revision_to_fetch). Another head, or a new stack, would resolve the
+# branch anew: the commit belongs in the stack.
+def unpinned_revision_warning(served: ServedModel, manifest: str) -> str | None:
+    """What to tell a user whose `revision` (`served.model_key`: model, models[i]) is a branch or
+    tag, with the commit to pin (the manifest's, what the head fetched); None when it is a
+    commit."""
+    if COMMIT.fullmatch(served.revision):
+        return None
+    commit = manifest.split()[0]
+    return (
+        f"{served.model_key}.revision {served.revision} of {served.id} is a branch or tag: the "
+        f"head fetched {commit} and keeps fetching that commit, but another head or a new stack "
+        f"would resolve {served.revision} again. Pin what was fetched: "
+        f"{served.model_key}.revision: {commit}"
+    )
 
 
 def copy_weights(plan: ServerPlan, worker: NodePlan) -> StepSpec:

@@ -92,8 +92,11 @@ def test_the_dev_flow_works_and_the_program_runs(
     assert preview.unknown_outputs >= {"endpointUrl", "readiness"}
     up = run_stack(cli, "dev", FakeHosts())
     assert up.outputs["modelId"] == "qwen3.5-122b"
-    # Every host key is pinned through known_hosts: the one warning is the image's bare tag.
-    assert [w for w in up.warnings if " is a tag" not in w] == []
+    # Every host key is pinned through known_hosts: the warnings are the images' bare tags and
+    # the model's branch, each with what to pin it to.
+    pins = (" is a tag", "is a branch or tag")
+    assert [w for w in up.warnings if not any(pin in w for pin in pins)] == []
+    assert any(w.startswith("model.revision main of ") for w in up.warnings), up.warnings
 
 
 def test_the_lab_flow_passes_the_clis_checks() -> None:

@@ -69,6 +69,7 @@ from tests.lab.realmocks import (
     docker_host_from_provider_inputs,
     inspect_container,
     inspect_image,
+    refuse_previous_output_in_env,
     run_docker,
     tail,
     teardown_entry,
@@ -231,6 +232,7 @@ class NextUp(RealMocks):
         what = f"{args.typ} {args.name!r}"
         outputs = {**prior.outputs, **args.inputs}
         if args.typ == TYPE_COMMAND:
+            refuse_previous_output_in_env(args.inputs, what)  # an update runs with it too
             command = unwrap_secrets(args.inputs.get("update") or args.inputs.get("create"))
             if command:
                 self._count_command()

@@ -754,6 +754,20 @@ class TeardownError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
+def refuse_previous_output_in_env(inputs: dict[str, Any], what: str) -> None:
+    """pulumi-command (provider/pkg/provider/remote/commandOutputs.go `run`) passes a remote
+    command's previous stdout and stderr as PULUMI_COMMAND_STDOUT/STDERR through an SSH `Setenv`
+    unless `addPreviousOutputInEnv` is false; stock sshd refuses it (no AcceptEnv) and the
+    provider only warns, so the command runs without them. The model never sets them either: a
+    program must not rely on them, and says so by turning them off."""
+    if unwrap_secrets(inputs.get("addPreviousOutputInEnv")) is not False:
+        raise ValueError(
+            f"{what}: `addPreviousOutputInEnv` is not false, but stock sshd refuses the "
+            "previous output pulumi-command sets with Setenv; record what a step needs from "
+            "its previous run on the host"
+        )
+
+
 class RealMocks(pulumi.runtime.Mocks):
     """Performs creates for real; thread-safe (the SDK calls mocks from a thread pool)."""
 
@@ -880,6 +894,7 @@ class RealMocks(pulumi.runtime.Mocks):
                 f"{what}: `environment` is set, but stock sshd drops it (no AcceptEnv); "
                 "put values in the command or pass secrets on stdin"
             )
+        refuse_previous_output_in_env(inputs, what)
         connection = connection_from_inputs(inputs.get("connection"), what)
         create = unwrap_secrets(inputs.get("create"))
         outputs = dict(inputs)

@@ -636,6 +636,36 @@ def test_drift_a_worker_image_pruned_is_repaired_by_up_refresh(stack: Stack) -> 
     assert_hosts_hold_the_deployment(stack)
 
 
+def test_a_branch_moved_on_the_head_is_not_followed_by_the_fetch_that_runs_again(
+    stack: Stack,
+) -> None:
+    """The head's cache ref of the stack's revision moved to a commit it holds no snapshot of
+    (what another tool's fetch of the moved branch, cut short, leaves). That alone plans
+    nothing: the receipt checks the commit the fetch recorded. Then the fetch runs again (its
+    receipt removed, as any failing check does it): it fetches the commit the first fetch
+    pinned (offline: the lab has no hub, and following the branch would need one), points the
+    ref back at it, and nothing else runs; the `up` names the commit to write into the stack."""
+    lab = stack.lab
+    model = stack.config["spark-vllm:model"]["id"]  # the stack's model now (a test may change it)
+    revision = stack.config["spark-vllm:model"].get("revision", "main")
+    repo = f"models--{model.replace('/', '--')}"
+    ref = f"/root/.cache/huggingface/hub/{repo}/refs/{revision}"
+    pinned = host_sh(lab, "spark1", f"cat {ref}")
+    record = f"{STATE}/weights-pins/{model.replace('/', '--')}@{revision}"
+    assert host_sh(lab, "spark1", f"cat {record}") == f"{model} {revision} {pinned}"
+    lab.sh("spark1", f"printf %s {'b' * 40} > {ref}")
+    moved = next_up(stack, "a branch moved on the head (its ref in the cache)", stack.config)
+    assert moved.changed() == {}
+    lab.sh("spark1", f"rm {STATE}/receipts/weights-fetch")
+    run = next_up(stack, "a branch moved on the head: the pinned commit kept", stack.config)
+    assert run.changed() == {"weights-fetch": "update"}
+    assert host_sh(lab, "spark1", f"cat {ref}") == pinned
+    warned = [line for line in run.program_log if "is a branch or tag" in line]
+    assert warned and f"model.revision: {pinned}" in warned[-1], run.program_log
+    assert_serves(stack)
+    assert_hosts_hold_the_deployment(stack)
+
+
 def test_a_weights_copy_cut_midway_resumes_and_sends_only_what_is_missing(stack: Stack) -> None:
     """What a copy cut at about half leaves on a worker: the weights blob cut to half its bytes
     (tar writes a file front to back under its own name) and the blobs after it absent. The

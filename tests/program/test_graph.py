@@ -314,10 +314,13 @@ def test_the_dev_stack_evaluates(key_file, tmp_path) -> None:
     assert proxy["host"] == "10.1.230.180"
     assert proxy["hostKey"] == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDevSpark1Key"
     # All keys pinned: the warnings are the images' tags (the serving image's, the front's),
-    # each with the digest to pin it to.
+    # each with the digest to pin it to, and the model's branch with the commit to pin it to.
     pins = (f"image.ref {config['image']['ref']} is a tag, not pinned",
             "front.image.ref haproxy:3.2 is a tag, not pinned")  # fmt: skip
-    assert sorted(w.split(": a `docker pull`")[0] for w in ev.warnings) == sorted(pins), ev.warnings
+    tags = [w for w in ev.warnings if "is a branch or tag" not in w]
+    assert sorted(w.split(": a `docker pull`")[0] for w in tags) == sorted(pins), ev.warnings
+    branches = [w for w in ev.warnings if "is a branch or tag" in w]
+    assert len(branches) == 1 and branches[0].startswith("model.revision main of "), branches
 
 
 def test_the_lab_stack_evaluates(key_file, tmp_path) -> None:
@@ -339,7 +342,8 @@ def test_the_lab_stack_evaluates(key_file, tmp_path) -> None:
     assert not {r.name for r in ev.registrations if r.name.startswith("ray")}
     assert "gpus" not in ev.named("vllm-container").inputs
     assert "--headless" in ev.named("vllm-spark2").inputs["command"]
-    assert [w for w in ev.warnings if " is a tag" not in w] == []
+    pins = (" is a tag", "is a branch or tag")  # the image's tag, the model's branch
+    assert [w for w in ev.warnings if not any(pin in w for pin in pins)] == []
 
 
 def test_ray_ports_are_fixed_and_checked_by_preflight(make_config: ConfigFactory) -> None:
