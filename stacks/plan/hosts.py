@@ -99,6 +99,7 @@ def install_scripts(plan: ClusterPlan, node: NodePlan, scripts_digest: str) -> S
         + [f"{node.state_dir}/image-stage"]  # what a cut image copy left (image-sync.sh)
         + [f"{node.state_dir}/image-index"]  # the head's index of a saved image (copy_image.py)
         + [image_history_file(node)]  # the images it was given (image_retain.py)
+        + [f"{node.state_dir}/weights-pins"]  # the commits branches resolved to (weights-fetch)
         + ([front_dir(plan)] if node.is_head else [])
     )
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
