@@ -12,11 +12,19 @@ TCP connection to the torch.distributed store at the rendezvous (the head's mast
 long as its process group lives; the supervisor reads those connections from the kernel
 (/proc/net/tcp and tcp6; the container shares the host's network):
 
-- head (`--health-url`): every peer (worker) must connect within `--join-seconds`; once the
-  server answers /health, the connections each worker holds then are its ranks: when all of
-  one worker's are gone, that worker's ranks died.
-- headless node: it must connect within `--join-seconds`; when it holds none any more, the
-  head's store is gone (the head's server stopped or restarted).
+- head (`--health-url`): every peer (worker) must connect within `--join-seconds` of this
+  node's store opening (its port listening); once the server answers /health, the connections
+  each worker holds then are its ranks: when all of one worker's are gone, that worker's ranks
+  died.
+- headless node: it must connect within `--join-seconds` of this node's ranks starting (the
+  server's first child process that lives on); when it holds none any more, the head's store is
+  gone (the head's server stopped or restarted).
+
+Each window counts from the moment this node can join, not from the container's start: before
+it, the node is importing and reading its config, which on a loaded host takes longer than the
+wait itself (the lab's CI saw a headless node spend 80 of its 120 s there, and the head 90 s
+before its store opened, so that both gave up on peers that were still moving). What comes before
+is reported every 15 s and bounded by the readiness step's timeout, not here.
 
 Either way the server is stopped (SIGTERM, then SIGKILL) and this exits 1: Docker restarts the
 container (unless-stopped) and the nodes meet again at the next rendezvous. A node that cannot
@@ -34,6 +42,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterable
+from pathlib import Path
 
 # No proxy, whatever the environment says (the image's, vllm.env's or the SSH session's
 # http_proxy): these requests go to this cluster's own addresses, some with the API key.
@@ -43,6 +52,10 @@ POLL_S = 1.0
 REPORT_S = 15.0
 STOP_GRACE_S = 20.0
 ESTABLISHED = "01"
+LISTEN = "0A"
+# A child process that lives this long is one of the server's ranks, not a helper it ran and
+# waited for (vLLM's CPU platform runs `lscpu`, for one).
+RANK_ALIVE_S = 2.0
 
 
 def say(message: str) -> None:
@@ -74,7 +87,17 @@ def parse_connections(lines: Iterable[str]) -> list[tuple[str, int, str, int]]:
     return found
 
 
-def connections() -> list[tuple[str, int, str, int]]:
+def parse_listening_ports(lines: Iterable[str]) -> set[int]:
+    """The local ports in LISTEN state, of any address family or address."""
+    ports = set()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 4 and fields[3] == LISTEN and ":" in fields[1]:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def tcp_table_lines() -> list[str]:
     lines: list[str] = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -82,7 +105,48 @@ def connections() -> list[tuple[str, int, str, int]]:
                 lines += handle.readlines()[1:]
         except OSError:
             continue
-    return parse_connections(lines)
+    return lines
+
+
+def connections() -> list[tuple[str, int, str, int]]:
+    return parse_connections(tcp_table_lines())
+
+
+def store_open(master_port: int) -> bool:
+    """This node's torch.distributed store listens (the head's rank 0 has started it)."""
+    return master_port in parse_listening_ports(tcp_table_lines())
+
+
+def parse_parent(stat: str) -> int:
+    """The parent pid in /proc/PID/stat: the fourth field, counted after the command name's
+    closing parenthesis (the name itself may hold spaces and parentheses)."""
+    return int(stat[stat.rindex(")") + 1 :].split()[1])
+
+
+def descendants(root: int, parents: dict[int, int]) -> set[int]:
+    """Every process below `root`, given each process's parent."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found: set[int] = set()
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def process_parents() -> dict[int, int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = parse_parent((entry / "stat").read_text())
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+    return parents
 
 
 def head_view(master_port: int, peers: dict[str, str]) -> dict[str, set[tuple[str, int]]]:
@@ -122,12 +186,22 @@ class Supervisor:
         self.server = subprocess.Popen(args.command)
         self.started = time.monotonic()
         self.stopping = False
+        self.reported = 0.0  # when progress was last said (seconds since `started`)
         signal.signal(signal.SIGTERM, self._pass_on)
         signal.signal(signal.SIGINT, self._pass_on)
 
     def _pass_on(self, signum: int, _frame: object) -> None:
         self.stopping = True
         self.server.send_signal(signum)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def report(self, message: str) -> None:
+        """Say how the wait goes, once every REPORT_S."""
+        if self.elapsed() - self.reported >= REPORT_S:
+            self.reported = self.elapsed()
+            say(message)
 
     def names(self, peers: Iterable[str]) -> str:
         return ", ".join(f"{name} ({self.peers[name]})" for name in sorted(peers))
@@ -163,11 +237,20 @@ class HeadSupervisor(Supervisor):
         super().__init__(args)
         self.seen: set[str] = set()  # peers that joined
         self.ranks: dict[str, set[tuple[str, int]]] | None = None  # frozen once serving
-        self.reported = 0.0
+        self.opened: float | None = None  # when this node's store started listening
 
     def problem(self) -> str | None:
-        held = head_view(self.master_port, self.peers)
         where = f"the rendezvous at {self.master_ip}:{self.master_port}"
+        if self.opened is None:
+            if not store_open(self.master_port):
+                self.report(
+                    f"this node's ranks are starting ({self.elapsed():.0f}s); {where} opens "
+                    "once they are up"
+                )
+                return None
+            self.opened = time.monotonic()
+            say(f"{where} is open: waiting for {self.names(self.peers)} to join")
+        held = head_view(self.master_port, self.peers)
         if self.ranks is not None:
             gone = [name for name, ranks in self.ranks.items() if ranks and not ranks & held[name]]
             if gone:
@@ -185,7 +268,7 @@ class HeadSupervisor(Supervisor):
             )
         self.seen |= joined
         missing = set(self.peers) - joined
-        waited = time.monotonic() - self.started
+        waited = time.monotonic() - self.opened
         if not missing:
             if self.health_url and healthy(self.health_url):
                 self.ranks = held
@@ -193,17 +276,16 @@ class HeadSupervisor(Supervisor):
             return None
         if waited >= self.join_seconds:
             return (
-                f"{self.names(missing)} did not join {where} within {self.join_seconds:.0f}s: "
-                "stopping this server (Docker restarts it). Likely cause: that node's vLLM "
+                f"{self.names(missing)} did not join {where} within {self.join_seconds:.0f}s "
+                "of its opening: stopping this server (Docker restarts it). Likely cause: that "
+                "node's vLLM "
                 "container is not running or failed (see its log), the fabric or a firewall "
                 "blocks the port, or it runs another world size or image"
             )
-        if waited - self.reported >= REPORT_S:
-            self.reported = waited
-            say(
-                f"waiting for {self.names(missing)} to join {where} "
-                f"({waited:.0f}s of {self.join_seconds:.0f}s)"
-            )
+        self.report(
+            f"waiting for {self.names(missing)} to join {where} "
+            f"({waited:.0f}s of {self.join_seconds:.0f}s)"
+        )
         return None
 
 
@@ -211,7 +293,15 @@ class HeadlessSupervisor(Supervisor):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
         self.joined = False
-        self.reported = 0.0
+        self.children_seen: dict[int, float] = {}  # the server's child processes, first seen
+        self.ranks_started: float | None = None
+
+    def ranks_up(self) -> bool:
+        """The server has a child process that has lived RANK_ALIVE_S: its ranks started."""
+        now = time.monotonic()
+        alive = descendants(self.server.pid, process_parents())
+        self.children_seen = {pid: self.children_seen.get(pid, now) for pid in alive}
+        return any(now - seen >= RANK_ALIVE_S for seen in self.children_seen.values())
 
     def problem(self) -> str | None:
         held = worker_view(self.master_ip, self.master_port)
@@ -227,16 +317,22 @@ class HeadlessSupervisor(Supervisor):
                 f"{where} on {head} is gone (the server there stopped or restarted): stopping "
                 "this node's ranks so that they join the next one (Docker restarts them)"
             )
-        waited = time.monotonic() - self.started
+        if self.ranks_started is None:
+            if not self.ranks_up():
+                self.report(
+                    f"this node's ranks are starting ({self.elapsed():.0f}s); they join {where} "
+                    "once up"
+                )
+                return None
+            self.ranks_started = time.monotonic()
+        waited = time.monotonic() - self.ranks_started
         if waited >= self.join_seconds:
             return (
-                f"could not join {where} on {head} within {self.join_seconds:.0f}s. Likely "
-                "cause: the head's server is not running (see its log), or the fabric or a "
-                "firewall blocks the port"
+                f"could not join {where} on {head} within {self.join_seconds:.0f}s of this "
+                "node's ranks starting. Likely cause: the head's server is not running (see its "
+                "log), or the fabric or a firewall blocks the port"
             )
-        if waited - self.reported >= REPORT_S:
-            self.reported = waited
-            say(f"waiting to join {where} ({waited:.0f}s of {self.join_seconds:.0f}s)")
+        self.report(f"waiting to join {where} ({waited:.0f}s of {self.join_seconds:.0f}s)")
         return None
 
 
