@@ -90,8 +90,21 @@ def real_vllm_settings() -> dict[str, Any]:
     - its KV cache size, 1 GiB (vllm/envs.py VLLM_CPU_KVCACHE_SPACE; its default takes a share
       of the host's memory, which every lab host shares with this machine);
     - float32: with `auto` vLLM runs the model in bfloat16 on a CPU that lists avx512_bf16, and
-      its workers died of SIGILL on this machine kind (a VM that lists AMX too)."""
-    return {"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "extraArgs": ["--dtype", "float32"]}
+      its workers died of SIGILL on this machine kind (a VM that lists AMX too);
+    - no CPU binding, one thread a rank: with `auto` (vllm/utils/ompmultiprocessing.py) each
+      rank binds to the first core of the CPUs it sees and leaves the next for the engine,
+      and every lab host sees this machine's same two cores: every rank of every server on
+      every host ran on core 0 (/proc/PID/status Cpus_allowed_list), and a second server's
+      first start took 370 s beside a serving one. Unbound, the kernel spreads them as a
+      host's own cores would."""
+    return {
+        "env": {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1",
+        },
+        "extraArgs": ["--dtype", "float32"],
+    }
 
 
 def _host(spec: LabSpec, index: int) -> dict[str, Any]:
