@@ -130,7 +130,7 @@ def _models_named_once(cfg: StackSchema) -> str | None:
         if cfg.vllm.tensor_parallel_size is None:
             return "vllm.tensorParallelSize: is required (or list the models under `models`)"
         return None
-    for field in ("id", "revision", "served_name"):
+    for field in ("id", "revision", "include", "exclude", "served_name"):
         if field in cfg.model.model_fields_set:
             return (
                 f"model.{to_camel(field)}: `models` lists the models; set it on each entry "

@@ -219,6 +219,29 @@ def _plain_hub_name(value: str) -> str:
     )
 
 
+def _weights_pattern(value: str) -> str:
+    """An include/exclude pattern names files inside the model's snapshot: never outside it
+    (a leading '/', a '..' part), and never a receipt's separators ('|', ';') or a control
+    character (the pattern is recorded in the copy's receipt, one line)."""
+    parts = value.replace("\\", "/").split("/")  # `\` is a separator to the hub client too
+    if not value:
+        problem = "is empty"
+    elif value.startswith(("/", "\\")):
+        problem = "starts with '/': patterns are relative to the model's snapshot"
+    elif ".." in parts:
+        problem = "has a '..' part: patterns name files inside the model's snapshot"
+    elif any(c in value for c in "|;") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        problem = "holds '|', ';' or a control character"
+    else:
+        return value
+    raise ValueError(
+        f"{value!r} {problem}; write a Hugging Face glob such as 'original/*' or '*.gguf'"
+    )
+
+
+WeightsPattern = Annotated[str, AfterValidator(_weights_pattern)]
+
+
 # A served name is what clients put in `model`, and a word in the front's configuration.
 # ASCII: HAProxy's json_query does not decode \u escapes; no leading `-`: HAProxy would read it
 # as a flag of the match.

@@ -44,6 +44,9 @@ class ServedModel:
     hosts: tuple[str, ...]
     settings: ServerSettings
     image: ImageConfig
+    # The Hugging Face glob patterns of the files fetched and copied (none: every file).
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -67,6 +70,8 @@ def fleet_of(cfg: StackSchema) -> tuple[ServedModel, ...]:
                 settings_key="vllm",
                 id=model_id,
                 revision=cfg.model.revision,
+                include=tuple(cfg.model.include),
+                exclude=tuple(cfg.model.exclude),
                 served_name=cfg.model.served_name or model_id,
                 hosts=every_host,
                 settings=cfg.vllm,
@@ -79,6 +84,8 @@ def fleet_of(cfg: StackSchema) -> tuple[ServedModel, ...]:
             settings_key=f"models[{index}]",
             id=entry.id,
             revision=entry.revision,
+            include=tuple(entry.include),
+            exclude=tuple(entry.exclude),
             served_name=entry.served_name or entry.id,
             hosts=tuple(entry.hosts) if entry.hosts else every_host,
             settings=entry,

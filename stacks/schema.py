@@ -33,6 +33,7 @@ from stacks.config_types import (
     ServedName,
     SshAddress,
     StateDirectory,
+    WeightsPattern,
 )
 
 # timeouts.vllmReadySeconds' ceiling, and vLLM's own engine-ready wait: never the shorter.
@@ -427,6 +428,22 @@ class ModelConfig(ConfigModel):
             "resolved at the first fetch and that commit is kept; `up` names it to write here."
         ),
     )
+    include: list[WeightsPattern] = Field(
+        default_factory=list,
+        description=(
+            "Hugging Face glob patterns (`snapshot_download`'s allow_patterns: `*` matches "
+            "across `/`, a pattern ending in `/` is a directory) of the files to fetch and copy "
+            "(without `models`); unset or empty: every file."
+        ),
+    )
+    exclude: list[WeightsPattern] = Field(
+        default_factory=list,
+        description=(
+            "Hugging Face glob patterns (its ignore_patterns) of the files neither fetched nor "
+            "copied (without `models`), applied after `include`, e.g. `original/*` and "
+            "`*.gguf`. Files already on a host are left there."
+        ),
+    )
     served_name: ServedName | None = Field(
         default=None,
         description=(
@@ -618,6 +635,22 @@ class ServedModelConfig(ServerSettings):
         description=(
             "The model's branch, tag or commit on the Hub. A branch or tag is resolved at the "
             "first fetch and that commit is kept; `up` names it to write here."
+        ),
+    )
+    include: list[WeightsPattern] = Field(
+        default_factory=list,
+        description=(
+            "Hugging Face glob patterns (`snapshot_download`'s allow_patterns: `*` matches "
+            "across `/`, a pattern ending in `/` is a directory) of the files to fetch and "
+            "copy; unset or empty: every file."
+        ),
+    )
+    exclude: list[WeightsPattern] = Field(
+        default_factory=list,
+        description=(
+            "Hugging Face glob patterns (its ignore_patterns) of the files neither fetched nor "
+            "copied, applied after `include`, e.g. `original/*` and `*.gguf`. Files already on "
+            "a host are left there."
         ),
     )
     served_name: ServedName | None = Field(

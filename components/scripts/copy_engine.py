@@ -8,7 +8,8 @@ run it; standard library only: it runs with the head's own python3, beside its s
         [--relay CHAIN] [--remove yes [--owner ID]]
     copy_engine.py weights --host H --worker W --target ssh://user@ip:port --worker-bin DIR
         --cache-dir C --model M --manifest "commit files bytes" --timeout-minutes M
-        [--progress-seconds S] [--stall-seconds S] [--fabric-key ...] [--relay CHAIN]
+        [--include JSON] [--exclude JSON] [--progress-seconds S] [--stall-seconds S]
+        [--fabric-key ...] [--relay CHAIN]
 
 Organised as pyinfra organises an operation: the facts are read first (every worker of a relay
 chain at once, each over its own multiplexed connection, every question bounded in time:

@@ -1,6 +1,7 @@
 """The weights copy (weights-sync.sh, through copy_engine.py): on the head, send one worker the
 model's snapshot from the HF cache, only the blobs it lacks, and verify it there (hf-manifest.sh);
-the decisions are copy_plan.py's. Standard library only.
+the decisions are copy_plan.py's. With the model's include/exclude patterns, only the snapshot's
+files they keep (weights_filter.py) are sent and verified. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from copy_relay import Member, Stream, member_names, parse_chain, relay, relayed
 from copy_step import Copy
 from copy_transport import ssh_sink
 from hostlib import StepFailed, note, words
+from weights_filter import kept, patterns
 
 
 class WeightsCopy(Copy):
@@ -33,20 +35,35 @@ class WeightsCopy(Copy):
         self.repo = "models--" + self.model.replace("/", "--")
         self.hub = f"{flags['cache_dir']}/hub"
         self.snapshot = Path(self.hub, self.repo, "snapshots", self.commit)
+        self.include, self.exclude = flags.get("include", "[]"), flags.get("exclude", "[]")
         self.head: dict[str, int] = {}
+        self.files_kept: list[str] = []
 
     def read_head(self) -> None:
-        """The revision's blobs (what its snapshot links to), with the head's sizes."""
-        if self.snapshot.is_dir():
-            for link in self.snapshot.rglob("*"):
-                if link.is_symlink():
-                    blob = link.resolve()
-                    self.head[blob.name] = blob.stat().st_size
+        """The snapshot's files the patterns keep (paths relative to it), and the blobs they
+        link to, with the head's sizes."""
+        if not self.snapshot.is_dir():
+            return
+        include, exclude = patterns(self.include), patterns(self.exclude)
+        for entry in sorted(self.snapshot.rglob("*")):
+            path = entry.relative_to(self.snapshot).as_posix()
+            if entry.is_dir() or not kept(path, include, exclude):
+                continue
+            self.files_kept.append(path)
+            if entry.is_symlink():
+                blob = entry.resolve()
+                self.head[blob.name] = blob.stat().st_size
+
+    def filter_flags(self) -> list[str]:
+        """hf-manifest.sh's flags for the patterns; none without them (as before patterns)."""
+        if (self.include, self.exclude) == ("[]", "[]"):
+            return []
+        return ["--include", self.include, "--exclude", self.exclude]
 
     def worker_manifest(self, destination: str, bin_dir: str) -> str:
         call = words("bash", f"{bin_dir}/hf-manifest.sh", "--host", self.worker,
                      "--cache-dir", self.flags["cache_dir"], "--model", self.model,
-                     "--revision", self.commit)  # fmt: skip
+                     "--revision", self.commit, *self.filter_flags())  # fmt: skip
         return self.fabric.ask(destination, call)[1].strip()
 
     def blob_sizes(self, destination: str, bin_dir: str) -> dict[str, int] | None:
@@ -184,9 +201,11 @@ class WeightsCopy(Copy):
                     "whole after you delete it there",
                 )
         # Whole blobs first, the snapshot's links last: a cut leaves no link to a missing blob.
+        # Only the links the patterns keep: one to a blob left out would dangle on the worker.
         members = [f"{self.repo}/blobs/{name}" for name in plan.whole]
-        source = words("tar", "-C", self.hub, "-cf", "-", *members, f"{self.repo}/refs",
-                       f"{self.repo}/snapshots/{self.commit}")  # fmt: skip
+        snapshot = f"{self.repo}/snapshots/{self.commit}"
+        links = [f"{snapshot}/{path}" for path in self.files_kept]
+        source = words("tar", "-C", self.hub, "-cf", "-", *members, f"{self.repo}/refs", *links)
         sink = ssh_sink(self.fabric, self.target, self.untar())
         outcome = transfer(source, sink, self.watch(self.worker), plan.to_send)
         self.sent += outcome.sent

@@ -24,8 +24,11 @@ holds() {
     image)
       timeout 20 docker image inspect "$2" >/dev/null 2>&1 || { echo "image $2 is gone"; return 1; } ;;
     snapshot)
-      local now
-      now="$(timeout 60 bash -c "$(declare -f snapshot_manifest); snapshot_manifest \"\$@\"" _ "$2" "$3" "$4")"
+      # snapshot|CACHE|MODEL|COMMIT|FILES|BYTES[|INCLUDE|EXCLUDE] (receipt.sh); the patterns are
+      # matched by the state dir's weights_filter.py, which the step that wrote this ran.
+      local now filter=()
+      [ "$#" -le 6 ] || filter=("$state_dir/bin/weights_filter.py" "$7" "$8")
+      now="$(timeout 60 bash -c "$(declare -f snapshot_manifest); snapshot_manifest \"\$@\"" _ "$2" "$3" "$4" "${filter[@]}")"
       [ "$now" = "$4 $5 $6" ] || { echo "model $3: ${now:-no answer} (was $4 $5 $6)"; return 1; } ;;
     known-host)
       ssh-keygen -F "$3" -f "$2" >/dev/null 2>&1 || { echo "$2 no longer pins $3"; return 1; } ;;

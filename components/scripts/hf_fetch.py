@@ -1,15 +1,17 @@
 """Runs inside the serving image on the head: make the snapshot complete in the HF cache.
 
-    hf_fetch.py MODEL REVISION PIN
+    hf_fetch.py MODEL REVISION PIN INCLUDE EXCLUDE
 PIN is the stack's record of the commit an earlier fetch resolved REVISION to ("model revision
-commit", or ""): a moved branch never changes a deployed model (revision_to_fetch). The last
-stdout line is `fetched COMMIT`; everything else goes to stderr.
+commit", or ""): a moved branch never changes a deployed model (revision_to_fetch). INCLUDE and
+EXCLUDE are the model's patterns, JSON lists, passed to the hub client as its allow and ignore
+patterns (hub_filter). The last stdout line is `fetched COMMIT`; everything else goes to stderr.
 
 The HF token arrives on stdin (never argv or env). An already complete snapshot is used as is,
 without network access, so re-runs are cheap and offline hosts work. Mounted alone into the
 container (weights-fetch.sh): it imports nothing of ours (no hostlib.py).
 """
 
+import json
 import os
 import re
 import sys
@@ -58,8 +60,21 @@ def record_ref(model: str, revision: str, commit: str) -> None:
     ref.write_text(commit)
 
 
+def hub_filter(include: str, exclude: str) -> dict[str, list[str] | None]:
+    """The model's patterns (JSON lists) as snapshot_download's allow_patterns and
+    ignore_patterns: the hub client matches them itself (huggingface_hub/utils/_paths.py
+    filter_repo_objects), on the download and on the cache check alike, whose completeness it
+    judges by the files the patterns keep, so widening them fetches what was left out. No
+    patterns is None: the client's empty allow list would keep nothing."""
+    return {
+        "allow_patterns": json.loads(include or "[]") or None,
+        "ignore_patterns": json.loads(exclude or "[]") or None,
+    }
+
+
 def main() -> int:
     model, revision, pin = sys.argv[1], sys.argv[2], sys.argv[3]
+    patterns = hub_filter(sys.argv[4], sys.argv[5])
     token = sys.stdin.read().strip() or None
     from huggingface_hub import snapshot_download
 
@@ -67,13 +82,13 @@ def main() -> int:
     if wanted != revision:
         print(f"{model}@{revision} is pinned to {wanted} here", file=sys.stderr)
     try:
-        path = snapshot_download(model, revision=wanted, local_files_only=True)
+        path = snapshot_download(model, revision=wanted, local_files_only=True, **patterns)
         print(f"complete in cache: {path}", file=sys.stderr)
     except Exception as missing:
         print(f"not complete in cache ({type(missing).__name__}); downloading", file=sys.stderr)
         os.environ.pop("HF_HUB_OFFLINE", None)
         try:
-            path = snapshot_download(model, revision=wanted, token=token)
+            path = snapshot_download(model, revision=wanted, token=token, **patterns)
         except Exception as error:
             message = str(error).replace(token, "***") if token else str(error)
             print(

@@ -11,7 +11,8 @@
 #   mark|DIR                 DIR is still this directory, not a new one at the same path
 #                            (containers bind it): a mark file named after the step is left in it
 #   image|ID                 Docker has image ID
-#   snapshot|CACHE|MODEL|REV the model snapshot as now ("commit files bytes")
+#   snapshot|CACHE|MODEL|REV[|INCLUDE|EXCLUDE]  the model snapshot as now ("commit files bytes"),
+#                            only the files kept by the include/exclude patterns (JSON lists)
 #   known-host|FILE|NAME     FILE pins a key for NAME
 #   authorized|MARKER        ~/.ssh/authorized_keys holds a line with MARKER
 . "$(dirname "$0")/lib.sh"
@@ -42,10 +43,15 @@ resolve() {
         || fail "cannot mark ${fields[1]}" "the directory is missing or not writable"
       echo "$1|$mark" ;;
     snapshot)
-      local manifest manifest_words
-      manifest="$(snapshot_manifest "${fields[1]}" "${fields[2]}" "${fields[3]}")" || fail "$manifest"
+      local manifest manifest_words filter=()
+      [ "${#fields[@]}" -le 4 ] || filter=("$SPARK_BIN/weights_filter.py" "${fields[@]:4:2}")
+      manifest="$(snapshot_manifest "${fields[1]}" "${fields[2]}" "${fields[3]}" "${filter[@]}")" \
+        || fail "$manifest"
       read -r -a manifest_words <<<"$manifest"
-      printf 'snapshot|%s|%s|%s|%s|%s\n' "${fields[1]}" "${fields[2]}" "${manifest_words[@]}" ;;
+      # The patterns last: a receipt without them (no filter) reads as before.
+      printf 'snapshot|%s|%s|%s|%s|%s' "${fields[1]}" "${fields[2]}" "${manifest_words[@]}"
+      [ "${#fields[@]}" -le 4 ] || printf '|%s|%s' "${fields[@]:4:2}"
+      echo ;;
     files|image|known-host|authorized) echo "$1" ;;
     *) fail "unknown check '${fields[0]}'" "a bug in spark-vllm: please report it" ;;
   esac

@@ -3,6 +3,7 @@ serving image's HF client, copied to each worker over the fabric."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from stacks.fleet import ServedModel
@@ -12,6 +13,22 @@ from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import WEIGHTS_BYTES, WEIGHTS_COMMIT, WEIGHTS_FILES
 from stacks.plan.server_plan import ServerPlan
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, script_call
+
+
+def filter_flags(served: ServedModel) -> dict[str, str]:
+    """The model's include/exclude patterns as the weights scripts' flags (JSON lists, one word
+    each); none without patterns, so a stack without them plans the steps it planned before."""
+    flags = {"include": served.include, "exclude": served.exclude}
+    return {key: json.dumps(list(value)) for key, value in flags.items() if value}
+
+
+def snapshot_check(cache_dir: str, served: ServedModel, revision: str) -> str:
+    """The receipt's check of the snapshot (receipt.sh `snapshot`): with the model's patterns,
+    of the files they keep, so a re-check (facts.sh, `up --refresh`) counts what was copied."""
+    if not (served.include or served.exclude):
+        return check("snapshot", cache_dir, served.id, revision)
+    patterns = (json.dumps(list(served.include)), json.dumps(list(served.exclude)))
+    return check("snapshot", cache_dir, served.id, revision, *patterns)
 
 
 def fetch_weights(plan: ServerPlan) -> StepSpec:
@@ -31,10 +48,9 @@ def fetch_weights(plan: ServerPlan) -> StepSpec:
             model=served.id,
             revision=served.revision,
             timeout_minutes=minutes,
+            **filter_flags(served),
         ),
-        receipts=(
-            Receipt(step, head, (check("snapshot", cache_dir, served.id, served.revision),)),
-        ),
+        receipts=(Receipt(step, head, (snapshot_check(cache_dir, served, served.revision),)),),
         stdin="hf-token",
         timeouts=Timeouts(create=minutes + 5),
     )
@@ -87,12 +103,13 @@ def copy_weights(plan: ServerPlan, worker: NodePlan) -> StepSpec:
         "cache_dir": cache_dir,
         "model": served.id,
         "manifest": " ".join(plan.later(later).text for later in MANIFEST_FIELDS),
+        **filter_flags(served),
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
         **relay_flags(plan.cluster, plan.workers, worker),
     }
-    done = check("snapshot", cache_dir, served.id, plan.later(WEIGHTS_COMMIT).text)
+    done = snapshot_check(cache_dir, served, plan.later(WEIGHTS_COMMIT).text)
     return head_to_worker(
         plan.cluster,
         names.weights_copy_of(names.weights_of(plan.slot), worker.name),

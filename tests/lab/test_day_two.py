@@ -666,6 +666,51 @@ def test_a_branch_moved_on_the_head_is_not_followed_by_the_fetch_that_runs_again
     assert_hosts_hold_the_deployment(stack)
 
 
+def test_excluded_files_in_the_heads_snapshot_are_never_copied(stack: Stack) -> None:
+    """The head's snapshot gains what model repos carry beside the served files (`original/`,
+    a `.gguf`), and the stack excludes them. The fetch and the copy run again (nothing else):
+    the worker's snapshot, its links removed first so the copy must send them, gets the served
+    files and none of the excluded ones, nor their blobs; its manifest is the head's filtered
+    one, every receipt holds, and the server serves."""
+    lab = stack.lab
+    model = stack.config["spark-vllm:model"]["id"]  # the stack's model now (a test may change it)
+    repo = f"/root/.cache/huggingface/hub/models--{model.replace('/', '--')}"
+    revision = stack.config["spark-vllm:model"].get("revision", "main")
+    commit = host_sh(lab, "spark1", f"cat {repo}/refs/{revision}")
+    snapshot = f"{repo}/snapshots/{commit}"
+    served = sorted(host_sh(lab, "spark1", f"cd {snapshot} && find . -type l -printf '%P\\n'")
+                    .split())  # fmt: skip
+    extra: list[str] = []
+    for name, size in (("original/consolidated.safetensors", 2 << 20), ("model.gguf", 1 << 20)):
+        blob = f"{'e' * 63}{len(extra)}"  # an LFS name (sha256-long) of its own
+        link = "../" * (2 + name.count("/")) + f"blobs/{blob}"  # relative, as the hub client's
+        lab.sh("spark1", f"head -c {size} /dev/urandom > {repo}/blobs/{blob} && mkdir -p "
+                         f"{snapshot}/original && ln -s {link} {snapshot}/{name}")  # fmt: skip
+        extra.append(blob)
+    lab.sh("spark2", f"rm -r {snapshot}")
+    config = {**stack.config}
+    config["spark-vllm:model"] = {**config["spark-vllm:model"],
+                                  "exclude": ["original/*", "*.gguf", "metal/*"]}  # fmt: skip
+    run = next_up(stack, "weights exclude (original/, *.gguf) on the model", config)
+    assert run.changed() == {"weights-fetch": "update", "weights-spark2-copy": "update"}
+    on_worker = host_sh(lab, "spark2", f"cd {snapshot} && find . -type l -printf '%P\\n'")
+    assert sorted(on_worker.split()) == served
+    worker_blobs = host_sh(lab, "spark2", f"ls {repo}/blobs").split()
+    assert not set(extra) & set(worker_blobs), worker_blobs
+    copy = next(e for e in run.journal if e.name == "weights-spark2-copy")
+    sent = copy_report(copy.outputs, "weights")
+    assert sent["sent"] == 0 and sent["kept"] >= 1, sent  # the links only: its blobs were there
+    assert_serves(stack)
+    # Left on the head (spark-vllm deletes nothing it did not create); removing them, as a user
+    # reclaiming the space does, breaks no receipt: they count only the kept files. (Removed
+    # also for the rows after this one: the lab's vLLM stand-in refuses a worker's snapshot
+    # that differs from the driver's in any file, where real vLLM reads only its weights.)
+    assert host_sh(lab, "spark1", f"test -L {snapshot}/model.gguf && echo kept") == "kept"
+    blobs = " ".join(f"{repo}/blobs/{blob}" for blob in extra)
+    lab.sh("spark1", f"rm -r {snapshot}/original {snapshot}/model.gguf {blobs}")
+    assert_hosts_hold_the_deployment(stack)
+
+
 def test_a_weights_copy_cut_midway_resumes_and_sends_only_what_is_missing(stack: Stack) -> None:
     """What a copy cut at about half leaves on a worker: the weights blob cut to half its bytes
     (tar writes a file front to back under its own name) and the blobs after it absent. The

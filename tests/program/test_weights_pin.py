@@ -79,13 +79,15 @@ def test_warning_names_the_commit_to_pin_with_the_key_it_belongs_to() -> None:
 
 # huggingface_hub as hf_fetch.py uses it: the hub's branches are $FAKE_HUB (JSON), every
 # download is logged to $FAKE_HUB_LOG; a resolved revision writes refs/<revision> as the real
-# client does (huggingface_hub _snapshot_download.py: `if revision != commit_hash`).
+# client does (huggingface_hub _snapshot_download.py: `if revision != commit_hash`). No
+# patterns here (test_weights_filter.py has them): hf_fetch.py passes None for each.
 FAKE_HUB_INIT = """
 import json, os, re
 from pathlib import Path
 from huggingface_hub.constants import HF_HUB_CACHE
 
-def snapshot_download(model, revision, local_files_only=False, token=None):
+def snapshot_download(model, revision, local_files_only=False, token=None,
+                      allow_patterns=None, ignore_patterns=None):
     repo = Path(HF_HUB_CACHE) / ("models--" + model.replace("/", "--"))
     if local_files_only:
         commit = revision
