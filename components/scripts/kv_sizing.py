@@ -1,7 +1,8 @@
 """vllm.kvCache: the KV cache in bytes per GPU (vLLM's --kv-cache-memory-bytes), from the model's
-config.json, the snapshot's weight files and the budget the memory check found on every node
-(memory_plan.py sizes it with `size_snapshot`, which raises Refused when the cache cannot hold
-one request of the model's maximum length or does not fit beside the weights).
+config.json, the weights vLLM loads from the snapshot (vllm_weights.py) and the budget the memory
+check found on every node (memory_plan.py sizes it with `size_snapshot`, which raises Refused when
+the cache cannot hold one request of the model's maximum length or does not fit beside the
+weights).
 
 Why: on unified memory (GB10) vLLM's profiler measures what is free while the page cache and
 other processes move, and can leave the KV cache starved (eugr/spark-vllm-docker PR #286);
@@ -14,9 +15,12 @@ Standard library only: it runs with the head's own python3.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import vllm_weights
 
 GIB = 1024**3
 
@@ -105,13 +109,44 @@ def kv_shape(
     return KvShape(full * per_layer, sliding * per_layer, window)
 
 
-def weight_files_bytes(snapshot: Path) -> int:
-    """The snapshot's weights (safetensors, else PyTorch bins), links followed."""
-    for pattern in ("*.safetensors", "*.bin", "*.pt"):
-        files = [p for p in snapshot.rglob(pattern) if p.is_file()]
-        if files:
-            return sum(p.stat().st_size for p in files)
-    return 0
+def weight_files_bytes(snapshot: Path, load_format: str, kept: Callable[[str], bool]) -> int:
+    """The bytes of the weights vLLM loads from the head's snapshot (vllm_weights.py), links
+    followed. The workers hold only what the model's include/exclude keep: a file vLLM would load
+    on the head that they lack (fetched before the patterns changed) is refused, since the ranks
+    would load different weights."""
+    try:
+        on_head = vllm_weights.loaded_weight_files(snapshot, load_format)
+        on_workers = vllm_weights.loaded_weight_files(snapshot, load_format, kept)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise Refused(
+            f"vllm.kvCache: cannot list the weights of {snapshot} ({exc!r})",
+            "the snapshot or its model.safetensors.index.json is incomplete (run 'pulumi up "
+            "--refresh')",
+        ) from exc
+    differ = sorted({p.name for p in on_head} ^ {p.name for p in on_workers})
+    if differ:
+        raise Refused(
+            f"vLLM would load {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''} from "
+            f"the head's snapshot {snapshot} by other rules than the files the model's "
+            "include/exclude keep (what the workers hold)",
+            "files fetched before the patterns changed stay in the cache (spark-vllm never "
+            "deletes there): remove them from the head's snapshot, or change the patterns so "
+            "they keep what vLLM loads (docs/operations.md)",
+        )
+    if not on_head:
+        raise Refused(
+            f"vllm.kvCache: {snapshot} holds no weights vLLM loads "
+            f"({', '.join(vllm_weights.patterns_of(load_format))} at its top)",
+            "the snapshot is incomplete (run 'pulumi up --refresh'), or vllm.extraArgs' "
+            "--load-format does not match the model's files",
+        )
+    try:
+        return sum(path.stat().st_size for path in on_head)
+    except OSError as exc:
+        raise Refused(
+            f"vllm.kvCache: a weight file of {snapshot} cannot be read: {exc}",
+            "the snapshot is incomplete (run 'pulumi up --refresh')",
+        ) from exc
 
 
 def gib(value: float) -> str:
@@ -200,8 +235,11 @@ def size_snapshot(
     pipeline_parallel: int,
     max_model_len: int,
     kv_cache_dtype: str,
+    load_format: str = "auto",
+    kept: Callable[[str], bool] = lambda name: True,
 ) -> dict[str, Any]:
-    """size_kv_cache for the snapshot in `snapshot`: its config.json and weight files."""
+    """size_kv_cache for the snapshot in `snapshot`: its config.json and the weight files vLLM
+    loads (with `load_format`, of the files `kept` keeps: weights_filter.kept)."""
     try:
         config = json.loads((snapshot / "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -209,10 +247,11 @@ def size_snapshot(
             f"vllm.kvCache: cannot read the model's config.json: {exc}",
             "the snapshot is incomplete (run 'pulumi up --refresh'), or the model has none",
         ) from exc
+    weights_bytes = weight_files_bytes(snapshot, load_format, kept)
     try:
         return size_kv_cache(
             config=config,
-            weights_bytes=weight_files_bytes(snapshot),
+            weights_bytes=weights_bytes,
             budget_bytes=budget_bytes,
             reserve_bytes=reserve_bytes,
             requested=requested,

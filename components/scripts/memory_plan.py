@@ -10,7 +10,7 @@ every node can give less the safety margin. Facts in, decision out, so they are 
     memory_plan.py decide --nodes LINES --server-container NAME --shares FILE --utilization F|auto
         --margin-fraction F --min-margin-bytes N [--kv-cache auto|BYTES --snapshot DIR
         --tensor-parallel N --pipeline-parallel N --max-model-len N --kv-cache-dtype D
-        --reserve-bytes N]
+        --reserve-bytes N [--load-format F] [--include JSON] [--exclude JSON]]
         reads the facts on stdin, a line each: `server INSPECT`, `later CONTAINER INSPECT`,
         `probe NODE TOTAL FREE OWN BASIS MEMFREE MEMAVAILABLE` (INSPECT: `STATUS [ARGS JSON]` as
         `docker inspect` says it, empty when it did not answer); notes on stderr, then
@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import kv_sizing
-from hostlib import StepFailed, note, parse_flags, require
+import weights_filter
+from hostlib import BUG, StepFailed, note, parse_flags, require
 
 GIB = 1073741824
 # Below this, `auto` leaves too little to be worth starting a server.
@@ -437,11 +439,24 @@ def decide(flags: dict[str, str], facts: Facts) -> str:
                 pipeline_parallel=int(flags["pipeline_parallel"]),
                 max_model_len=int(flags["max_model_len"]),
                 kv_cache_dtype=flags["kv_cache_dtype"],
+                load_format=flags.get("load_format") or "auto",
+                kept=kept_by(flags),
             )
         except kv_sizing.Refused as refused:
             raise StepFailed(refused.problem, refused.cause) from refused
         note(kv_sizing.summary(kv_cache))
     return sizing_line(choice, rows, kv_cache)
+
+
+def kept_by(flags: dict[str, str]) -> Callable[[str], bool]:
+    """The model's include/exclude (JSON lists, as the weights steps take them): what the
+    workers hold of the snapshot."""
+    try:
+        include = weights_filter.patterns(flags.get("include", ""))
+        exclude = weights_filter.patterns(flags.get("exclude", ""))
+    except ValueError as exc:
+        raise StepFailed(f"the model's patterns cannot be read: {exc}", BUG) from exc
+    return lambda name: weights_filter.kept(name, include, exclude)
 
 
 def main(argv: list[str]) -> int:

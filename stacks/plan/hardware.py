@@ -17,6 +17,7 @@ from stacks.plan.fabric import fabric_flags
 from stacks.plan.later import WEIGHTS_COMMIT
 from stacks.plan.server_plan import ServerPlan, per_server, serving_container_names
 from stacks.plan.steps import StepSpec, Timeouts, script_call
+from stacks.plan.weights import filter_flags
 
 GIB = 1024**3
 
@@ -154,7 +155,16 @@ def kv_cache_flags(plan: ServerPlan) -> dict[str, str | int]:
         "max_model_len": settings.max_model_len or 0,
         "kv_cache_dtype": extra_arg_value(settings.extra_args, "--kv-cache-dtype") or "auto",
         "reserve_bytes": KV_CACHE_RESERVE_BYTES,
+        # Only when set: a stack without them plans the check it planned before.
+        **load_format_flag(settings.extra_args),
+        **filter_flags(served),
     }
+
+
+def load_format_flag(extra_args: Sequence[str]) -> dict[str, str]:
+    """vllm.extraArgs' --load-format, which decides the files vLLM loads (vllm_weights.py)."""
+    load_format = extra_arg_value(extra_args, "--load-format")
+    return {"load_format": load_format} if load_format else {}
 
 
 def snapshot_dir(cache_dir: str, model: str, commit: str) -> str:

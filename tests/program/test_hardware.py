@@ -212,6 +212,22 @@ def test_kv_cache_auto_is_sized_by_the_check_from_the_snapshot_and_given_to_ever
         command = ev.named(container).inputs["command"]
         assert command[command.index("--kv-cache-memory-bytes") + 1] == str(30 * GIB)
     assert ev.outputs["memory"]["kvCache"]["kvCacheBytes"] == 30 * GIB
+    # No patterns and no --load-format: none of their flags (existing stacks plan nothing new).
+    assert not {"--include", "--exclude", "--load-format"} & set(flags)
+
+
+def test_kv_cache_sizes_what_the_models_patterns_and_load_format_keep(
+    make_config: ConfigFactory,
+) -> None:
+    """The check sizes the weights the workers hold (the model's include/exclude) as vLLM loads
+    them (vllm.extraArgs' --load-format): vllm_weights.py, tests/program/test_vllm_weights.py."""
+    config = kv_config(make_config, kvCache="auto", extraArgs=["--load-format=safetensors"])
+    config["model"] = {**config["model"], "exclude": ["original/*", "*.gguf"]}
+    create = shlex.split(evaluate(config, SECRETS).named("memory-check").inputs["create"])
+    flags = {create[i]: create[i + 1] for i in range(len(create) - 1) if create[i].startswith("--")}
+    assert flags["--exclude"] == '["original/*", "*.gguf"]'
+    assert flags["--load-format"] == "safetensors"
+    assert "--include" not in flags
 
 
 def test_kv_cache_bytes_with_a_fixed_fraction_are_known_in_preview(

@@ -254,6 +254,30 @@ def test_kv_cache_bytes_that_do_not_fit_beside_the_weights_are_refused(tmp_path:
     assert memory(tmp_path, "0.4", kv_cache=kv_flags(snap, str(30 * GIB)))[0] == 0
 
 
+def test_kv_cache_sizes_the_weights_the_patterns_keep_and_refuses_what_the_head_would_add(
+    tmp_path: Path,
+) -> None:
+    """memory-check.sh passes the model's patterns to the sizing: a shard left in the head's
+    cache that `exclude` now names is one vLLM still loads there, the workers lack: refused,
+    naming it; what vLLM never loads (original/) changes nothing."""
+    snap = kv_snapshot(tmp_path, 10)
+    with (snap / "model-extra.safetensors").open("wb") as handle:
+        handle.truncate(4 * GIB)
+    (snap / "original").mkdir()
+    with (snap / "original" / "consolidated.safetensors").open("wb") as handle:
+        handle.truncate(10 * GIB)
+    flags = {**kv_flags(snap, "auto"), "exclude": '["model-extra.safetensors", "original/*"]'}
+    status, _, err = memory(tmp_path, "auto", kv_cache=flags)
+    assert status == 1
+    assert "vLLM would load model-extra.safetensors from the head's snapshot" in err
+    (snap / "model-extra.safetensors").unlink()
+    status, out, err = memory(tmp_path, "auto", kv_cache=flags)
+    assert status == 0, err
+    kv_cache = sizing(out)["kvCache"]
+    assert isinstance(kv_cache, dict)
+    assert kv_cache["kvCacheBytes"] == 35 * GIB - 5 * GIB - 2 * GIB
+
+
 # --- memory: an `auto` server before others on its nodes --------------------------------------
 
 

@@ -9,7 +9,7 @@ components/scripts/image_facts.py, run against real `vllm serve --help`), the st
 readiness wait reads, the HTTP status and body of errors, the `/metrics` families the shipped
 dashboards query and their labels (and every dashboard query answered by a real Prometheus
 scraping real vLLM), the keys of `vllm bench serve`'s result that bench_summary.py reads, and a
-headless rank whose rendezvous is missing.
+headless rank whose rendezvous is missing; and which files of a snapshot vLLM loads as weights.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import pytest
 from lab import hfmodel, image
 from lab.core import missing_prerequisites
 from lab.spec import DEFAULT_CACHE_DIR
+from tests.weight_files import SHAPES, write_snapshot
 
 from .conftest import unavailable
 from .helpers import TINY_MODEL, StandinProcess, clean_env, free_port, http
@@ -363,3 +364,48 @@ def test_a_headless_rank_without_its_rendezvous_waits_alike(
     finally:
         for rank in ranks:
             rank.stop()
+
+
+# Real vLLM's own choice of weight files (default_loader.py DefaultModelLoader._prepare_weights),
+# for a hub id from the local cache offline, as the program serves: the basenames it returns.
+PREPARE_WEIGHTS = """
+import json, os, sys
+from vllm.config.load import LoadConfig
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+chosen = {}
+for model, load_format in json.loads(sys.argv[1]):
+    loader = DefaultModelLoader(LoadConfig(load_format=load_format))
+    try:
+        _, files, _, _ = loader._prepare_weights(
+            model_name_or_path=model, subfolder=None, revision=None, fall_back_to_pt=True,
+            allow_patterns_overrides=None)
+    except RuntimeError as error:  # "Cannot find any model weights"
+        files = [] if "Cannot find any model weights" in str(error) else [repr(error)]
+    chosen[model] = sorted(os.path.basename(f) for f in files)
+print("chosen: " + json.dumps(chosen))
+"""
+
+
+def test_the_weights_we_size_and_compare_are_the_ones_real_vllm_loads(
+    real_vllm: RealVllm, tmp_path: Path
+) -> None:
+    """Every snapshot shape of tests/weight_files.py (the table the memory check's sizing,
+    tests/program/test_vllm_weights.py, and the stand-in's rank check, test_weights_check.py,
+    are held to): real vLLM picks the files the table says."""
+    home = tmp_path / "hf"
+    models = []
+    for number, shape in enumerate(SHAPES):
+        model = f"spark-lab/shape-{number}"
+        write_snapshot(home, shape, model)
+        models.append((model, shape.load_format))
+    done = subprocess.run(
+        [str(real_vllm.bin / "python"), "-c", PREPARE_WEIGHTS, json.dumps(models)],
+        capture_output=True, text=True, timeout=240, env=environment(real_vllm.bin, home),
+    )  # fmt: skip
+    line = next((x for x in done.stdout.splitlines() if x.startswith("chosen: ")), None)
+    assert done.returncode == 0 and line is not None, done.stderr[-3000:]
+    chosen = json.loads(line.removeprefix("chosen: "))
+    expected = {
+        model: sorted(shape.loaded) for (model, _), shape in zip(models, SHAPES, strict=True)
+    }
+    assert chosen == expected
