@@ -51,7 +51,8 @@ class Engine(Protocol):
 
 
 def validate_ranks(ranks: list[RankReport], driver_snapshot: SnapshotReport) -> None:
-    """Fail as a real worker would: missing weights, weights that differ, or a broken Gloo env."""
+    """Fail as a real worker would: missing weights, weights that differ (the files vLLM loads,
+    not the rest of the snapshot), or a broken Gloo env."""
     for report in ranks:
         where = f"rank {report.rank} on node {report.node_ip} ({report.hostname})"
         snapshot = report.snapshot
@@ -61,14 +62,16 @@ def validate_ranks(ranks: list[RankReport], driver_snapshot: SnapshotReport) -> 
                 "Real vLLM would fail loading weights on this worker; replicate the HF cache to "
                 "every node (same path, symlinks preserved) and verify files and bytes."
             )
-        if (snapshot.file_count, snapshot.total_bytes) != (
-            driver_snapshot.file_count,
-            driver_snapshot.total_bytes,
-        ):
+        if snapshot.weights != driver_snapshot.weights:
+            theirs, ours = dict(snapshot.weights), dict(driver_snapshot.weights)
+            differ = sorted(n for n in theirs.keys() | ours.keys() if theirs.get(n) != ours.get(n))
+            shown = ", ".join(
+                f"{n} ({theirs.get(n, 'missing')} vs {ours.get(n, 'missing')} bytes)"
+                for n in differ[:3]
+            )
             raise StartupError(
-                f"Model snapshot on {where} differs from the driver's: {snapshot.file_count} "
-                f"files / {snapshot.total_bytes} bytes vs {driver_snapshot.file_count} files / "
-                f"{driver_snapshot.total_bytes} bytes. Real vLLM would fail loading weights."
+                f"Model weights on {where} differ from the driver's: {shown}. "
+                "Real vLLM would fail loading weights."
             )
         # A one-rank group never connects a Gloo mesh, so only multi-rank groups can fail here.
         if report.gloo_problem and len(ranks) > 1:

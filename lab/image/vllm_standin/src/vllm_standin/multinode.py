@@ -122,7 +122,12 @@ def _report_to_json(report: RankReport) -> dict[str, Any]:
 
 
 def _report_from_json(data: dict[str, Any]) -> RankReport:
-    snapshot = {**data["snapshot"], "dangling": tuple(data["snapshot"]["dangling"])}
+    sent = data["snapshot"]
+    snapshot = {
+        **sent,
+        "weights": tuple((name, size) for name, size in sent["weights"]),
+        "dangling": tuple(sent["dangling"]),
+    }
     return RankReport(**{**data, "snapshot": SnapshotReport(**snapshot)})
 
 
