@@ -223,8 +223,9 @@ def _benchmark_fits_the_context(cfg: StackSchema) -> str | None:
 
 
 def _served_names_distinct(cfg: StackSchema) -> str | None:
-    """Entries with one served name are replicas of one model (the same id and revision);
-    one name for two different models would make requests for it land on either."""
+    """Entries with one served name are replicas of one model (the same id, revision and
+    include/exclude patterns); one name for two different models, or for two cuts of one
+    snapshot, would make requests for it land on either."""
     first: dict[str, ServedModel] = {}
     for model in fleet_of(cfg):
         other = first.setdefault(model.served_name, model)
@@ -234,6 +235,14 @@ def _served_names_distinct(cfg: StackSchema) -> str | None:
                 f"{other.model_key}'s name for {other.id}@{other.revision}, and this entry "
                 f"serves {model.id}@{model.revision}; give it a servedName of its own (entries "
                 "with one servedName are replicas of one model)"
+            )
+        if (other.include, other.exclude) != (model.include, model.exclude):
+            return (
+                f"{model.model_key}.include/exclude: {model.served_name!r} is also "
+                f"{other.model_key}'s, whose patterns differ (include {list(other.include)}, "
+                f"exclude {list(other.exclude)}; here include {list(model.include)}, exclude "
+                f"{list(model.exclude)}); replicas serve the same files: give both the same "
+                "patterns, or this entry a servedName of its own"
             )
     return None
 
@@ -614,7 +623,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         _served_names_distinct,
-        "Entries that share a `servedName` serve the same `id` and `revision` (replicas).",
+        "Entries that share a `servedName` serve the same `id`, `revision`, `include` and "
+        "`exclude` (replicas).",
     ),
     Rule(
         _keys_named_once_for_served_models,

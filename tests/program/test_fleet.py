@@ -180,6 +180,15 @@ def test_replicas_share_a_name_and_the_budget_counts_each_node_apart(
     with_first(config, gpuMemoryUtilization=0.5)
     replicas = [m for m in parsed(config).fleet if m.served_name == "embed"]
     assert [m.hosts for m in replicas] == [("spark1",), ("spark2",)]
+    # The same patterns on both (as here: none) are replicas; different ones are two cuts of
+    # the snapshot under one name, and refused naming both.
+    config["models"][2]["exclude"] = ["onnx/*"]
+    message = error_of(config)
+    assert "models[2].include/exclude: 'embed' is also models[1]'s, whose patterns differ" in (
+        message
+    ), message
+    config["models"][1]["exclude"] = ["onnx/*"]
+    assert [m.exclude for m in parsed(config).fleet][1:] == [("onnx/*",), ("onnx/*",)]
 
 
 BUDGET = [
