@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from stacks.plan import monitoring
 from stacks.plan.front import (
     HANDOVER_PEERS,
     KEY_METRICS_PATH,
@@ -35,6 +37,8 @@ from stacks.plan.front import (
     models_document,
     router_config,
 )
+from tests.program.conftest import ConfigFactory
+from tests.program.planning import plan_of
 from tests.program.scripting import fake_docker_path, run
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
@@ -455,6 +459,62 @@ def test_a_keys_counters_and_its_refusals_survive_a_reload(front: Front) -> None
     assert refused.status == 429 and refused.headers["retry-after"] == "60"
     assert key_metrics(front)[("spark_vllm_key_requests_total", "bob")] == 5
     assert call(front.url, carol, "alpha").status == 200
+
+
+def test_prometheus_reads_each_keys_counters_with_the_planned_job(
+    front: Front, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """The `front-keys` job as monitoring plans it (its target, `metrics_path`, labels), run by
+    a real Prometheus (Debian's, as the lab installs it) against this front: Prometheus parses
+    the Lua service's text and stores each key's series."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Prometheus (Debian's, lab/install-deps.sh) is not installed")
+        pytest.skip("Prometheus (Debian's, lab/install-deps.sh) is not installed")
+    port = free_port()
+    config = make_config(hosts=1)
+    config["keys"] = [{"name": key.name} for key in KEYS]
+    config["front"] = {"metricsPort": int(front.metrics.rsplit(":", 1)[1])}
+    config["monitoring"] = {
+        "enabled": True,
+        "prometheus": {"port": port, "scrapeIntervalSeconds": 1},
+    }
+    planned = json.loads(monitoring.prometheus_config(plan_of(config)))
+    # Its job alone: the plan's other targets (the servers, the exporters) are not here.
+    planned["scrape_configs"] = [
+        job for job in planned["scrape_configs"] if job["job_name"] == "front-keys"
+    ]
+    (tmp_path / "prometheus.yml").write_text(json.dumps(planned))
+    for _ in range(2):
+        assert call(front.url, VALUES["carol"], "alpha").status == 200
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    query = urllib.parse.urlencode({"query": 'spark_vllm_key_requests_total{job="front-keys"}'})
+    series: list[dict] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not series:
+            if time.monotonic() > deadline:
+                tail = (tmp_path / "prometheus.log").read_text()[-2000:]
+                pytest.fail(f"Prometheus stored no key series in 30 s; its log ends: {tail}")
+            time.sleep(0.5)
+            try:
+                url = f"http://127.0.0.1:{port}/api/v1/query?{query}"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    series = json.loads(response.read())["data"]["result"]
+            except OSError:
+                continue
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    [carol] = series
+    assert carol["metric"]["key"] == "carol" and carol["metric"]["node"] == "spark1"
+    assert carol["value"][1] == "2"
 
 
 # --- front-reload.sh and the map --------------------------------------------------------------

@@ -196,3 +196,25 @@ def test_the_front_takes_its_local_peers_name_from_its_configuration(
     assert not [word for word in container.command if word.startswith("-L")]
     text = front_config(plan)
     assert "    localpeer front\n" in text and "    peer front 127.0.0.2:8404\n" in text
+
+
+def test_with_monitoring_the_first_key_adds_prometheus_job_and_the_next_do_not(
+    make_config: ConfigFactory,
+) -> None:
+    """Prometheus scrapes the per-key counters (`front-keys`) once there are keys: the first
+    key and the last one revoked change its targets (Prometheus restarts, its data kept); any
+    other key change is still a reload of the front alone."""
+    base = {**fleet(make_config, 2), "monitoring": {"enabled": True}}
+    alice = {"name": "alice", "models": ["embed"]}
+    bob = {"name": "bob", "requestsPerMinute": 60}
+    prometheus = {
+        "monitoring-files": "update",
+        "monitoring-prometheus": "replace",
+        "monitoring-ready": "replace",
+    }
+    first = plan_of(base, with_keys(base, alice), [], [ALICE])
+    assert first == {"front-keys": "create", **FRONT_ONLY, **prometheus}
+    more = plan_of(with_keys(base, alice), with_keys(base, alice, bob), [ALICE], [ALICE, BOB])
+    assert more == {"front-keys": "update", **FRONT_ONLY}
+    last = plan_of(with_keys(base, alice), base, [ALICE], [])
+    assert last == {"front-keys": "delete", **FRONT_ONLY, **prometheus}
