@@ -11,7 +11,8 @@ the request body's `model` field and balance replicas when several models share 
 The configuration is a pure function of the plan; the key stays in the secrets directory as a
 pattern file (`Bearer <key>`), written beside the key by api-key-file.sh. The named keys (`keys`)
 are a map file beside it (`<key> <name>`, front-keys-file.sh): the configuration names the keys,
-never their values; a stick table counts each key's requests and bytes and bounds its rate.
+never their values; a stick table counts each key's requests and bytes and bounds its rate, and
+a reload hands it over to the new workers (HANDOVER_PEERS).
 """
 
 from __future__ import annotations
@@ -43,6 +44,21 @@ KEY_METRICS_PATH = "/metrics/keys"
 # window would turn a client's short burst (a batch sent at once) into refusals it cannot plan
 # for. A refused request counts too: a client that ignores Retry-After stays refused.
 KEY_WINDOW_SECONDS = 60
+# A reload (front-reload.sh: SIGUSR2, master-worker) starts workers with empty stick tables: a
+# key over its rate would be admitted again after any key change, and its counters would start
+# afresh. HAProxy's own remedy is a `peers` section holding only the local peer: "during a soft
+# restart, the old process connects to the new one [at the local peer's address] to push all its
+# entries" (HAProxy's configuration manual, 3.5 "Peers", and `localpeer` in 3.1). The local
+# peer's name is set by `localpeer` in `global`: the container runs `haproxy -W -db -f ...`, no
+# `-L`, and the default (the host name) is not the plan's to know. Its address is the head's
+# loopback only, 127.0.0.2 at front.metricsPort: a port the stack already owns (its metrics
+# listener holds it on 127.0.0.1, checked against every other port of the plan), on an address
+# nothing else of the stack binds, so it adds no port to collide with. A worker hands over once
+# its own start-up resync is done: after a cold start HAProxy waits for a former worker up to
+# PEER_RESYNC_TIMEOUT (5 s, src/peers.c), and a reload within it carries nothing over.
+HANDOVER_PEERS = "handover"
+LOCAL_PEER = "front"
+HANDOVER_HOST = "127.0.0.2"
 # With several models the front reads a request body up to this many bytes to find its
 # `model` (a 1 MiB prompt). HAProxy holds a request and a response buffer per connection (more
 # while it checks servers), so at ROUTER_MAX_CONNECTIONS its buffers can reach a few GiB in
@@ -116,11 +132,18 @@ def routes_of(plan: ClusterPlan) -> tuple[Route, ...]:
     )
 
 
+def handover_address(metrics_port: int) -> str:
+    """Where the front's local peer listens: the old workers push the keys' table there at a
+    reload (HANDOVER_PEERS)."""
+    return f"{HANDOVER_HOST}:{metrics_port}"
+
+
 def front_config(plan: ClusterPlan) -> str:
     """haproxy.cfg for the plan's routes (router_config)."""
     bearer = f"{CONTAINER_API_KEY_DIR}/{BEARER_FILE_NAME}"
     models = f"{CONTAINER_FRONT_DIR}/{MODELS_FILE_NAME}"
-    metrics = f"127.0.0.1:{plan.config.front.metrics_port}"
+    metrics_port = plan.config.front.metrics_port
+    metrics = f"127.0.0.1:{metrics_port}"
     per_client = plan.config.front.max_connections_per_client
     keys = keys_of(plan)
     return router_config(
@@ -133,6 +156,7 @@ def front_config(plan: ClusterPlan) -> str:
         keys=keys,
         keys_map=f"{CONTAINER_API_KEY_DIR}/{KEYS_MAP_NAME}",
         keys_lua=f"{CONTAINER_FRONT_DIR}/{KEYS_LUA_NAME}",
+        handover=handover_address(metrics_port),
     )
 
 
@@ -163,6 +187,7 @@ def router_config(
     keys: Sequence[Key] = (),
     keys_map: str = "",
     keys_lua: str | None = None,
+    handover: str | None = None,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -174,7 +199,8 @@ def router_config(
     rather than sent to the first model, and `http-no-delay` lets each SSE event out at once
     (50-200 ms late without). No client address holds more than `per_client` connections at
     once (counted as they arrive, before any header: clients without the key cannot hold
-    every connection, slowly sending headers that never end)."""
+    every connection, slowly sending headers that never end). With `keys` and `handover` (the
+    local peer's address), a reload keeps the keys' table (HANDOVER_PEERS)."""
     unauthorized = haproxy_string(UNAUTHORIZED_BODY)
     unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
         "MODEL", "%[var(txn.model),json(utf8s)]"
@@ -236,6 +262,9 @@ def router_config(
         + (" || named_key" if keys else ""),
         *key_lines(keys, keys_map),
     ]
+    if keys and handover is not None:
+        # In `global`, before the `peers` section that names it (HAProxy ignores it after).
+        lines.insert(lines.index("defaults"), f"    localpeer {LOCAL_PEER}")
     if keys and keys_lua is not None and metrics_bind is not None:
         lines.insert(lines.index("defaults"), f"    lua-load {keys_lua}")
     if metrics_bind is not None:
@@ -258,7 +287,7 @@ def router_config(
         # 404 for another); the configuration does not name it, so a new name leaves the
         # front as it is.
         lines += ["    default_backend model_0", *backend_lines(0, routes[0], named=False)]
-        return "\n".join([*lines, *keys_table(keys), ""])
+        return "\n".join([*lines, *keys_table(keys, handover), ""])
     served = [route.served_name for route in routes]
     lines += [
         *(
@@ -290,7 +319,7 @@ def router_config(
     ]
     for index, route in enumerate(routes):
         lines += backend_lines(index, route, named=True)
-    return "\n".join([*lines, *keys_table(keys), ""])
+    return "\n".join([*lines, *keys_table(keys, handover), ""])
 
 
 def key_lines(keys: Sequence[Key], keys_map: str) -> list[str]:
@@ -358,17 +387,21 @@ def forbidden_lines(keys: Sequence[Key], served: Sequence[str]) -> list[str]:
     return lines
 
 
-def keys_table(keys: Sequence[Key]) -> list[str]:
+def keys_table(keys: Sequence[Key], handover: str | None = None) -> list[str]:
     """The named keys' stick table: per key, its requests (and their rate over
-    KEY_WINDOW_SECONDS) and bytes in and out, since the front last loaded its configuration.
-    No expiry: a table far larger than the keys never evicts one."""
+    KEY_WINDOW_SECONDS) and bytes in and out, since the front started; with `handover`, the
+    local peer that carries it over a reload (HANDOVER_PEERS). No expiry: a table far larger
+    than the keys never evicts one."""
     if not keys:
         return []
     size = max(1024, 2 * len(keys))
+    peers = [f"peers {HANDOVER_PEERS}", f"    peer {LOCAL_PEER} {handover}"] if handover else []
     return [
+        *peers,
         f"backend {KEYS_TABLE}",
         f"    stick-table type string len 32 size {size} store http_req_cnt,"
-        f"http_req_rate({KEY_WINDOW_SECONDS}s),bytes_in_cnt,bytes_out_cnt",
+        f"http_req_rate({KEY_WINDOW_SECONDS}s),bytes_in_cnt,bytes_out_cnt"
+        + (f" peers {HANDOVER_PEERS}" if handover else ""),
     ]
 
 

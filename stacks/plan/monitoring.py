@@ -9,7 +9,8 @@ Where each listens, and why nothing of it reaches the management network:
   what keeps them private.
 - The servers' /metrics: each server listens on the head's loopback, or on its worker's fabric
   IP where the firewall's guard admits its port on loopback and the fabric only.
-- The front's metrics: the head's loopback (front.metricsPort).
+- The front's metrics: the head's loopback (front.metricsPort); with `keys`, its per-key
+  counters at KEY_METRICS_PATH on the same listener.
 - node_exporter: each node's fabric IP, a port the guard holds whether or not monitoring runs
   (stacks/plan/firewall.py), so turning monitoring on or off changes no guard.
 - Ray's metrics (when a model runs with Ray): ray.metricsExportPort, fixed and guarded already.
@@ -41,6 +42,7 @@ from stacks.plan.firewall import (
     chain_name,
     firewall_dir,
 )
+from stacks.plan.front import KEY_METRICS_PATH
 from stacks.plan.hosts import written
 from stacks.plan.image import ImagePull
 from stacks.plan.later import PINNED_IMAGE, Later
@@ -68,11 +70,13 @@ READY_SECONDS = 180  # the readiness step's bound at least: every target scraped
 
 @dataclass(frozen=True)
 class ScrapeTarget:
-    """One endpoint Prometheus scrapes, with the labels it adds to every series."""
+    """One endpoint Prometheus scrapes, with the labels it adds to every series; `path` when it
+    is not Prometheus's default, /metrics (one per job: Prometheus's `metrics_path`)."""
 
     job: str
     address: str  # host:port
     labels: tuple[tuple[str, str], ...]
+    path: str | None = None
 
 
 def monitoring_dir(plan: ClusterPlan) -> str:
@@ -123,8 +127,9 @@ def published_views(plan: ClusterPlan) -> dict[str, dict[str, str]]:
 
 
 def scrape_targets(plan: ClusterPlan) -> tuple[ScrapeTarget, ...]:
-    """Every endpoint: each server (its served name and slot), the front, each node's exporter,
-    each Ray node when the fleet runs Ray, and Prometheus itself."""
+    """Every endpoint: each server (its served name and slot), the front (with `keys`, its
+    per-key counters too), each node's exporter, each Ray node when the fleet runs Ray, and
+    Prometheus itself."""
     cfg = plan.config.monitoring
     targets = [
         ScrapeTarget(
@@ -140,6 +145,12 @@ def scrape_targets(plan: ClusterPlan) -> tuple[ScrapeTarget, ...]:
     ]
     front = f"127.0.0.1:{plan.config.front.metrics_port}"
     targets.append(ScrapeTarget("front", front, (("node", plan.head.name),)))
+    if plan.config.keys:
+        # The same listener, no key needed (loopback); the job comes with the first key and
+        # goes with the last, so any other key change leaves Prometheus as it is.
+        targets.append(
+            ScrapeTarget("front-keys", front, (("node", plan.head.name),), KEY_METRICS_PATH)
+        )
     if cfg.node_exporter.enabled:
         targets += [
             ScrapeTarget("node", node_exporter_address(plan, node), (("node", node.name),))
@@ -167,17 +178,24 @@ def prometheus_config(plan: ClusterPlan) -> str:
     `-ray-targets` step writes: only the nodes whose Ray exports metrics."""
     interval = f"{plan.config.monitoring.prometheus.scrape_interval_seconds}s"
     jobs: dict[str, list[dict[str, object]]] = {}
+    paths: dict[str, dict[str, str]] = {}
     for target in scrape_targets(plan):
         jobs.setdefault(target.job, []).append(
             {"targets": [target.address], "labels": dict(target.labels)}
         )
+        if target.path is not None:
+            paths[target.job] = {"metrics_path": target.path}
     # Read again when the file changes (Prometheus watches it), and every 30 s besides.
     ray_file = f"{CONTAINER_CONFIG_DIR}/{RAY_TARGETS_FILE}"
     discovered = {"file_sd_configs": [{"files": [ray_file], "refresh_interval": "30s"}]}
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "scrape_configs": [
-            {"job_name": job, **(discovered if job == "ray" else {"static_configs": statics})}
+            {
+                "job_name": job,
+                **paths.get(job, {}),
+                **(discovered if job == "ray" else {"static_configs": statics}),
+            }
             for job, statics in jobs.items()
         ],
     }

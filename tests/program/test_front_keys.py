@@ -1,12 +1,13 @@
 """Named keys at the front (stacks/plan/front.py): the configuration as a table of pure cases,
 then run for real on loopback (the installed HAProxy, Debian's 2.6 as in the lab image) before
-two stand-in models: a key's models, its rate, its counters in the metrics, and a key revoked
-by a reload while the others' requests go on."""
+two stand-in models: a key's models, its rate, its counters in the metrics, a key revoked by a
+reload while the others' requests go on, and the counters and refusals a reload carries over."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,16 +24,21 @@ from pathlib import Path
 
 import pytest
 
+from stacks.plan import monitoring
 from stacks.plan.front import (
+    HANDOVER_PEERS,
     KEY_METRICS_PATH,
     KEYS_LUA,
     Key,
     Route,
+    handover_address,
     key_models_file,
     limited_models,
     models_document,
     router_config,
 )
+from tests.program.conftest import ConfigFactory
+from tests.program.planning import plan_of
 from tests.program.scripting import fake_docker_path, run
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
@@ -61,6 +68,7 @@ def config(keys: tuple[Key, ...], ports: tuple[int, ...] = (1, 2)) -> str:
         keys=keys,
         keys_map="/k/keys.map",
         keys_lua="/f/keys.lua",
+        handover=handover_address(3),
     )
 
 
@@ -69,7 +77,8 @@ def test_without_keys_the_configuration_is_as_before() -> None:
     front as it was)."""
     for ports in ((1,), (1, 2)):
         text = config((), ports)
-        for word in ("keys.map", "txn.key", "track-sc1", "lua", "backend keys", "429", "403"):
+        words = ("keys.map", "txn.key", "track-sc1", "lua", "backend keys", "429", "403", "peer")
+        for word in words:
             assert word not in text
 
 
@@ -111,6 +120,24 @@ def test_the_configuration_names_keys_never_their_values() -> None:
     single = config(KEYS, (1,))
     assert "status 403" not in single and "models-alice" not in single
     assert "sc_http_req_rate(1) gt 3" in single and "backend keys" in single
+
+
+def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
+    """The local peer, named in `global` (the container passes no `-L`), listens on loopback at
+    the metrics listener's port on 127.0.0.2 (a port the stack owns already), and the keys'
+    table names its section; nothing of it without `handover`."""
+    lines = config(KEYS).splitlines()
+    assert lines.index("    localpeer front") < lines.index("defaults")
+    section = lines.index("peers handover")
+    assert lines[section + 1] == "    peer front 127.0.0.2:3"
+    assert lines[section + 2] == "backend keys"
+    assert lines[section + 3].startswith("    stick-table type string len 32 ")
+    assert lines[section + 3].endswith(" peers handover")
+    assert "127.0.0.2" not in config(()) and "peer" not in config(())
+    bare = router_config(
+        "127.0.0.1:1", "/k/bearer", routes(1, 2), "/f/models.json", keys=KEYS, keys_map="/k/m"
+    )
+    assert "peer" not in bare
 
 
 # --- the real HAProxy -------------------------------------------------------------------------
@@ -163,6 +190,7 @@ class Front:
     metrics: str
     write: Callable[[tuple[Key, ...], dict[str, str]], None]  # the map and the configuration
     master: subprocess.Popen
+    cli: Path  # HAProxy's master CLI (`-S`): the test's window on its workers, not the lab's
 
 
 def call(
@@ -216,6 +244,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
                 keys=keys,
                 keys_map=str(secrets / "keys.map"),
                 keys_lua=str(files / "keys.lua"),
+                handover=handover_address(metrics),
             )
         )
         check = subprocess.run(
@@ -224,8 +253,9 @@ def front(tmp_path: Path) -> Iterator[Front]:
         assert check.returncode == 0, check.stdout + check.stderr
 
     write(KEYS, VALUES)
+    cli = tmp_path / "master.sock"
     master = subprocess.Popen(
-        [HAPROXY, "-W", "-db", "-f", str(haproxy_cfg)],
+        [HAPROXY, "-W", "-db", "-S", str(cli), "-f", str(haproxy_cfg)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -239,7 +269,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
             assert time.monotonic() < deadline, "HAProxy did not start"
             time.sleep(0.1)
     try:
-        yield Front(url, f"http://127.0.0.1:{metrics}", write, master)
+        yield Front(url, f"http://127.0.0.1:{metrics}", write, master, cli)
     finally:
         master.terminate()
         master.wait(timeout=10)
@@ -356,6 +386,135 @@ def test_a_key_revoked_by_a_reload_is_refused_and_no_other_request_fails(front: 
     for client in clients:
         client.join(timeout=10)
     assert failures == [] and served[0] > 10
+
+
+def master_cli(front: Front, command: str) -> str:
+    """One command on HAProxy's master CLI: the master's own, or the current worker's (`@1`)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(str(front.cli))
+        sock.sendall(command.encode() + b"\n")
+        sock.shutdown(socket.SHUT_WR)
+        return b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+
+
+# HAProxy 2.6's PEERS_RESYNC_FINISHED (src/peers.c): the local and the remote resync are done.
+RESYNC_FINISHED = 0x3
+
+
+def wait_until_it_can_hand_over(front: Front) -> None:
+    """Bounded: a worker hands its table over only once its own resync is finished; after a
+    cold start (no old worker to learn from) it waits PEER_RESYNC_TIMEOUT (5 s) for one."""
+    deadline = time.monotonic() + 15
+    while True:
+        shown = master_cli(front, "@1 show peers")
+        line = next((x for x in shown.splitlines() if f" id={HANDOVER_PEERS} " in x), None)
+        assert line is not None, f"the front has no `peers {HANDOVER_PEERS}`: {shown!r}"
+        match = re.search(r" flags=(0x[0-9a-f]+) ", line)
+        assert match is not None, line
+        if int(match.group(1), 16) & RESYNC_FINISHED == RESYNC_FINISHED:
+            return
+        assert time.monotonic() < deadline, f"the front's peers never resynced: {line}"
+        time.sleep(0.2)
+
+
+def wait_until_reloaded(front: Front, reloads: int) -> None:
+    """Bounded: the master reloaded `reloads` times and no old worker is left (an old worker
+    leaves once it has pushed its table to the new one, or found it cannot). The master
+    re-executes itself to reload: its CLI drops or refuses connections meanwhile."""
+    deadline = time.monotonic() + 15
+    shown = ""
+    while True:
+        try:
+            shown = master_cli(front, "show proc")
+        except OSError:
+            shown = ""
+        master = next((x for x in shown.splitlines() if " master " in x), None)
+        old = shown.split("# old workers", 1)[1].split("#", 1)[0] if "# old" in shown else ""
+        if master is not None and int(master.split()[2]) >= reloads and not old.strip():
+            return
+        assert time.monotonic() < deadline, f"the front did not reload: {shown}"
+        time.sleep(0.1)
+
+
+def test_a_keys_counters_and_its_refusals_survive_a_reload(front: Front) -> None:
+    """A key added is a reload, and the keys' table goes over to the new workers: every key's
+    counters go on, and a key past its rate stays refused (a 429, not a fresh minute)."""
+    carol, bob = VALUES["carol"], VALUES["bob"]
+    assert [call(front.url, carol, "alpha").status for _ in range(2)] == [200, 200]
+    assert [call(front.url, bob, "alpha").status for _ in range(4)] == [200, 200, 200, 429]
+    wait_until_it_can_hand_over(front)
+    before = key_metrics(front)  # seconds after the requests: their bytes are counted
+    dave = "dave-key-1b6e9c3f7a0d2e5b8c41"
+    front.write((*KEYS, Key("dave")), {**VALUES, "dave": dave})
+    front.master.send_signal(signal.SIGUSR2)  # what front-reload.sh sends the container
+    wait_until_reloaded(front, 1)
+    assert call(front.url, dave, "alpha").status == 200  # the new configuration serves
+    after = key_metrics(front)
+    for series in ("requests", "bytes_in", "bytes_out"):
+        for name in ("carol", "bob"):
+            metric = (f"spark_vllm_key_{series}_total", name)
+            assert after.get(metric) == before[metric], (metric, "lost in the reload")
+    refused = call(front.url, bob, "alpha")
+    assert refused.status == 429 and refused.headers["retry-after"] == "60"
+    assert key_metrics(front)[("spark_vllm_key_requests_total", "bob")] == 5
+    assert call(front.url, carol, "alpha").status == 200
+
+
+def test_prometheus_reads_each_keys_counters_with_the_planned_job(
+    front: Front, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """The `front-keys` job as monitoring plans it (its target, `metrics_path`, labels), run by
+    a real Prometheus (Debian's, as the lab installs it) against this front: Prometheus parses
+    the Lua service's text and stores each key's series."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Prometheus (Debian's, lab/install-deps.sh) is not installed")
+        pytest.skip("Prometheus (Debian's, lab/install-deps.sh) is not installed")
+    port = free_port()
+    config = make_config(hosts=1)
+    config["keys"] = [{"name": key.name} for key in KEYS]
+    config["front"] = {"metricsPort": int(front.metrics.rsplit(":", 1)[1])}
+    config["monitoring"] = {
+        "enabled": True,
+        "prometheus": {"port": port, "scrapeIntervalSeconds": 1},
+    }
+    planned = json.loads(monitoring.prometheus_config(plan_of(config)))
+    # Its job alone: the plan's other targets (the servers, the exporters) are not here.
+    planned["scrape_configs"] = [
+        job for job in planned["scrape_configs"] if job["job_name"] == "front-keys"
+    ]
+    (tmp_path / "prometheus.yml").write_text(json.dumps(planned))
+    for _ in range(2):
+        assert call(front.url, VALUES["carol"], "alpha").status == 200
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    query = urllib.parse.urlencode({"query": 'spark_vllm_key_requests_total{job="front-keys"}'})
+    series: list[dict] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not series:
+            if time.monotonic() > deadline:
+                tail = (tmp_path / "prometheus.log").read_text()[-2000:]
+                pytest.fail(f"Prometheus stored no key series in 30 s; its log ends: {tail}")
+            time.sleep(0.5)
+            try:
+                url = f"http://127.0.0.1:{port}/api/v1/query?{query}"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    series = json.loads(response.read())["data"]["result"]
+            except OSError:
+                continue
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    [carol] = series
+    assert carol["metric"]["key"] == "carol" and carol["metric"]["node"] == "spark1"
+    assert carol["value"][1] == "2"
 
 
 # --- front-reload.sh and the map --------------------------------------------------------------

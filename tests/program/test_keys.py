@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
+from stacks.plan.containers import ContainerSpec
+from stacks.plan.front import front_config
 from tests.cli import PulumiCli
 from tests.mockvalues import is_secret
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import REPO, Evaluation, run_stack, unwrap
-from tests.program.planning import fleet
+from tests.program.planning import fleet, graph_of
 from tests.program.previews import changes
 
 ALICE = "alice-key-5f0c2d7e9b1a4c38e6d2"
@@ -179,3 +181,40 @@ def test_with_one_model_a_key_is_a_reload_of_the_front_too(make_config: ConfigFa
     assert plan_of(base, keyed, [], [ALICE]) == {"front-keys": "create", **FRONT_ONLY}
     config = deploy(keyed, [ALICE]).named("front-config").inputs["create"]
     assert "sc_http_req_rate(1) gt 10" in config and "status 403" not in config
+    # The keys' table goes over a reload: its local peer at front.metricsPort, on 127.0.0.2.
+    assert "    localpeer front\n" in config and "    peer front 127.0.0.2:8404\n" in config
+
+
+def test_the_front_takes_its_local_peers_name_from_its_configuration(
+    make_config: ConfigFactory,
+) -> None:
+    """HAProxy ignores `localpeer` when it is started with `-L`: the front's container passes
+    none, so the name the `peers` section gives its local peer is the front's own."""
+    plan, graph = graph_of(with_keys(make_config(hosts=2), {"name": "alice"}))
+    container = graph.by_name["front-container"].spec
+    assert isinstance(container, ContainerSpec)
+    assert not [word for word in container.command if word.startswith("-L")]
+    text = front_config(plan)
+    assert "    localpeer front\n" in text and "    peer front 127.0.0.2:8404\n" in text
+
+
+def test_with_monitoring_the_first_key_adds_prometheus_job_and_the_next_do_not(
+    make_config: ConfigFactory,
+) -> None:
+    """Prometheus scrapes the per-key counters (`front-keys`) once there are keys: the first
+    key and the last one revoked change its targets (Prometheus restarts, its data kept); any
+    other key change is still a reload of the front alone."""
+    base = {**fleet(make_config, 2), "monitoring": {"enabled": True}}
+    alice = {"name": "alice", "models": ["embed"]}
+    bob = {"name": "bob", "requestsPerMinute": 60}
+    prometheus = {
+        "monitoring-files": "update",
+        "monitoring-prometheus": "replace",
+        "monitoring-ready": "replace",
+    }
+    first = plan_of(base, with_keys(base, alice), [], [ALICE])
+    assert first == {"front-keys": "create", **FRONT_ONLY, **prometheus}
+    more = plan_of(with_keys(base, alice), with_keys(base, alice, bob), [ALICE], [ALICE, BOB])
+    assert more == {"front-keys": "update", **FRONT_ONLY}
+    last = plan_of(with_keys(base, alice), base, [ALICE], [])
+    assert last == {"front-keys": "delete", **FRONT_ONLY, **prometheus}

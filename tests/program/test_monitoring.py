@@ -126,6 +126,39 @@ def test_without_ray_or_the_exporter_their_jobs_are_gone(make_config: ConfigFact
     assert "--jobs vllm,front,prometheus --optional-jobs ray " in wait.create
 
 
+def test_with_keys_prometheus_scrapes_each_keys_counters_from_the_front(
+    make_config: ConfigFactory,
+) -> None:
+    """The front's metrics listener serves the per-key counters at /metrics/keys (loopback,
+    no key): a job of its own, there with the first key and gone with the last."""
+    config = monitored(make_config(hosts=2, executor="mp"))
+    plan, graph = graph_of({**config, "keys": [{"name": "alice"}, {"name": "bob"}]})
+    keyed = [t for t in monitoring.scrape_targets(plan) if t.job == "front-keys"]
+    assert keyed == [
+        monitoring.ScrapeTarget(
+            "front-keys", "127.0.0.1:8404", (("node", "spark1"),), path="/metrics/keys"
+        )
+    ]
+    jobs = json.loads(monitoring.prometheus_config(plan))["scrape_configs"]
+    assert {job["job_name"]: job.get("metrics_path") for job in jobs} == {
+        "vllm": None,
+        "front": None,  # Prometheus's default, /metrics: HAProxy's own exporter
+        "front-keys": "/metrics/keys",
+        "node": None,
+        "prometheus": None,
+    }
+    job = next(job for job in jobs if job["job_name"] == "front-keys")
+    assert job["static_configs"] == [{"targets": ["127.0.0.1:8404"], "labels": {"node": "spark1"}}]
+    # The wait needs it up too: the front serves it once its reload loaded the keys.
+    wait = graph.by_name["monitoring-ready"].spec
+    assert isinstance(wait, StepSpec)
+    assert "--jobs vllm,front,front-keys,node,prometheus " in wait.create
+    # Without keys: no such job, and the configuration as it always was.
+    bare, _ = graph_of(config)
+    assert "front-keys" not in {t.job for t in monitoring.scrape_targets(bare)}
+    assert "metrics_path" not in monitoring.prometheus_config(bare)
+
+
 def test_everything_listens_on_loopback_but_the_exporter_on_the_fabric(
     make_config: ConfigFactory,
 ) -> None:
@@ -187,11 +220,14 @@ def test_the_files_are_what_prometheus_and_grafana_read(make_config: ConfigFacto
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's prometheus (promtool)")
+@pytest.mark.parametrize("keys", [None, [{"name": "alice"}]])
 def test_promtool_accepts_the_generated_configuration(
-    make_config: ConfigFactory, tmp_path: Path
+    make_config: ConfigFactory, tmp_path: Path, keys: list[dict[str, str]] | None
 ) -> None:
     config = fleet(make_config, 2)
     config["models"][2]["executor"] = "ray"
+    if keys is not None:
+        config["keys"] = keys  # the per-key job and its metrics_path
     plan, _ = graph_of(monitored(config))
     path = tmp_path / "prometheus.yml"
     path.write_text(monitoring.prometheus_config(plan))
