@@ -266,7 +266,18 @@ def router_config(
         # In `global`, before the `peers` section that names it (HAProxy ignores it after).
         lines.insert(lines.index("defaults"), f"    localpeer {LOCAL_PEER}")
     if keys and keys_lua is not None and metrics_bind is not None:
-        lines.insert(lines.index("defaults"), f"    lua-load {keys_lua}")
+        # HAProxy 3.2 (the official image) warns at every start unless the way Lua receives
+        # boolean samples is set before `lua-load` (configuration manual 3.2,
+        # tune.lua.bool-sample-conversion; `normal` is the one it recommends). keys.lua reads only
+        # the stick table's integers, so either value serves it; 2.6 (Debian, the tests) knows no
+        # such keyword, hence the conditional block (manual 2.4, "Conditional blocks").
+        at = lines.index("defaults")
+        lines[at:at] = [
+            ".if version_atleast(3.2)",
+            "    tune.lua.bool-sample-conversion normal",
+            ".endif",
+            f"    lua-load {keys_lua}",
+        ]
     if metrics_bind is not None:
         # HAProxy's Prometheus exporter (built in: Debian's 2.6, the official images' USE_PROMEX)
         # on loopback only: requests, errors, queue and response times per backend (model).
