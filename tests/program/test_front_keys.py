@@ -39,6 +39,8 @@ from stacks.plan.front import (
 )
 from tests.program.conftest import ConfigFactory
 from tests.program.planning import plan_of
+from tests.program.ports import free_port
+from tests.program.prometheus import running_prometheus
 from tests.program.scripting import fake_docker_path, run
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
@@ -141,12 +143,6 @@ def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
 
 
 # --- the real HAProxy -------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def model_server(name: str) -> ThreadingHTTPServer:
@@ -489,19 +485,13 @@ def test_prometheus_reads_each_keys_counters_with_the_planned_job(
     (tmp_path / "prometheus.yml").write_text(json.dumps(planned))
     for _ in range(2):
         assert call(front.url, VALUES["carol"], "alpha").status == 200
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
     query = urllib.parse.urlencode({"query": 'spark_vllm_key_requests_total{job="front-keys"}'})
     series: list[dict] = []
-    try:
+    with running_prometheus(binary, tmp_path / "prometheus.yml", port, tmp_path) as log:
         deadline = time.monotonic() + 30
         while not series:
             if time.monotonic() > deadline:
-                tail = (tmp_path / "prometheus.log").read_text()[-2000:]
+                tail = log.read_text()[-2000:]
                 pytest.fail(f"Prometheus stored no key series in 30 s; its log ends: {tail}")
             time.sleep(0.5)
             try:
@@ -510,9 +500,6 @@ def test_prometheus_reads_each_keys_counters_with_the_planned_job(
                     series = json.loads(response.read())["data"]["result"]
             except OSError:
                 continue
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
     [carol] = series
     assert carol["metric"]["key"] == "carol" and carol["metric"]["node"] == "spark1"
     assert carol["value"][1] == "2"

@@ -9,13 +9,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.program.ports import free_port
+from tests.program.prometheus import running_prometheus
 
 SCRIPT = Path(__file__).resolve().parents[2] / "components" / "scripts" / "monitoring_ready.py"
 
@@ -33,24 +33,8 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
         f"  - job_name: self\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
         f"  - job_name: gone\n    static_configs:\n      - targets: ['127.0.0.1:{closed}']\n"
     )
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.2)
+    with running_prometheus(binary, config, port, tmp_path):
         yield f"127.0.0.1:{port}", closed
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def ready(*args: str) -> subprocess.CompletedProcess[str]:
