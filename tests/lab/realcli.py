@@ -12,17 +12,20 @@ module proxy serves no real one (tests/lab/plugins).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.lab.plugins.providers import INVOKE_TIMING, STEP_TIMING
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parent / "plugins" / "bin"
@@ -64,10 +67,20 @@ class Run:
     stdout: str
     stderr: str
     seconds: float
+    started: float  # epoch seconds
 
     @property
     def output(self) -> str:
-        return self.stdout + self.stderr
+        """What the user reads: with --json, the diagnostics' text out of the event stream."""
+        if "--json" not in self.args:
+            return self.stdout + self.stderr
+        messages = []
+        for line in self.stdout.splitlines():
+            with contextlib.suppress(ValueError):
+                diagnostic = json.loads(line).get("diagnosticEvent")
+                if diagnostic:
+                    messages.append(f"{diagnostic.get('prefix', '')}{diagnostic['message']}")
+        return "".join(messages) + self.stderr
 
 
 @dataclass
@@ -79,11 +92,13 @@ class RealPulumi:
     runs: list[Run] = field(default_factory=list)
 
     @classmethod
-    def for_project(cls, root: Path, source: Path = REPO) -> RealPulumi:
-        """A copy of `source`'s program under `root`, with its own backend and PULUMI_HOME."""
+    def for_project(
+        cls, root: Path, source: Path = REPO, files: Sequence[str] = PROGRAM_FILES
+    ) -> RealPulumi:
+        """A copy of `source`'s `files` under `root`, with its own backend and PULUMI_HOME."""
         project_dir = root / "project"
         project_dir.mkdir(parents=True, exist_ok=True)
-        for name in PROGRAM_FILES:
+        for name in files:
             path = source / name
             if path.is_dir():
                 shutil.copytree(path, project_dir / name, dirs_exist_ok=True,
@@ -116,7 +131,7 @@ class RealPulumi:
         return env
 
     def run(self, *args: str, check: bool = True, timeout: float = RUN_TIMEOUT_S) -> Run:
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         done = subprocess.run(
             [pulumi_binary(), *args, "--non-interactive"],
             cwd=self.project_dir,
@@ -126,7 +141,8 @@ class RealPulumi:
             timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
-        run = Run(args, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        run = Run(args, done.returncode, done.stdout, done.stderr, seconds, wall)
         self.runs.append(run)
         if check and done.returncode != 0:
             raise PulumiFailed(f"pulumi {' '.join(args)} exited {done.returncode}:\n{run.output}")
@@ -172,11 +188,65 @@ class RealPulumi:
     def plugin_log(self) -> str:
         return "\n".join(p.read_text() for p in sorted(self.log_dir.glob("*.log")))
 
+    def step_seconds(self, op: str, name: str) -> float:
+        """The wall time of the last `op` ("create", "update", ...) of resource `name`, as the
+        plugin that performed it logged it."""
+        found = [
+            float(words[-1])
+            for words in (line.split() for line in self.plugin_log().splitlines())
+            if STEP_TIMING in words and words[words.index(STEP_TIMING) + 1 :][:2] == [op, name]
+        ]
+        assert found, f"no {op} of {name} in the plugins' log"
+        return found[-1]
+
+    def facts_seconds(self, run: Run) -> float:
+        """The wall time within `run` during which at least one facts invoke (`local.run` over
+        SSH) was under way: the union of their intervals, from the provider's log."""
+        intervals = sorted(
+            (start, end)
+            for start, end in invoke_intervals(self.plugin_log())
+            if run.started <= start <= run.started + run.seconds
+        )
+        covered, reach = 0.0, 0.0
+        for start, end in intervals:
+            start = max(start, reach)
+            if end > start:
+                covered += end - start
+            reach = max(reach, end)
+        return covered
+
+
+def invoke_intervals(log_text: str) -> list[tuple[float, float]]:
+    """Each invoke's (start, end) from the provider's timing lines (tests/lab/plugins)."""
+    found = []
+    for line in log_text.splitlines():
+        words = line.split()
+        if INVOKE_TIMING in words:
+            at = words.index(INVOKE_TIMING)
+            found.append((float(words[at + 2]), float(words[at + 3])))
+    return found
+
 
 def plan_of(preview: Mapping[str, Any]) -> dict[str, str]:
     """{name: op} from `preview --json`'s steps, where op is what the summary counts."""
+    return plan_of_steps((str(step["urn"]), str(step["op"])) for step in preview.get("steps") or [])
+
+
+def plan_of_events(stream: str) -> dict[str, str]:
+    """{name: op} from the engine's event stream (`up --json`, `destroy --json`): the op of each
+    resource's step events."""
+    steps = []
+    for line in stream.splitlines():
+        event = json.loads(line)
+        for kind in ("resourcePreEvent", "resOutputsEvent", "resOpFailedEvent"):
+            metadata = (event.get(kind) or {}).get("metadata")
+            if metadata:
+                steps.append((str(metadata["urn"]), str(metadata["op"])))
+    return plan_of_steps(steps)
+
+
+def plan_of_steps(steps: Iterable[tuple[str, str]]) -> dict[str, str]:
     ops: dict[str, list[str]] = {}
-    for step in preview.get("steps") or []:
-        name = str(step["urn"]).rsplit("::", 1)[-1]
-        ops.setdefault(name, []).append(str(step["op"]))
-    return {name: main_op(steps) for name, steps in ops.items()}
+    for urn, op in steps:
+        ops.setdefault(urn.rsplit("::", 1)[-1], []).append(op)
+    return {name: main_op(found) for name, found in ops.items()}

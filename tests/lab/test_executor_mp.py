@@ -1,10 +1,14 @@
-"""vllm.executor mp on the lab, for real: one vLLM container per node and no Ray, through the
-bastion; a worker rank killed; a worker that cannot reach the rendezvous; and a switch of
-executors on the running stack, both ways (the stand-in implements vLLM's mp mode: a
+"""vllm.executor mp on the lab, for real, driven by the real Pulumi CLI and engine as the README's
+lab flow runs them (tests/lab/cli_stack.py): one vLLM container per node and no Ray, through
+the bastion; the lifecycle Pulumi's own ProgramTest runs (preview and refresh expect no changes
+on the untouched deployment); a worker rank killed; a worker that cannot reach the rendezvous;
+a switch of executors on the running stack, both ways, each preview checked against the Day two
+table; a refresh that repairs drift; and a destroy (the stand-in implements vLLM's mp mode: a
 rendezvous at the master port, each node checking its own ranks, README of the stand-in)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,19 +18,28 @@ import pytest
 from lab import Lab
 from lab.stack import PROJECT
 from tests.lab import attacker
-from tests.lab.day_two import Stack, deployed, next_up
+from tests.lab.cli_stack import (
+    CliStack,
+    cli_deployed,
+    cli_next_up,
+    counts,
+    documented_counts,
+    init_stack,
+)
 from tests.lab.deploying import (
     API_KEY,
     PREFIX,
+    STATE,
     complete,
     default_lab_config,
-    deploy,
     host_sh,
     lab_config,
 )
 from tests.lab.faulting import JOIN_FAULT_SECONDS, wait_for
-from tests.lab.realmocks import RealMocks
+from tests.lab.realcli import PLUGINS, REPO, PulumiFailed, RealPulumi, pulumi_binary
 from tests.lab.timings import record_figure, record_timing
+
+Stack = CliStack
 
 pytestmark = pytest.mark.lab
 
@@ -45,11 +58,14 @@ def mp_config(lab: Lab, **timeouts: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
+def stack(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     lab = lab_factory("mp", hosts=2, topology="bastion")
     started = time.monotonic()
-    with deployed(lab, mp_config(lab)) as stack:
-        record_timing("e2e first up (bastion, 2 hosts, executor mp)", time.monotonic() - started)
+    with cli_deployed(lab, mp_config(lab), tmp_path_factory.mktemp("cli")) as stack:
+        record_timing("e2e first up, real CLI (bastion, 2 hosts, executor mp)",
+                      time.monotonic() - started)  # fmt: skip
         yield stack
     lab.down()
 
@@ -101,6 +117,51 @@ def test_every_node_serves_the_model_without_ray(stack: Stack) -> None:
     assert f"*:{MASTER_PORT}" in host_sh(lab, "spark1", f"ss -Hltn 'sport = :{MASTER_PORT}'")
 
 
+def test_the_pinned_cli_ran_it_with_the_labs_plugins(stack: Stack) -> None:
+    """The engine is the real one at the pinned version; the language host and the providers
+    the proxy does not serve are the lab's, and the engine says so (an ambient plugin)."""
+    version = subprocess.run([pulumi_binary(), "version"], capture_output=True, text=True)
+    pinned = (REPO / "scripts/pulumi-build/modules.tsv").read_text()
+    assert f"github.com/pulumi/pulumi/pkg/v3@{version.stdout.strip()}\t" in pinned, version
+    first_up = next(run for run in stack.cli.runs if run.args[0] == "up")
+    for plugin in ("pulumi-language-python", "pulumi-resource-command", "pulumi-resource-docker"):
+        assert f"using {plugin} from $PATH at {PLUGINS}/{plugin}" in first_up.output, plugin
+
+
+def test_the_untouched_deployment_previews_and_refreshes_with_no_changes(stack: Stack) -> None:
+    """ProgramTest's lifecycle (pulumi/pulumi pkg/testing/integration): after `up`, a preview
+    and a refresh that expect no changes; then what a user pays on every run, the share spent
+    reading facts over SSH included."""
+    cli = stack.cli
+    preview = cli.run("preview", "--expect-no-changes")
+    cli.run("refresh", "--yes", "--skip-preview", "--expect-no-changes")
+    noop = cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
+    assert "unchanged" in noop.output and "created" not in noop.output, noop.output[-2000:]
+    record_figure(
+        "real CLI on the untouched lab stack (2 hosts, mp): what every run costs",
+        "; ".join(
+            f"{name} {run.seconds:.1f} s ({cli.facts_seconds(run) / run.seconds:.0%} reading "
+            "facts over SSH)"
+            for name, run in (("preview", preview), ("no-op up", noop))
+        ),
+    )
+
+
+def test_an_upgrade_that_edits_a_host_script_updates_only_the_scripts(stack: Stack) -> None:
+    """Day two's row, on the real engine: what `pulumi preview` shows is what the docs say,
+    `up` does it, and the next preview expects no changes."""
+    script = stack.cli.project_dir / "components/scripts/memory-check.sh"
+    script.write_text(script.read_text() + "# an upgrade's edit\n")
+    plan = stack.cli.preview()
+    assert counts(plan) == documented_counts("upgrade of spark-vllm that edits a host script")
+    assert {name for name, op in plan.items() if op == "update"} == {
+        f"{host}-scripts" for host in stack.lab.spec.host_names
+    }
+    done = cli_next_up(stack, "an upgrade that edits a host script (real CLI)", stack.config)
+    assert done.changed() == {name: op for name, op in plan.items() if op == "update"}
+    stack.cli.run("preview", "--expect-no-changes")
+
+
 def test_a_killed_worker_rank_takes_the_server_down_and_every_node_rejoins(stack: Stack) -> None:
     lab = stack.lab
     head_restarts = restarts(lab, "spark1")
@@ -115,8 +176,8 @@ def test_a_killed_worker_rank_takes_the_server_down_and_every_node_rejoins(stack
                   time.monotonic() - started)  # fmt: skip
     head_log = host_sh(lab, "spark1", f"docker logs {PREFIX}-vllm 2>&1 | grep launcher")
     assert f"{WORKER} ({lab.spec.host_fabric_ip(1)}) left the rendezvous" in head_log, head_log
-    run = next_up(stack, "pulumi up --refresh after a killed worker rank (mp)", stack.config,
-                  refresh=True)  # fmt: skip
+    run = cli_next_up(stack, "pulumi up --refresh after a killed worker rank (mp)", stack.config,
+                      refresh=True)  # fmt: skip
     assert run.changed() == {}, "nothing is left for pulumi to repair"
 
 
@@ -142,9 +203,9 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
     lab.exec("spark1", ["iptables", "-I", "INPUT", *block])
     started = time.monotonic()
     try:
-        with pytest.raises(Exception) as caught:
-            next_up(stack, "a worker blocked from the rendezvous (mp)",
-                    mp_config(lab, rayJoinSeconds=JOIN_FAULT_SECONDS))  # fmt: skip
+        with pytest.raises(PulumiFailed) as caught:
+            cli_next_up(stack, "a worker blocked from the rendezvous (mp)",
+                        mp_config(lab, rayJoinSeconds=JOIN_FAULT_SECONDS))  # fmt: skip
     finally:
         lab.exec("spark1", ["iptables", "-D", "INPUT", *block])
     record_timing("fault (mp): time to the error", time.monotonic() - started)
@@ -161,7 +222,7 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
     for node in ("spark1", WORKER):
         assert f"--- {node}: last 50 lines of {PREFIX}-vllm ---" in error
     started = time.monotonic()
-    next_up(stack, "clean re-run after the blocked rendezvous (mp)", mp_config(lab))
+    cli_next_up(stack, "clean re-run after the blocked rendezvous (mp)", mp_config(lab))
     record_timing("fault (mp): clean re-run", time.monotonic() - started)
     assert server_answers(lab)
 
@@ -169,7 +230,11 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
 def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stack: Stack) -> None:
     lab = stack.lab
     to_ray = {**lab_config(lab)}
-    run = next_up(stack, "switch executor: mp to ray", to_ray)
+    stack.cli.replace_config(stack.name, {k: v for k, v in to_ray.items() if "apiKey" not in k})
+    planned = stack.cli.preview()
+    assert counts(planned) == documented_counts("switch back (mp → ray)"), planned
+    run = cli_next_up(stack, "switch executor: mp to ray", to_ray)
+    assert run.changed() == {n: op for n, op in planned.items() if op != "same"}
     changed = run.changed()
     assert changed["vllm-container"] == "replace" and changed["vllm-spark2"] == "delete"
     assert {changed[n] for n in ("ray-head", "ray-spark2", "ray-joined")} == {"create"}
@@ -180,7 +245,12 @@ def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stac
         assert f"{PREFIX}-{container}" in names, (host, names)
     assert host_sh(lab, WORKER, "docker ps -aq --filter name=spark-vllm-vllm") == ""
 
-    back = next_up(stack, "switch executor: ray to mp", mp_config(lab))
+    stack.cli.replace_config(
+        stack.name, {k: v for k, v in mp_config(lab).items() if "apiKey" not in k}
+    )
+    planned = stack.cli.preview()
+    assert counts(planned) == documented_counts("switch executors (`vllm.executor` ray → mp)")
+    back = cli_next_up(stack, "switch executor: ray to mp", mp_config(lab))
     changed = back.changed()
     assert changed["vllm-container"] == "replace" and changed["vllm-spark2"] == "create"
     assert {changed[n] for n in ("ray-head", "ray-spark2", "ray-joined")} == {"delete"}
@@ -192,29 +262,63 @@ def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stac
         assert running == {f"{PREFIX}-{name}" for name in ours}, (host, running)
 
 
-def test_time_to_ready_with_each_executor_side_by_side(stack: Stack) -> None:
+def test_up_refresh_repairs_a_stopped_and_a_removed_container(stack: Stack) -> None:
+    """Drift the README names: `pulumi up --refresh` starts a stopped container again in place
+    and creates a missing one; the next preview expects no changes."""
+    lab = stack.lab
+    lab.sh("spark1", f"docker stop {PREFIX}-front")
+    lab.sh(WORKER, f"docker rm -f {PREFIX}-memory-guard")
+    run = cli_next_up(stack, "drift: the front stopped, a guard removed", stack.config,
+                      refresh=True)  # fmt: skip
+    assert run.changed() == {"front-container": "update", f"memory-guard-{WORKER}": "create"}
+    assert complete(stack.endpoint, stack.outputs["modelId"])[0] == 200
+    assert f"{PREFIX}-memory-guard" in host_sh(lab, WORKER, "docker ps --format '{{.Names}}'")
+    stack.cli.run("preview", "--expect-no-changes")
+
+
+def test_destroy_leaves_only_what_the_docs_keep(stack: Stack) -> None:
+    """`pulumi destroy` removes the containers, the fabric key and its authorizations, the API
+    key file and the installed scripts; the image and the weights stay (README, Quick start)."""
+    lab = stack.lab
+    plan = stack.destroy()
+    assert set(plan.values()) == {"delete"}, plan
+    for host in lab.spec.host_names:
+        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
+        assert host_sh(lab, host, f"ls -A {STATE} 2>/dev/null || true") == "", host
+        assert "spark-vllm-lab" in host_sh(lab, host, "docker images --format '{{.Repository}}'")
+        # The fabric key's authorization (stacks/plan/fabric.py fabric_marker) is gone.
+        assert "spark-vllm-fabric:" not in host_sh(lab, host, "cat ~/.ssh/authorized_keys")
+    weights = host_sh(lab, WORKER, "ls /root/.cache/huggingface/hub")
+    assert "models--" in weights, weights
+
+
+def test_time_to_ready_with_each_executor_side_by_side(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """`pulumi up` of a new stack on hosts that hold the image and the weights already (kept
     on destroy), until the first completion: Ray's cluster first, or vLLM's own rendezvous.
     The server loads for 12 s as in the e2e (the stand-in's load time), so the difference is
     what each executor adds. Same lab, same config but the executor, one after the other, once
     each: the suite runs beside other tests, so this is a figure, not a benchmark."""
     lab = stack.lab
-    stack.state.teardown()  # the module's stack goes first: the hosts are empty again
     seconds: dict[str, float] = {}
     for executor in ("ray", "mp"):
         config = lab_config(lab) if executor == "ray" else mp_config(lab)
         config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "env": {LOAD_ENV: "12"}}
-        mocks = RealMocks()
+        cli = RealPulumi.for_project(tmp_path_factory.mktemp(f"ready-{executor}"))
+        init_stack(cli, "lab", config)
         started = time.monotonic()
         try:
-            outputs = deploy(lab, mocks, config)
+            cli.run("up", "--yes", "--skip-preview")
             took = time.monotonic() - started
+            outputs = cli.outputs()
         finally:
-            mocks.teardown()
+            cli.run("destroy", "--yes", "--skip-preview")
         assert outputs["executor"] == executor and "ready after" in outputs["readiness"]
         seconds[executor] = took
     record_figure(
-        "time to ready from `pulumi up`, image and weights in place (one each, beside other tests)",
+        "time to ready from `pulumi up` (real CLI), image and weights in place (one each, "
+        "beside other tests)",
         f"executor ray {seconds['ray']:.1f} s, executor mp {seconds['mp']:.1f} s "
         f"(mp/ray {seconds['mp'] / seconds['ray']:.2f}x)",
     )

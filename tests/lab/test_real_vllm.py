@@ -1,6 +1,8 @@
 """Real vLLM in the lab: vLLM's CPU build (`python -m lab up --vllm real`, lab/image.py) serves
 a tiny real Llama across two lab hosts with the default executor (mp: vLLM's own multi-node
-mode, TP=2, one rank a host, meeting over gloo on the lab's fabric), through the bastion.
+mode, TP=2, one rank a host, meeting over gloo on the lab's fabric), through the bastion,
+deployed and changed by the real Pulumi CLI and engine as the README's lab flow runs them
+(tests/lab/cli_stack.py).
 
 Nothing here is the stand-in: the flags, the log lines the readiness wait reads, `/metrics`,
 `vllm bench serve`, vLLM's own refusals and its compile cache are vLLM's. The image is a real
@@ -23,7 +25,7 @@ from lab.image import REAL_VLLM_VERSION
 from lab.stack import PROJECT, SERVED_NAME
 from stacks.plan.image import pinned_image
 from tests.lab import attacker
-from tests.lab.day_two import Stack, deployed, next_up
+from tests.lab.cli_stack import CliStack, cli_deployed, cli_next_up
 from tests.lab.deploying import (
     API_KEY,
     PREFIX,
@@ -37,6 +39,7 @@ from tests.lab.deploying import (
     host_sh,
     image_identity,
 )
+from tests.lab.realcli import PulumiFailed
 from tests.lab.timings import record_figure, record_timing
 
 pytestmark = pytest.mark.lab
@@ -46,6 +49,7 @@ WORKER = "spark2"
 # and the image copy's (bytes sent, seconds).
 COLD_READINESS: list[str] = []
 COPY: dict[str, tuple[int, float]] = {}
+Stack = CliStack
 BENCHMARK = {"concurrencies": [1, 2], "inputTokens": 32, "outputTokens": 16, "requestsPerStream": 2}
 
 
@@ -59,20 +63,17 @@ def real_config(lab: Lab, **vllm: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def stack(lab_factory: Callable[..., Lab]) -> Iterator[Stack]:
+def stack(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     lab = lab_factory("real", hosts=2, topology="bastion", vllm="real")
     started = time.monotonic()
-    with deployed(lab, real_config(lab)) as stack:
+    with cli_deployed(lab, real_config(lab), tmp_path_factory.mktemp("cli")) as stack:
         took = time.monotonic() - started
         record_timing("real vLLM: first up (bastion, 2 hosts, mp TP=2)", took)
         COLD_READINESS.append(stack.outputs["readiness"])
         yield stack
     lab.down()
-
-
-def stack_entry(stack: Stack, name: str) -> dict[str, Any]:
-    """The outputs of step `name` in the stack's state."""
-    return next(e.outputs for e in stack.state.state_entries() if e.name == name)
 
 
 def ready_seconds(readiness: str) -> float:
@@ -145,8 +146,8 @@ def test_the_real_size_image_copy(stack: Stack) -> None:
     """The real image went to the worker with the copy engine (image-sync.sh) in the first
     `up`: its bytes and time are the figure, recorded once the stack is torn down."""
     outputs = stack.outputs
-    report = copy_report(stack_entry(stack, f"image-{WORKER}-sync"), "image")
-    COPY["engine"] = (report["bytes"], stack.state.command_seconds[f"image-{WORKER}-sync"])
+    report = copy_report(stack.resource_outputs(f"image-{WORKER}-sync"), "image")
+    COPY["engine"] = (report["bytes"], stack.cli.step_seconds("create", f"image-{WORKER}-sync"))
     assert report["bytes"] > 1_000_000_000, report  # a real-size image, not the stand-in's
     assert image_identity(stack.lab, WORKER, pinned_image(outputs["imageId"])) == image_identity(
         stack.lab, "spark1", outputs["imageId"]
@@ -159,8 +160,8 @@ def test_an_unknown_flag_is_named_by_the_image_check_from_real_vllms_help(stack:
     config = real_config(stack.lab)
     vllm = config[f"{PROJECT}:vllm"]
     config[f"{PROJECT}:vllm"] = {**vllm, "extraArgs": [*vllm["extraArgs"], "--max-num-seq", "4"]}
-    with pytest.raises(Exception) as caught:
-        next_up(stack, "real vLLM: an unknown flag in extraArgs", config)
+    with pytest.raises(PulumiFailed) as caught:
+        cli_next_up(stack, "real vLLM: an unknown flag in extraArgs", config)
     error = str(caught.value)
     assert "--max-num-seq" in error and "--max-num-seqs" in error, error[-3000:]
     assert complete(stack.endpoint, SERVED_NAME)[0] == 200  # nothing that serves changed
@@ -173,8 +174,8 @@ def test_a_refused_value_reaches_the_user_as_vllms_own_message(stack: Stack) -> 
     vllm = config[f"{PROJECT}:vllm"]
     config[f"{PROJECT}:vllm"] = {**vllm, "extraArgs": ["--dtype", "float64"]}
     started = time.monotonic()
-    with pytest.raises(Exception) as caught:
-        next_up(stack, "real vLLM: a refused --dtype", config)
+    with pytest.raises(PulumiFailed) as caught:
+        cli_next_up(stack, "real vLLM: a refused --dtype", config)
     record_timing("real vLLM: a refused flag value, until the error", time.monotonic() - started)
     error = str(caught.value)
     assert "spark1: vllm-ready:" in error, error[-3000:]
@@ -187,7 +188,7 @@ def test_a_clean_rerun_starts_warm_from_the_hosts_compile_cache(stack: Stack) ->
     starts warm; cold (the first `up`) and warm side by side in the figures."""
     cold = ready_seconds(COLD_READINESS[0])
     started = time.monotonic()
-    next_up(stack, "real vLLM: clean re-run (warm compile cache)", real_config(stack.lab))
+    cli_next_up(stack, "real vLLM: clean re-run (warm compile cache)", real_config(stack.lab))
     took = time.monotonic() - started
     warm = ready_seconds(stack.outputs["readiness"])
     record_figure(
@@ -223,7 +224,7 @@ def two_models(lab: Lab) -> dict[str, Any]:
 def changed_beside_the_first(stack: Stack, scenario: str, config: dict[str, Any]) -> None:
     """The next `up` while a client asks the first model for completions: none may fail."""
     with RequestLoop(stack.endpoint, SERVED_NAME) as loop:
-        run = next_up(stack, scenario, config)
+        run = cli_next_up(stack, scenario, config)
     record_figure(f"real vLLM: {scenario}", loop.summary())
     assert loop.sent > 10 and loop.failures == [], loop.summary()
     touched = {name for name in run.changed() if name.startswith(("vllm-container", "vllm-spark"))}
@@ -250,7 +251,7 @@ def test_teardown_leaves_no_container(stack: Stack) -> None:
     (`python -m lab bench --real-image`, lab/bench.py): about five minutes of CI for a figure;
     the first `up`'s own copy is in the figures here."""
     lab = stack.lab
-    stack.state.teardown()
+    assert set(stack.destroy().values()) == {"delete"}
     for host in lab.spec.host_names:
         assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
     sent, first_up = COPY["engine"]

@@ -16,6 +16,7 @@ import runpy
 import sys
 from typing import Any
 
+from google.protobuf import empty_pb2
 from pulumi.automation._server import LanguageServer
 from pulumi.runtime.proto import language_pb2, language_pb2_grpc
 
@@ -53,6 +54,10 @@ class ProjectLanguageServer(LanguageServer):
         del forwarded.args[:]
         forwarded.args.append(self.engine_address)
         return super().Run(forwarded, context)
+
+    def Cancel(self, request: Any, context: Any) -> Any:
+        """The engine's last call before it ends the plugin: nothing to stop here."""
+        return empty_pb2.Empty()
 
 
 def main(argv: list[str]) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,6 +61,10 @@ log = logging.getLogger("provider")
 VERSIONS = {"command": "1.2.1", "docker": "5.2.0"}
 # The provider reference realmocks resolves a docker resource's host by (this process's host).
 CONFIGURED = "configured"
+# The log line of each invoke's wall time: "<marker> <token> <start> <end>" (epoch seconds).
+INVOKE_TIMING = "invoke-timing"
+# And of each create, read, update and delete: "<marker> <op> <name> <seconds>".
+STEP_TIMING = "step-timing"
 
 
 def type_and_name(urn: str) -> tuple[str, str]:
@@ -106,9 +110,13 @@ class StandinProvider(provider_pb2_grpc.ResourceProviderServicer):
         self.package = package
         self.mocks = RealMocks()
         self.docker_host: DockerHost | None = None
-        self._lock = threading.Lock()
 
     # -- the plugin and its configuration ----------------------------------------------------
+
+    def Handshake(self, request: Any, context: Any) -> Any:
+        """Not implemented, as by providers older than the handshake: the engine then
+        configures the provider with Configure alone."""
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "no handshake: configure with Configure")
 
     def GetPluginInfo(self, request: Any, context: Any) -> Any:
         return plugin_pb2.PluginInfo(version=VERSIONS[self.package])
@@ -212,12 +220,16 @@ class StandinProvider(provider_pb2_grpc.ResourceProviderServicer):
         if request.tok != TOKEN_LOCAL_RUN:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no invoke {request.tok}")
         args = MockCallArgs(request.tok, as_dict(request.args), "")
+        started = time.time()
         try:
             outputs, _ = self.mocks.call(args)
         except ProviderInvokeError as error:
             return provider_pb2.InvokeResponse(
                 failures=[provider_pb2.CheckFailure(reason=str(error))]
             )
+        finally:
+            # What a run spends reading facts over SSH (the lab's figures: tests/lab/realcli.py).
+            log.info("%s %s %.3f %.3f", INVOKE_TIMING, request.tok, started, time.time())
         return provider_pb2.InvokeResponse(**{"return": as_struct(outputs)})
 
     def Cancel(self, request: Any, context: Any) -> Any:
@@ -226,12 +238,16 @@ class StandinProvider(provider_pb2_grpc.ResourceProviderServicer):
     # -- what each operation does -----------------------------------------------------------
 
     def _answer(self, context: Any, what: str, operation: Callable[[], Any]) -> Any:
-        """The operation's result, or its failure as the gRPC error the engine reports."""
+        """The operation's result, or its failure as the gRPC error the engine reports; its
+        wall time goes to the log ("step-timing <op> <name> <seconds>", the lab's figures)."""
+        started = time.monotonic()
         try:
             return operation()
         except Exception as error:  # the message reaches the user through the engine
             log.warning("%s failed: %s", what, error)
             context.abort(grpc.StatusCode.UNKNOWN, str(error))
+        finally:
+            log.info("%s %s %.3f", STEP_TIMING, what, time.monotonic() - started)
 
     def _read(
         self, typ: str, resource_id: str, state: dict[str, Any], inputs: dict[str, Any]
