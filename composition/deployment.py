@@ -25,10 +25,16 @@ from components.monitoring import Monitoring
 from components.ray_cluster import RayCluster
 from components.vllm_server import VllmServer
 from components.weights import ModelWeights
-from stacks.config import ConfigError
-from stacks.known_hosts import write_known_hosts
+from stacks.config import BASTION, ConfigError
+from stacks.known_hosts import known_hosts_name, write_known_hosts
 from stacks.plan import hardware, names, server
-from stacks.plan.cluster import ClusterPlan, placed, plan_cluster, unpinned_endpoints
+from stacks.plan.cluster import (
+    ClusterPlan,
+    placed,
+    plan_cluster,
+    rsa_pinned_endpoints,
+    unpinned_endpoints,
+)
 from stacks.plan.cold_start import cold_start, cold_start_steps, cold_start_table
 from stacks.plan.graph import DeploymentGraph, GraphFacts, plan_graph
 from stacks.plan.server_plan import ServerPlan, per_server
@@ -109,6 +115,7 @@ def build_deployment(settings: Settings) -> Deployment:
     config = settings.config
     plan = plan_cluster(config, settings.deployment_id, settings.known_hosts)
     _refuse_unpinned(plan)
+    _refuse_rsa_pins(plan)
     if not plan.runs_ray and config.ray.customized:
         pulumi.log.warn(
             "ray: "
@@ -293,6 +300,41 @@ def _warn_guard_stops(facts: dict[str, HostFacts]) -> None:
                 "memory) before an `up --refresh` starts it again (docs/troubleshooting.md, "
                 "The memory guard stopped a server)"
             )
+
+
+def _refuse_rsa_pins(plan: ClusterPlan) -> None:
+    """An RSA pin would fail every remote step: pulumi-command offers the server only
+    `ssh-rsa` (SHA-1) for it, which OpenSSH 8.8 and later refuse. One line per host, keyed
+    where the pin came from, with the command that fetches a key the provider can use."""
+    rsa = rsa_pinned_endpoints(plan)
+    if not rsa:
+        return
+    index = {host.name: i for i, host in enumerate(plan.config.hosts)}
+    explicit = {h.name: h.host_key for h in plan.config.hosts}
+    if plan.config.bastion is not None:
+        explicit[BASTION] = plan.config.bastion.host_key
+    lines = []
+    for endpoint in rsa:
+        where = f"hosts[{index[endpoint.label]}]" if endpoint.label in index else endpoint.label
+        scan = f"ssh-keyscan -t ed25519,ecdsa -p {endpoint.port} {endpoint.address}"
+        why = (
+            "pulumi-command offers the server only ssh-rsa (SHA-1) as host-key algorithm for an "
+            "RSA pin, which OpenSSH 8.8 and later refuse ('no common algorithm for host key'), "
+            "so every step would fail"
+        )
+        if explicit.get(endpoint.label):
+            lines.append(
+                f"{where}.hostKey: {endpoint.label}'s pinned key is RSA (ssh-rsa): {why}. Pin "
+                f"its ed25519 or ECDSA key instead (`{scan}`)"
+            )
+        else:
+            known = plan.config.ssh.known_hosts_file
+            lines.append(
+                f"ssh.knownHostsFile: {known} lists only an RSA key (ssh-rsa) for "
+                f"{endpoint.label} ({known_hosts_name(endpoint.address, endpoint.port)}): {why}. "
+                f"Add its ed25519 or ECDSA key: `{scan} >> {known}` (or set {where}.hostKey)"
+            )
+    raise pulumi.RunError("invalid spark-vllm configuration:\n" + "\n".join(lines))
 
 
 def _refuse_unpinned(plan: ClusterPlan) -> None:

@@ -486,6 +486,13 @@ def _no_user_overrides_of(settings: ServerSettings, prefix: str) -> str | None:
                 "executor ray"
             )
     for index, arg in enumerate(settings.extra_args):
+        if not arg.strip():
+            # pulumi-docker refuses a container whose command holds an empty value ("values for
+            # command may not be empty"), after every step before the container ran.
+            return (
+                f"{prefix}.extraArgs[{index}]: an empty word: each item is one argument of "
+                "`vllm serve` (the container's command refuses an empty one); remove it"
+            )
         reached = flag_reached(arg)
         if reached is None:
             continue
@@ -568,17 +575,17 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(_unique_fabric_ips, "No two hosts share a `fabricIp`."),
     Rule(
+        _via_targets_exist,
+        "`hosts[].via` names another host, itself reached directly (one hop), or `bastion`, "
+        "which is then set.",
+    ),
+    Rule(
         _fabric_apart_from_management,
         "A host's `address` is not its own `fabricIp` when SSH reaches it from outside the "
         "cluster (directly or through the bastion), unless `fabric.sharedWithManagement` is "
         "true: the firewall admits whatever arrives on the fabric.",
     ),
     Rule(_one_head, "At most one host has `head: true`."),
-    Rule(
-        _via_targets_exist,
-        "`hosts[].via` names another host, itself reached directly (one hop), or `bastion`, "
-        "which is then set.",
-    ),
     Rule(
         _models_named_once,
         "The models are named once: `model.id` and `vllm.tensorParallelSize` (one model on "

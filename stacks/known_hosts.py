@@ -28,9 +28,26 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
+# RSA last: pulumi-command offers a server only the pinned key's own type as host-key algorithm
+# (`HostKeyAlgorithms = [publicKey.Type()]`), and for RSA that is `ssh-rsa` (SHA-1), which
+# OpenSSH 8.8 and later refuse. After an `ssh-keyscan` the RSA line often comes first.
+RSA_KEY_TYPE = "ssh-rsa"
+
+
+def key_preference(key_type: str) -> int:
+    """Lower is better: ed25519, then ECDSA, then anything else, RSA last."""
+    if key_type in ("ssh-ed25519", "sk-ssh-ed25519@openssh.com"):
+        return 0
+    if key_type.startswith(("ecdsa-", "sk-ecdsa-")):
+        return 1
+    return 3 if key_type == RSA_KEY_TYPE else 2
+
+
 def find_host_key(path: Path, address: str, port: int) -> str | None:
-    """The first `<type> <base64>` key recorded for the host, or None when it is not there."""
+    """The host's `<type> <base64>` key recorded in the file, the best type the file has for it
+    (an ed25519 key over an RSA one, whatever their order), or None when it is not there."""
     wanted = known_hosts_name(address, port)
+    found: list[tuple[int, int, str]] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         fields = line.split()
         if len(fields) < 3 or fields[0].startswith("#"):
@@ -39,8 +56,12 @@ def find_host_key(path: Path, address: str, port: int) -> str | None:
             continue
         patterns, key_type, key = fields[0], fields[1], fields[2]
         if any(_matches(pattern, wanted) for pattern in patterns.split(",")):
-            return f"{key_type} {key}"
-    return None
+            found.append((key_preference(key_type), len(found), f"{key_type} {key}"))
+    return min(found)[2] if found else None
+
+
+def is_rsa(host_key: str | None) -> bool:
+    return host_key is not None and host_key.split()[0] == RSA_KEY_TYPE
 
 
 def _matches(pattern: str, name: str) -> bool:

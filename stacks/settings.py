@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ def load_settings() -> Settings:
     problems += key_problems
     problems += _unknown_keys(pulumi.get_project())
     problems += _secret_problems(config, pulumi.get_project())
+    problems += docker_environment_problems(os.environ)
     try:
         if problems:
             raise ConfigError("\n".join(problems))
@@ -166,6 +168,37 @@ def _structured_values(config: pulumi.Config) -> tuple[dict[str, Any], list[str]
         if value is not None and (not empty or FIELDS_BY_KEY[key].is_required()):
             values[key] = value
     return values, problems
+
+
+# What the Docker provider reads from the environment pulumi runs in, over its `host` setting
+# (terraform-provider-docker: DOCKER_CONTEXT picks another daemon; TLS material makes every
+# resource fail on an ssh:// host). The provider inherits the CLI's environment, which the
+# program cannot change for it: refused, with the variable named.
+DOCKER_ENVIRONMENT = {
+    "DOCKER_CONTEXT": "the Docker provider would send every container to that context's daemon "
+    "instead of each host's",
+    "DOCKER_CERT_PATH": "the Docker provider would dial each host's ssh:// daemon with TLS, and "
+    "every container would fail",
+    "DOCKER_TLS_VERIFY": "the Docker provider would dial each host's ssh:// daemon with TLS, and "
+    "every container would fail",
+    "DOCKER_TLS": "the Docker provider would dial each host's ssh:// daemon with TLS, and every "
+    "container would fail",
+    "DOCKER_CA_MATERIAL": "the Docker provider would dial each host's ssh:// daemon with TLS, "
+    "and every container would fail",
+    "DOCKER_CERT_MATERIAL": "the Docker provider would dial each host's ssh:// daemon with TLS, "
+    "and every container would fail",
+    "DOCKER_KEY_MATERIAL": "the Docker provider would dial each host's ssh:// daemon with TLS, "
+    "and every container would fail",
+}
+
+
+def docker_environment_problems(environment: Mapping[str, str]) -> list[str]:
+    """One line per Docker variable set (not empty) in the environment pulumi runs in."""
+    return [
+        f"environment: {name} is set: {why}; run pulumi without it (`env -u {name} pulumi up`)"
+        for name, why in DOCKER_ENVIRONMENT.items()
+        if environment.get(name)
+    ]
 
 
 def _secret_problems(config: pulumi.Config, project: str) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from stacks.config import BASTION, HostConfig, StackConfig, check_ports, default_state_dir
 from stacks.fleet import ServerSlot, assign_slots
-from stacks.known_hosts import find_host_key
+from stacks.known_hosts import find_host_key, is_rsa
 
 # In each node's state leaf: the deployment that made it. Every delete checks it first.
 OWNER_FILE = ".spark-vllm-owner"
@@ -217,6 +217,13 @@ def keeps_slot_record(plan: ClusterPlan) -> bool:
     0), and from then on with every change: a stale record would give a switched model a slot
     still in use. A stack that only ever served one model writes none (and plans nothing for it)."""
     return len(plan.servers) > 1 or plan.recorded or any(s.index for s in plan.servers)
+
+
+def rsa_pinned_endpoints(plan: ClusterPlan) -> list[SshEndpoint]:
+    """The SSH servers this machine dials whose pin is an RSA key (stacks/known_hosts.py says
+    why no step could reach them), each once."""
+    seen = {e.label: e for n in plan.nodes for e in (n.ssh, n.jump) if e is not None}
+    return [seen[label] for label in sorted(seen) if is_rsa(seen[label].host_key)]
 
 
 def unpinned_endpoints(plan: ClusterPlan) -> list[str]:

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from stacks.config import ConfigError, default_state_dir, parse_stack_config
+from stacks.settings import DOCKER_ENVIRONMENT
 from tests.program.conftest import SECRETS, ConfigFactory
-from tests.program.harness import evaluate
+from tests.program.harness import evaluate, unwrap
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
 
@@ -519,3 +520,101 @@ def test_the_api_key_is_one_long_bearer_token(
         evaluate(make_config(hosts=2), {**SECRETS, "apiKey": key})
     assert expected in str(caught.value)
     assert key not in str(caught.value)  # a secret, never quoted back
+
+
+# --- RSA host keys (pulumi-command offers only ssh-rsa for them, which OpenSSH 8.8+ refuses) ---
+
+RSA_LINE = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQDrsa"
+
+
+def test_a_known_hosts_file_with_rsa_first_pins_the_ed25519_key(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """After `ssh-keyscan` a host's RSA line often comes first: the ed25519 one is pinned."""
+    config = unpinned(make_config)
+    known = tmp_path / "known_hosts"
+    address = config["hosts"][1]["address"]
+    known.write_text(
+        f"{address} {RSA_LINE}\n{address} ecdsa-sha2-nistp256 AAAAecdsa\n"
+        f"{address} ssh-ed25519 AAAAed25519\n"
+        f"[203.0.113.7]:2222 {RSA_LINE}\n[203.0.113.7]:2222 ecdsa-sha2-nistp256 AAAAbastion\n"
+    )
+    config["ssh"]["knownHostsFile"] = str(known)
+    ev = evaluate(config, SECRETS)
+    connection = unwrap(ev.named("spark2-preflight").inputs["connection"])
+    assert connection["hostKey"] == "ssh-ed25519 AAAAed25519"
+    assert connection["proxy"]["hostKey"] == "ecdsa-sha2-nistp256 AAAAbastion"
+
+
+def test_an_rsa_only_host_is_refused_naming_the_file_and_the_fix(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = unpinned(make_config)
+    known = tmp_path / "known_hosts"
+    address = config["hosts"][1]["address"]
+    known.write_text(f"{address} {RSA_LINE}\n[203.0.113.7]:2222 ssh-ed25519 AAAAbastion\n")
+    config["ssh"]["knownHostsFile"] = str(known)
+    with pytest.raises(Exception) as caught:
+        evaluate(config, SECRETS)
+    assert str(caught.value) == (
+        "invalid spark-vllm configuration:\n"
+        f"ssh.knownHostsFile: {known} lists only an RSA key (ssh-rsa) for spark2 ({address}): "
+        "pulumi-command offers the server only ssh-rsa (SHA-1) as host-key algorithm for an "
+        "RSA pin, which OpenSSH 8.8 and later refuse ('no common algorithm for host key'), so "
+        "every step would fail. Add its ed25519 or ECDSA key: "
+        f"`ssh-keyscan -t ed25519,ecdsa -p 22 {address} >> {known}` (or set hosts[1].hostKey)"
+    )
+
+
+def test_an_rsa_host_key_setting_is_refused_with_its_key(make_config: ConfigFactory) -> None:
+    config = make_config(hosts=2)
+    config["hosts"][1]["hostKey"] = RSA_LINE
+    with pytest.raises(Exception) as caught:
+        evaluate(config, SECRETS)
+    message = str(caught.value)
+    assert message.startswith(
+        "invalid spark-vllm configuration:\nhosts[1].hostKey: spark2's pinned key is RSA "
+        "(ssh-rsa): pulumi-command offers the server only ssh-rsa (SHA-1)"
+    ), message
+    assert message.endswith(
+        f"Pin its ed25519 or ECDSA key instead (`ssh-keyscan -t ed25519,ecdsa -p 22 "
+        f"{config['hosts'][1]['address']}`)"
+    ), message
+
+
+@pytest.mark.parametrize("word", ["", "   "])
+def test_an_empty_word_in_extra_args_is_refused_with_its_key(
+    make_config: ConfigFactory, word: str
+) -> None:
+    """pulumi-docker refuses a container command with an empty value, after every step before
+    it ran: refused here, before anything, naming the item."""
+    config = make_config(hosts=2)
+    config["vllm"]["extraArgs"] = ["--max-num-seqs", "8", word]
+    assert problem(config) == (
+        "vllm.extraArgs[2]: an empty word: each item is one argument of `vllm serve` (the "
+        "container's command refuses an empty one); remove it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("DOCKER_CONTEXT", "would send every container to that context's daemon"),
+        ("DOCKER_CERT_PATH", "would dial each host's ssh:// daemon with TLS"),
+        ("DOCKER_TLS_VERIFY", "would dial each host's ssh:// daemon with TLS"),
+    ],
+)
+def test_a_docker_variable_in_the_environment_is_refused_before_anything(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch, name: str, why: str
+) -> None:
+    """The Docker provider inherits pulumi's environment and reads these over its `host`."""
+    monkeypatch.setenv(name, "elsewhere")
+    with pytest.raises(Exception) as caught:
+        evaluate(make_config(hosts=2), SECRETS)
+    assert str(caught.value) == (
+        f"invalid spark-vllm configuration:\nenvironment: {name} is set: "
+        f"{DOCKER_ENVIRONMENT[name]}; run pulumi without it (`env -u {name} pulumi up`)"
+    )
+    assert why in DOCKER_ENVIRONMENT[name]
+    monkeypatch.setenv(name, "")  # empty: the provider's default, accepted
+    assert evaluate(make_config(hosts=2), SECRETS).named("spark1-preflight")

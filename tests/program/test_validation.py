@@ -38,6 +38,13 @@ CASES = [
      "hosts[1].via: 'spark9' is neither a host name"),
     ("via bastion without bastion", lambda c: (c.pop("bastion"), c)[1],
      "hosts[1].via: says 'bastion' but no bastion is configured"),
+    # Named as the wrong `via`, not as the address the fabric rule would then see from outside.
+    ("via unknown, reached at its fabric ip",
+     lambda c: with_host(c, 1, via="spark9", address="10.241.0.12"),
+     "hosts[1].via: 'spark9' is neither a host name"),
+    ("via bastion without bastion, reached at its fabric ip",
+     lambda c: with_host((c.pop("bastion"), c)[1], 1, address="10.241.0.12"),
+     "hosts[1].via: says 'bastion' but no bastion is configured"),
     ("via chain", lambda c: with_host(c, 2, via="spark2"),
      "hosts[2].via: spark3 -> spark2 -> bastion is a chain of two jump hosts"),
     ("via itself", lambda c: with_host(c, 1, via="spark2"),
