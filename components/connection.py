@@ -34,8 +34,9 @@ def _endpoint_fields(endpoint: SshEndpoint, auth: SshAuth) -> dict[str, Any]:
         fields["host_key"] = endpoint.host_key
     if auth.private_key is not None:
         fields["private_key"] = auth.private_key
-    if auth.agent_socket is not None:
-        fields["agent_socket_path"] = auth.agent_socket
+    # With ssh.useAgent no agentSocketPath: pulumi-command then dials SSH_AUTH_SOCK from the
+    # environment it runs in, and the path (new at every login) stays out of every step's
+    # state, where it would plan an update of each step per session and leave deletes a dead one.
     return fields
 
 

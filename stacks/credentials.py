@@ -12,8 +12,7 @@ import pulumi
 class SshAuth:
     """This machine's credentials. The key's content is a secret; its path is not."""
 
-    private_key: pulumi.Output[str] | None
+    private_key: pulumi.Output[str] | None  # None: the agent at SSH_AUTH_SOCK (ssh.useAgent)
     private_key_path: str | None
-    agent_socket: str | None
     dial_error_limit: int
     per_dial_timeout: int

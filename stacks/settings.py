@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ def load_settings() -> Settings:
     problems += _unknown_keys(pulumi.get_project())
     problems += _secret_problems(config, pulumi.get_project())
     problems += docker_environment_problems(os.environ)
+    problems += agent_socket_problems(os.environ.get("SSH_AUTH_SOCK"))
     try:
         if problems:
             raise ConfigError("\n".join(problems))
@@ -124,13 +126,12 @@ def _known_hosts_file(ssh: SshConfig) -> Path | None:
 def _ssh_auth(ssh: SshConfig) -> SshAuth:
     """The key file's content (a secret), or the running agent's socket."""
     if ssh.use_agent:
-        socket = os.environ.get("SSH_AUTH_SOCK")
-        if not socket:
+        if not os.environ.get("SSH_AUTH_SOCK"):
             raise ConfigError(
                 "ssh.useAgent: true, but SSH_AUTH_SOCK is not set: start ssh-agent and ssh-add "
                 "your key, or set ssh.privateKeyPath"
             )
-        return SshAuth(None, None, socket, ssh.dial_error_limit, ssh.per_dial_timeout_seconds)
+        return SshAuth(None, None, ssh.dial_error_limit, ssh.per_dial_timeout_seconds)
     assert ssh.private_key_path is not None  # SshConfig guarantees one auth method
     key_path = Path(ssh.private_key_path).expanduser()
     try:
@@ -142,7 +143,6 @@ def _ssh_auth(ssh: SshConfig) -> SshAuth:
     return SshAuth(
         pulumi.Output.secret(key),
         str(key_path),
-        None,
         ssh.dial_error_limit,
         ssh.per_dial_timeout_seconds,
     )
@@ -199,6 +199,32 @@ def docker_environment_problems(environment: Mapping[str, str]) -> list[str]:
         for name, why in DOCKER_ENVIRONMENT.items()
         if environment.get(name)
     ]
+
+
+AGENT_PROBE_SECONDS = 2.0
+
+
+def agent_socket_problems(socket_path: str | None) -> list[str]:
+    """pulumi-command dials SSH_AUTH_SOCK whenever it is set (its agentSocketPath unset), and a
+    dead one fails every step's connection, even with ssh.privateKeyPath: refused once, here,
+    before any resource. Unset, or an agent that answers, is fine."""
+    if not socket_path:
+        return []
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(AGENT_PROBE_SECONDS)
+    try:
+        probe.connect(socket_path)
+    except OSError as error:
+        return [
+            f"environment: SSH_AUTH_SOCK is {socket_path}, where no SSH agent answers "
+            f"({error.strerror or error}; a re-attached tmux or an ended `ssh -A` leaves one "
+            "behind), and pulumi-command would fail every step's connection through it, even "
+            'with ssh.privateKeyPath: start an agent (`eval "$(ssh-agent)"` and ssh-add), '
+            "or run pulumi without it (`env -u SSH_AUTH_SOCK pulumi up`)"
+        ]
+    finally:
+        probe.close()
+    return []
 
 
 def _secret_problems(config: pulumi.Config, project: str) -> list[str]:

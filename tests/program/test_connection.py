@@ -33,7 +33,7 @@ def test_the_docker_providers_options_survive_odd_local_paths(
     make_config: ConfigFactory, tmp_path: Path
 ) -> None:
     plan = plan_cluster(parse_stack_config(make_config(hosts=2)), "p/s", None)
-    auth = SshAuth(None, "/keys/id", None, 4, 15)
+    auth = SshAuth(None, "/keys/id", 4, 15)
     worker = plan.workers[0]  # through the bastion: the ProxyCommand carries options too
     opts = docker_ssh_opts(worker, auth, Path(ODD) / "known_hosts", Path(ODD) / "cm")
     seen = resolved(*opts)

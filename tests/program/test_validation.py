@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +13,7 @@ import pytest
 from stacks.config import TimeoutsConfig
 from tests.cli import CliError
 from tests.program.conftest import SECRETS, ConfigFactory
-from tests.program.harness import evaluate
+from tests.program.harness import evaluate, unwrap
 from tests.program.planning import error_of
 
 
@@ -166,14 +169,47 @@ def test_agent_auth_needs_a_running_agent(
     assert "SSH_AUTH_SOCK is not set" in text
 
 
-def test_agent_auth_passes_the_socket_and_no_key(
-    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[str]:
+    """A socket that accepts connections, as a running ssh-agent's does."""
+    path = str(tmp_path / "agent.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(8)
+        yield path
+
+
+def test_agent_auth_passes_no_key_and_no_socket_path(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch, agent: str
 ) -> None:
-    monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
+    """pulumi-command dials SSH_AUTH_SOCK itself: the path, new at every login, stays out of
+    the state, so another session's `up` plans nothing."""
+    monkeypatch.setenv("SSH_AUTH_SOCK", agent)
     ev = evaluate({**make_config(hosts=2), "ssh": {"useAgent": True}}, SECRETS)
     connection = ev.named("spark2-preflight").inputs["connection"]["value"]
-    assert connection["agentSocketPath"] == "/run/agent.sock"
-    assert "privateKey" not in connection
+    assert "agentSocketPath" not in connection and "privateKey" not in connection
+    assert agent not in json.dumps(unwrap(ev.named("spark2-preflight").inputs))
+
+
+@pytest.mark.parametrize("use_agent", [True, False])
+def test_a_dead_agent_socket_is_refused_once_before_anything(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, use_agent: bool
+) -> None:
+    """A socket left by an ended session: pulumi-command would dial it on every step, with a
+    private key too. A live agent beside a key is fine."""
+    dead = tmp_path / "gone.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(dead))  # bound, never listening, then closed: as an agent that died
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(dead))
+    config = make_config(hosts=2)
+    if use_agent:
+        config["ssh"] = {"useAgent": True}
+    text = error_of(config)
+    assert text.startswith(
+        f"invalid spark-vllm configuration:\nenvironment: SSH_AUTH_SOCK is {dead}, where no SSH "
+        "agent answers ("
+    ), text
+    assert text.endswith("or run pulumi without it (`env -u SSH_AUTH_SOCK pulumi up`)"), text
 
 
 def test_unpinned_hosts_get_a_loud_warning(make_config: ConfigFactory) -> None:
