@@ -19,8 +19,11 @@ from stacks.plan.steps import (
     Timeouts,
     create_command,
     create_consumes,
+    create_deadline,
     delete_consumes,
+    delete_deadline,
     resolve_create,
+    with_deadline,
 )
 
 _LOGGING = {"stderr": remote.Logging.STDERR, "none": remote.Logging.NONE}
@@ -74,17 +77,27 @@ def _commands(
     missing = [name for name in (*create_needs, *delete_needs) if name not in given]
     if missing:
         raise AssertionError(f"{spec.name}: consumes {missing}, which are not given")
-    create: pulumi.Input[str] = create_command(spec, token_of)
+    node, name = spec.node, spec.name
+
+    def bounded_create(step: StepSpec) -> str:
+        return with_deadline(create_command(step, token_of), node, name, create_deadline(spec))
+
+    def bounded_delete(text: str) -> str:
+        return with_deadline(text, node, f"{name} (delete)", delete_deadline(spec))
+
+    create: pulumi.Input[str] = bounded_create(spec)
     if create_needs:
         create = pulumi.Output.all(**{name: given[name] for name in create_needs}).apply(
-            lambda known: create_command(resolve_create(spec, known), token_of)
+            lambda known: bounded_create(resolve_create(spec, known))
         )
-    delete: pulumi.Input[str] | None = spec.delete
-    if spec.delete is not None and delete_needs:
+    delete: pulumi.Input[str] | None = None
+    if spec.delete is not None:
         text = spec.delete
-        delete = pulumi.Output.all(**{name: given[name] for name in delete_needs}).apply(
-            lambda known: resolve(text, known)
-        )
+        delete = bounded_delete(text)
+        if delete_needs:
+            delete = pulumi.Output.all(**{name: given[name] for name in delete_needs}).apply(
+                lambda known: bounded_delete(resolve(text, known))
+            )
     return create, delete
 
 

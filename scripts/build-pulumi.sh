@@ -17,13 +17,15 @@ cache_root="${SPARK_VLLM_CACHE:-/var/cache/spark-vllm}/pulumi"
 bin_dir="${PULUMI_BIN_DIR:-/usr/local/bin}"
 probe_timeout=45
 
+# Go's own install directory is not on every non-interactive PATH.
+command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "build-pulumi: no Go toolchain on PATH (Go 1.26.6 or newer)" >&2; exit 1; }
 # The glue needs no newer Go than the machine's; never let a go.mod line fetch another toolchain.
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
 
 # Release builds' flags (pulumi/pulumi .goreleaser.yml): static, no cgo, no gRPC tracing.
 cli_version="$(awk -F'\t' '$1 == "pulumi" {split($2, m, "@"); print m[2]; exit}' "$glue/modules.tsv")"
-build_flags=(-trimpath -tags osusergo,grpcnotrace
+build_flags=(-trimpath -tags "osusergo,grpcnotrace"
   -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$cli_version")
 key="$( { cat "$glue/go.mod" "$glue/go.sum"; printf '%s\n' "${build_flags[@]}"; go version; } \
   | sha256sum | cut -c1-16)"
@@ -38,8 +40,8 @@ report="$probe_dir/probe.txt"
 echo "build-pulumi: what the Go module proxy serves of the pinned binaries" | tee "$report"
 while IFS=$'\t' read -r binary module why; do
   [[ -z $binary || $binary == \#* ]] && continue
-  answer="$(cd "$probe_dir" && GOFLAGS=-mod=mod timeout "$probe_timeout" \
-    go mod download -json "$module" 2>&1 || true)"
+  answer="$(cd "$probe_dir" || exit
+    GOFLAGS=-mod=mod timeout "$probe_timeout" go mod download -json "$module" 2>&1 || true)"
   if grep -q '"Error"' <<<"$answer" || ! grep -q '"Zip"' <<<"$answer"; then
     # The proxy's own sentence ("403 Forbidden ... not available"), or what else went wrong.
     reason="$(grep -o '"Error": "[^"]*' <<<"$answer" | sed 's/"Error": "//; s/\\n\\t/ /g; s/\\n/ /g' \
@@ -65,7 +67,7 @@ else
   mkdir -p "$out/bin.partial"
   (cd "$glue" && go build "${build_flags[@]}" -o "$out/bin.partial/pulumi" \
     github.com/pulumi/pulumi/pkg/v3/cmd/pulumi)
-  rm -rf "$out/bin" && mv "$out/bin.partial" "$out/bin"
+  rm -rf "${out:?}/bin" && mv "$out/bin.partial" "$out/bin"
   echo "build-pulumi: built pulumi in $((SECONDS - started))s"
 fi
 cp "$report" "$out/probe.txt"

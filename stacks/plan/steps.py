@@ -34,7 +34,9 @@ Stdin = Literal[
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Minutes the engine waits before it calls a step hung (pulumi.CustomTimeouts)."""
+    """Minutes a step may run: its deadline on the host (`with_deadline`: timeout(1) stops the
+    command there), and the engine's customTimeouts, which in pulumi-command bound only the
+    dial retries (a running remote command is never stopped by the provider, nor by Ctrl-C)."""
 
     create: int
     update: int | None = None
@@ -109,6 +111,46 @@ def create_command(spec: StepSpec, token_of: TokenOf) -> str:
     receipts = [_receipt_call(spec, receipt, token_of(receipt)) for receipt in spec.receipts]
     echo = [f"echo {shlex.quote(spec.prints)}"] if spec.prints is not None else []
     return " && ".join([spec.create, *receipts, *echo])
+
+
+# After the deadline's TERM, what a step gets to clean up before KILL.
+DEADLINE_GRACE_SECONDS = 30
+# How a bounded command starts: its start time, for telling the grace's KILL from an OOM kill.
+DEADLINE_START = "t0=$(date +%s); "
+
+
+def with_deadline(command: str, node: NodePlan, step: str, minutes: int) -> str:
+    """`command` stopped on the host once it has run `minutes` (timeout(1): TERM to its whole
+    process group, KILL after a grace), with one line naming the host, the step and the
+    deadline; its exit status is kept. A step the provider would wait on for ever (a hung
+    download, a wedged daemon, a peer that stopped answering) thus ends as a failure."""
+    said = (
+        f"spark-vllm: {node.name}: {step}: still running after {minutes} min, its deadline on "
+        "the host: stopped. Likely cause: a hung download, copy or wait (its last lines above "
+        "say which); the next `pulumi up` runs it again"
+    )
+    return deadline_wrapper(command, minutes * 60, said)
+
+
+def deadline_wrapper(command: str, seconds: int, said: str) -> str:
+    """`command` under timeout(1) for `seconds`, `said` on stderr when that stopped it (124 after
+    TERM; 137 after the grace's KILL, once the time is up), its exit status kept."""
+    # POSIX sh around it (the SSH user's login shell runs it, dash or bash): no $SECONDS.
+    return (
+        f"{DEADLINE_START}timeout -k {DEADLINE_GRACE_SECONDS} {seconds} "
+        f"bash -c {shlex.quote(command)}; rc=$?; "
+        f'if [ "$rc" = 124 ] || {{ [ "$rc" = 137 ] && [ "$(($(date +%s) - t0))" -ge {seconds} ]; '
+        f'}}; then echo {shlex.quote(said)} >&2; fi; exit "$rc"'
+    )
+
+
+def create_deadline(spec: StepSpec) -> int:
+    """The minutes a create (or an update, which runs the create again) may take."""
+    return max(spec.timeouts.create, spec.timeouts.update or 0)
+
+
+def delete_deadline(spec: StepSpec) -> int:
+    return spec.timeouts.delete or spec.timeouts.create
 
 
 def _receipt_call(spec: StepSpec, receipt: Receipt, token: str) -> str:

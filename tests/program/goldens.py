@@ -58,7 +58,7 @@ def graph(
             "deleteBeforeReplace": r.delete_before_replace,
             "replaceOnChanges": r.replace_on_changes,
             "customTimeouts": r.custom_timeouts,
-            "inputs": unwrap(r.inputs),
+            "inputs": unwrap(r.registered),
         }
         for r in sorted(evaluation.registrations, key=lambda r: r.urn)  # order is async
     ]

@@ -32,6 +32,7 @@ from pulumi.runtime.sync_await import _sync_await
 
 from components.facts import FACTS_HEADER
 from stacks.plan.hosts import SLOTS_FILE_NAME
+from stacks.plan.steps import DEADLINE_START
 from tests.cli import PulumiCli, gotext, handed_to_program
 from tests.engine.preview import PreviewMonitor, PriorResource
 from tests.engine.urns import EngineUrns
@@ -55,9 +56,13 @@ class Registration:
     custom: bool
     delete_before_replace: bool
     custom_timeouts: dict[str, str]
-    inputs: dict[str, Any] = field(default_factory=dict)  # as the mock saw them (secrets wrapped)
+    # As the mock saw them (secrets wrapped), but a Command's `create` and `delete` without the
+    # host-side deadline every step gets (stacks/plan/steps.py with_deadline): the step's own
+    # command line, which the tests read; `registered` keeps them as the program sent them.
+    inputs: dict[str, Any] = field(default_factory=dict)
     replace_on_changes: list[str] = field(default_factory=list)
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)  # input -> URNs
+    registered: dict[str, Any] = field(default_factory=dict)  # the inputs exactly as sent
 
 
 @dataclass
@@ -149,9 +154,27 @@ class FakeHosts(pulumi.runtime.Mocks):
             self.slots = slots
 
 
+def step_command(command: Any) -> Any:
+    """A step's own command line out of its deadline wrapper (stacks/plan/steps.py
+    with_deadline: `t0=...; timeout -k G S bash -c CMD; ...`); anything else as it is."""
+    if not isinstance(command, str) or not command.startswith(DEADLINE_START + "timeout -k "):
+        return command
+    words = shlex.split(command.removeprefix(DEADLINE_START).split("; rc=$?;", 1)[0])
+    assert words[4:6] == ["bash", "-c"] and len(words) == 7, command
+    return words[6]
+
+
+def without_deadlines(inputs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: step_command(value) if key in ("create", "delete") else value
+        for key, value in inputs.items()
+    }
+
+
 def written_file(create: Any, suffix: str) -> str | None:
     """What a command line writes (`printf '%s' TEXT > PATH.tmp`) to the file ending in
     `suffix`, or None."""
+    create = step_command(create)
     if not isinstance(create, str) or suffix not in create:
         return None
     words = shlex.split(create)
@@ -163,6 +186,7 @@ def written_file(create: Any, suffix: str) -> str | None:
 
 def recorded_receipts(create: Any) -> dict[str, str]:
     """step -> token of each `receipt.sh --step S --token T` in a command line."""
+    create = step_command(create)
     if not isinstance(create, str) or "receipt.sh" not in create:
         return {}
     words = shlex.split(create)
@@ -174,7 +198,8 @@ def recorded_receipts(create: Any) -> dict[str, str]:
     return found
 
 
-def _command_stdout(name: str, inputs: dict[str, Any]) -> str:
+def _command_stdout(name: str, raw: dict[str, Any]) -> str:
+    inputs = without_deadlines(raw)
     if name.endswith("-head-key"):
         return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeHeadKey spark-vllm-fabric:x:spark1\n"
     if name.endswith("-fetch"):  # its time (lib.sh step_seconds), then the manifest
@@ -365,7 +390,8 @@ def _registration(urn: str, request: Any) -> Registration:
         custom=request.custom,
         delete_before_replace=request.deleteBeforeReplace,
         custom_timeouts={"create": timeouts.create, "delete": timeouts.delete},
-        inputs=json_format.MessageToDict(request.object),
+        inputs=without_deadlines(json_format.MessageToDict(request.object)),
+        registered=json_format.MessageToDict(request.object),
         replace_on_changes=list(request.replaceOnChanges),
         property_dependencies={
             key: list(deps.urns) for key, deps in request.propertyDependencies.items()

@@ -23,6 +23,22 @@ from tests.program.scripting import SCRIPTS, fake_bin, fake_docker_path, load, r
 COMMIT = "a" * 40
 
 
+def test_the_repositorys_own_shell_is_shellcheck_clean() -> None:
+    """The set-up and build scripts, and the lab plugins' launchers (tests/lab/plugins/bin)."""
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("shellcheck is not installed (.ci/run installs it)")
+        pytest.skip("shellcheck is not installed")
+    repo = SCRIPTS.parents[1]
+    files = [
+        *sorted((repo / "scripts").glob("*.sh")),
+        *sorted((repo / "tests/lab/plugins/bin").iterdir()),
+    ]
+    done = subprocess.run(["shellcheck", "-s", "bash", *map(str, files)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert len(files) >= 5 and done.returncode == 0, done.stdout
+
+
 def test_scripts_are_shellcheck_clean() -> None:
     if shutil.which("shellcheck") is None:
         if os.environ.get("CI") == "true":

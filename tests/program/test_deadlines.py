@@ -1,0 +1,67 @@
+"""Every host step is bounded on the host itself: pulumi-command's customTimeouts bound only its
+dial retries, so a hung remote command would hang `pulumi up` (and Ctrl-C would not end it).
+The wrapper (stacks/plan/steps.py with_deadline) run for real with bash, and every Command of
+the committed stacks wrapped with its own minutes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from stacks.plan.steps import DEADLINE_START, deadline_wrapper
+from tests.program.conftest import SECRETS, ConfigFactory
+from tests.program.harness import evaluate, step_command
+
+
+def run(command: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    # As pulumi-command runs it: the login shell's `-c`, stdin streamed.
+    return subprocess.run(
+        ["sh", "-c", command], input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_step_past_its_deadline_is_stopped_with_one_line_naming_it() -> None:
+    started = time.monotonic()
+    done = run(deadline_wrapper("echo started; sleep 30; echo never", 1, "spark1: x: stopped"))
+    assert time.monotonic() - started < 10
+    assert done.returncode == 124
+    assert done.stdout == "started\n" and done.stderr == "spark1: x: stopped\n"
+
+
+def test_a_step_that_ignores_term_is_killed_after_the_grace() -> None:
+    command = deadline_wrapper("trap '' TERM; sleep 60", 1, "stopped").replace("-k 30", "-k 1")
+    done = run(command)
+    # The login shell may add its own "Killed" line; ours comes last.
+    assert done.returncode == 137 and done.stderr.endswith("stopped\n"), done
+
+
+def test_within_its_deadline_a_step_keeps_its_exit_status_output_and_stdin() -> None:
+    done = run(deadline_wrapper("cat; echo \"quoted 'words'\"; exit 3", 60, "stopped"), "in\n")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "in\nquoted 'words'\n", "")
+    assert run(deadline_wrapper("true", 60, "stopped")).returncode == 0
+
+
+def test_every_command_of_a_stack_is_bounded_by_its_own_minutes(
+    make_config: ConfigFactory,
+) -> None:
+    ev = evaluate(make_config(hosts=2), SECRETS)
+    commands = ev.by_type("command:remote:Command")
+    assert commands
+    for step in commands:
+        create = step.registered["create"]
+        assert create.startswith(DEADLINE_START + "timeout -k 30 "), step.name
+        minutes = int(create.removeprefix(DEADLINE_START).split()[3]) // 60
+        assert step_command(create) == step.inputs["create"], step.name
+        assert f"{step.name}: still running after {minutes} min" in create, step.name
+        # customTimeouts say the same minutes (the engine's own limit, for the dial).
+        assert step.custom_timeouts["create"] == f"{minutes}m", (step.name, step.custom_timeouts)
+        delete = step.registered.get("delete")
+        if delete:
+            assert delete.startswith(DEADLINE_START + "timeout -k 30 "), step.name
+            assert f"{step.name} (delete): still running after" in delete, step.name
+
+
+def test_a_step_killed_before_its_deadline_is_not_reported_as_one() -> None:
+    """137 is also the OOM killer's: only once the time is up is it the deadline's KILL."""
+    done = run(deadline_wrapper("kill -KILL $$", 60, "stopped"))
+    assert done.returncode == 137 and "stopped" not in done.stderr
