@@ -47,16 +47,20 @@ class CliStack:
 
     def resource_outputs(self, name: str) -> dict[str, Any]:
         """The outputs the engine's state holds for resource `name`."""
-        resources = self.cli.state()["deployment"]["resources"]
-        found = [r for r in resources if str(r["urn"]).rsplit("::", 1)[-1] == name]
-        assert len(found) == 1, f"{len(found)} resources named {name} in the state"
-        return dict(found[0].get("outputs") or {})
+        return outputs_by_name(self.cli)[name]
 
     def destroy(self) -> Plan:
         """`pulumi destroy`: every resource in the state deleted; what each delete did."""
         return Plan(
             plan_of_events(self.cli.run("destroy", "--yes", "--skip-preview", "--json").stdout)
         )
+
+
+def outputs_by_name(cli: RealPulumi) -> dict[str, dict[str, Any]]:
+    """Each resource's outputs in the engine's state (`stack export`), by name (names are
+    unique in this program)."""
+    resources = cli.state()["deployment"]["resources"]
+    return {str(r["urn"]).rsplit("::", 1)[-1]: dict(r.get("outputs") or {}) for r in resources}
 
 
 def plain_settings(config: Mapping[str, Any]) -> dict[str, Any]:

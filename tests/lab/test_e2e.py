@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from shlex import quote as q
 from typing import Any
 
@@ -23,6 +24,7 @@ from lab.stack import IMAGE_NAME, SERVED_NAME
 from stacks.plan.image import pinned_image
 from stacks.plan.ray_versions import NODE_LOOKUP_ERROR
 from tests.lab import attacker
+from tests.lab.cli_stack import init_stack, outputs_by_name
 from tests.lab.deploying import (
     API_KEY,
     PREFIX,
@@ -43,6 +45,7 @@ from tests.lab.deploying import (
     reachable_from_bastion,
 )
 from tests.lab.engine import NextUp, log_plan
+from tests.lab.realcli import RealPulumi
 from tests.lab.realmocks import RealMocks, StackOutputs
 from tests.lab.timings import record_figure, record_timing
 
@@ -327,9 +330,10 @@ def test_teardown_leaves_the_hosts_clean(deployed: Deployment) -> None:
 
 @pytest.mark.parametrize("executor", ["ray", "mp"])
 def test_the_seeds_topology_with_three_hosts(
-    lab_factory: Callable[..., Lab], executor: str
+    lab_factory: Callable[..., Lab], executor: str, tmp_path: Path
 ) -> None:
-    """No bastion: this machine reaches only the head; workers only through the head. Three
+    """The real CLI and engine (tests/lab/realcli.py) deploy and destroy it, as a user would.
+    No bastion: this machine reaches only the head; workers only through the head. Three
     hosts with different fabric interface names, TP x PP = 3. The state and cache directories
     hold a space and a quote (every shell word is quoted, here and in the scripts). With either
     executor (one lab for both: the first run's teardown leaves it clean); the mp run also has
@@ -371,10 +375,12 @@ def test_the_seeds_topology_with_three_hosts(
         lab.exec("spark3", ["iptables", "-I", *hop])
         for worker in ("spark2", "spark3"):  # what the first run left (keepOnDestroy): copy anew
             host_sh(lab, worker, f"docker image prune -af >/dev/null; rm -rf {q(cache_dir)}/hub")
-    mocks = RealMocks()
+    cli = RealPulumi.for_project(tmp_path / "cli")
+    init_stack(cli, "lab", config)
     started = time.monotonic()
     try:
-        outputs = deploy(lab, mocks, config)
+        cli.run("up", "--yes", "--skip-preview")
+        outputs = cli.outputs()
         record_timing(
             f"e2e up (seeds' topology, 3 hosts, executor {executor})", time.monotonic() - started
         )
@@ -393,7 +399,7 @@ def test_the_seeds_topology_with_three_hosts(
         assert ranks[0] == fabric[0] and sorted(ranks) == sorted(fabric), reply
         # The first worker's copies relay to both workers (one stream through spark2 to
         # spark3, not one per worker from the head); spark3's own steps find it there.
-        steps = {entry.name: entry.outputs for entry in mocks.state_entries()}
+        steps = outputs_by_name(cli)
         copies = [("image", "image-{}-sync"), ("weights", "weights-{}-copy")]
         copies += [("weights", "weights-s1-{}-copy")] if len(models) > 1 else []
         for kind, step in copies:
@@ -438,7 +444,7 @@ def test_the_seeds_topology_with_three_hosts(
                 receipts
             )
     finally:
-        mocks.teardown()
+        cli.run("destroy", "--yes", "--skip-preview")
         if hop_blocked:
             lab.exec("spark3", ["iptables", "-D", *hop])
     for host in ("spark1", "spark2", "spark3"):
