@@ -15,7 +15,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 glue="$here/pulumi-build"
 cache_root="${SPARK_VLLM_CACHE:-/var/cache/spark-vllm}/pulumi"
 bin_dir="${PULUMI_BIN_DIR:-/usr/local/bin}"
-probe_timeout=45
+probe_timeout=30
 
 # Go's own install directory is not on every non-interactive PATH.
 command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"
@@ -38,15 +38,24 @@ printf 'module probe\n\ngo 1.26\n' >"$probe_dir/go.mod"
 declare -A chosen=()
 report="$probe_dir/probe.txt"
 echo "build-pulumi: what the Go module proxy serves of the pinned binaries" | tee "$report"
+unanswered=""
 while IFS=$'\t' read -r binary module why; do
   [[ -z $binary || $binary == \#* ]] && continue
+  if [[ -n $unanswered ]]; then  # one probe that hung is enough: do not wait on every row
+    printf '  %-24s %s: not probed (%s)\n' "$binary" "$module" "$unanswered" | tee -a "$report"
+    continue
+  fi
+  status=0
   answer="$(cd "$probe_dir" || exit
-    GOFLAGS=-mod=mod timeout "$probe_timeout" go mod download -json "$module" 2>&1 || true)"
-  if grep -q '"Error"' <<<"$answer" || ! grep -q '"Zip"' <<<"$answer"; then
+    GOFLAGS=-mod=mod timeout "$probe_timeout" go mod download -json "$module" 2>&1)" || status=$?
+  if ((status == 124)); then
+    unanswered="the proxy did not answer within ${probe_timeout}s"
+    printf '  %-24s %s: NO ANSWER within %ss\n' "$binary" "$module" "$probe_timeout" | tee -a "$report"
+  elif grep -q '"Error"' <<<"$answer" || ! grep -q '"Zip"' <<<"$answer"; then
     # The proxy's own sentence ("403 Forbidden ... not available"), or what else went wrong.
     reason="$(grep -o '"Error": "[^"]*' <<<"$answer" | sed 's/"Error": "//; s/\\n\\t/ /g; s/\\n/ /g' \
       | sed 's/.*: reading https:[^ ]*: //' | head -c 200)"
-    [[ -n $reason ]] || reason="no answer within ${probe_timeout}s"
+    [[ -n $reason ]] || reason="$(tail -n 1 <<<"$answer" | head -c 200)"
     printf '  %-24s %s: NOT SERVED (%s) [%s]\n' "$binary" "$module" "$reason" "$why" | tee -a "$report"
   else
     printf '  %-24s %s: served [%s]\n' "$binary" "$module" "$why" | tee -a "$report"
@@ -59,7 +68,8 @@ if [[ -x $out/bin/pulumi ]]; then
   echo "build-pulumi: pulumi $cli_version cached in $out"
 else
   [[ -n ${chosen[pulumi]:-} ]] || {
-    echo "build-pulumi: pulumi $cli_version is not served and not cached: cannot build the CLI" >&2
+    echo "build-pulumi: pulumi $cli_version is not cached, and the proxy did not serve it" \
+      "(above): cannot build the CLI" >&2
     exit 1
   }
   echo "build-pulumi: building pulumi $cli_version (a cold build takes minutes on two cores)"

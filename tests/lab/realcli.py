@@ -173,13 +173,19 @@ class RealPulumi:
 
     # -- what the engine reports -------------------------------------------------------------
 
-    def preview(self, *extra: str) -> dict[str, str]:
-        """`pulumi preview --json`: each resource's step by name (a component's too)."""
+    def preview(self, *extra: str, custom_only: bool = False) -> dict[str, str]:
+        """`pulumi preview --json`: each resource's step by name (a component's too, unless
+        `custom_only`)."""
         run = self.run("preview", "--json", *extra)
-        return plan_of(json.loads(run.stdout))
+        return plan_of(json.loads(run.stdout), custom_only)
 
     def outputs(self) -> dict[str, Any]:
         return dict(json.loads(self.run("stack", "output", "--json", "--show-secrets").stdout))
+
+    def secret_output_names(self) -> set[str]:
+        """The outputs the engine keeps secret: `stack output --json` shows them as [secret]."""
+        shown = json.loads(self.run("stack", "output", "--json").stdout)
+        return {name for name, value in shown.items() if value == "[secret]"}
 
     def state(self) -> dict[str, Any]:
         """`pulumi stack export --show-secrets`: the engine's own state."""
@@ -227,9 +233,13 @@ def invoke_intervals(log_text: str) -> list[tuple[float, float]]:
     return found
 
 
-def plan_of(preview: Mapping[str, Any]) -> dict[str, str]:
+def plan_of(preview: Mapping[str, Any], custom_only: bool = False) -> dict[str, str]:
     """{name: op} from `preview --json`'s steps, where op is what the summary counts."""
-    return plan_of_steps((str(step["urn"]), str(step["op"])) for step in preview.get("steps") or [])
+    return plan_of_steps(
+        (str(step["urn"]), str(step["op"]))
+        for step in preview.get("steps") or []
+        if not custom_only or (step.get("newState") or step.get("oldState") or {}).get("custom")
+    )
 
 
 def plan_of_events(stream: str) -> dict[str, str]:

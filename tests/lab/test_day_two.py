@@ -1,4 +1,5 @@
-"""Day two, as the real engine runs it (tests/lab/engine.py): each scenario starts from the
+"""Day two, as our model of the engine plans it (tests/lab/engine.py, held to the real engine in
+tests/lab/test_executor_mp.py; docs/testing.md, The real Pulumi): each scenario starts from the
 deployed stack the one before left, changes one thing, runs the next `pulumi up`, and checks
 that the plan is what the providers' rules make of the change, that the endpoint serves the
 expected model, that every host holds exactly what it should, and (at the end) that a destroy

@@ -1,8 +1,10 @@
-"""End to end: the real `__main__.py` deploys onto simulated hosts, for real, through a bastion.
+"""End to end: the real `__main__.py` deploys onto simulated hosts, for real, through a bastion,
+with the real Pulumi CLI and engine (tests/lab/realcli.py; the providers and the language host
+are the lab's, the proxy serving none: docs/testing.md, The real Pulumi).
 
-Every create the program declares is performed by RealMocks over SSH (pinned keys, the bastion as
-proxy) and through each host's Docker provider settings. Only `vllm` is a stand-in; OpenSSH,
-Docker, Ray, the image transfer and the weights copy are real.
+Every step the program declares is performed over SSH (pinned keys, the bastion as proxy) and
+through each host's Docker provider settings. Only `vllm` is a stand-in; OpenSSH, Docker, Ray,
+the image transfer and the weights copy are real.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from tests.lab.deploying import (
     complete,
     copy_report,
     default_lab_config,
-    deploy,
     forward_through_bastion,
     host_sh,
     image_identity,
@@ -44,9 +45,7 @@ from tests.lab.deploying import (
     models_listed,
     reachable_from_bastion,
 )
-from tests.lab.engine import NextUp, log_plan
-from tests.lab.realcli import RealPulumi
-from tests.lab.realmocks import RealMocks, StackOutputs
+from tests.lab.realcli import RealPulumi, plan_of_events
 from tests.lab.timings import record_figure, record_timing
 
 pytestmark = pytest.mark.lab
@@ -61,8 +60,8 @@ assert "ray==2.60.0" in REQUIREMENTS  # the lab image's Ray, which rayVersion mu
 @dataclass
 class Deployment:
     lab: Lab
-    mocks: RealMocks
-    outputs: StackOutputs
+    cli: RealPulumi
+    outputs: dict[str, Any]
 
 
 def e2e_config(lab: Lab) -> dict[str, Any]:
@@ -85,21 +84,24 @@ def e2e_config(lab: Lab) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab_factory: Callable[..., Lab]) -> Iterator[Deployment]:
+def deployed(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     # A lab of its own: the infra tests expect the shared lab untouched (image on the head only).
     lab = lab_factory("e2e", hosts=2, topology="bastion")
-    mocks = RealMocks()
+    cli = RealPulumi.for_project(tmp_path_factory.mktemp("e2e"))
+    init_stack(cli, "lab", e2e_config(lab))
     started = time.monotonic()
     try:
-        outputs = deploy(lab, mocks, e2e_config(lab))
+        cli.run("up", "--yes", "--skip-preview")
     except BaseException:
-        mocks.teardown()
+        cli.run("destroy", "--yes", "--skip-preview", check=False)
         raise
-    record_timing("e2e first up (bastion, 2 hosts)", time.monotonic() - started)
+    record_timing("e2e first up, real CLI (bastion, 2 hosts)", time.monotonic() - started)
 
-    deployment = Deployment(lab, mocks, outputs)
+    deployment = Deployment(lab, cli, cli.outputs())
     yield deployment
-    deployment.mocks.teardown()  # idempotent: empty after the teardown test ran
+    cli.run("destroy", "--yes", "--skip-preview")  # nothing left after the teardown test ran
 
 
 @pytest.fixture
@@ -117,7 +119,7 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     outputs = deployed.outputs
     assert outputs["endpointUrl"] == f"http://{spec.host_mgmt_ip(0)}:8000/v1"
     assert outputs["modelId"] == SERVED_NAME
-    assert outputs.secret_names == {"apiKey"}
+    assert deployed.cli.secret_output_names() == {"apiKey"}
     assert "ready after" in outputs["readiness"]
     # What the image carries, read by running it once (the stand-in's own metadata).
     assert outputs["vllmVersion"] == STANDIN_PACKAGE_VERSION
@@ -166,9 +168,9 @@ def test_outputs_carry_the_measured_link_and_the_memory_the_server_was_sized_for
 def test_the_wait_reports_the_servers_progress_while_it_loads(deployed: Deployment) -> None:
     """Streamed into the `pulumi up` output (the step's stderr): time waited, the probe's state,
     and the server's latest progress line from its log."""
-    ready = next(e for e in deployed.mocks.state_entries() if e.name == "vllm-ready")
-    reports = [line for line in ready.outputs["stderr"].splitlines() if line.startswith("vllm:")]
-    assert reports, ready.outputs["stderr"][-2000:]
+    ready = outputs_by_name(deployed.cli)["vllm-ready"]
+    reports = [line for line in ready["stderr"].splitlines() if line.startswith("vllm:")]
+    assert reports, ready["stderr"][-2000:]
     assert all(
         re.match(r"vllm: waiting \d+s of 240s; probe: .+; server log: .+", r) for r in reports
     )
@@ -301,21 +303,21 @@ def test_what_the_bastion_can_and_cannot_reach(deployed: Deployment) -> None:
 
 
 def test_a_second_up_is_idempotent_and_keeps_serving(deployed: Deployment, endpoint: str) -> None:
+    """The engine's own check: an `up` that expects no changes, every resource "same" (so no
+    command ran), the outputs as they were."""
     started = time.monotonic()
-    second = NextUp(deployed.mocks)
-    outputs = deploy(deployed.lab, second, e2e_config(deployed.lab))
-    record_timing("e2e second up (unchanged stack)", time.monotonic() - started)
-    deployed.mocks = second  # the stack now is what the second run holds
-    log_plan("second pulumi up, unchanged stack", second)
+    run = deployed.cli.run("up", "--yes", "--skip-preview", "--expect-no-changes", "--json")
+    record_timing("e2e second up, real CLI (unchanged stack)", time.monotonic() - started)
+    plan = plan_of_events(run.stdout)
+    assert set(plan.values()) == {"same"}, {n: op for n, op in plan.items() if op != "same"}
+    outputs = deployed.cli.outputs()
     assert outputs == deployed.outputs
-    assert second.changed() == {}, "an unchanged stack plans nothing but same"
-    assert second.commands_run == 0
     assert complete(endpoint, outputs["modelId"])[0] == 200
 
 
 def test_teardown_leaves_the_hosts_clean(deployed: Deployment) -> None:
     lab = deployed.lab
-    deployed.mocks.teardown()
+    deployed.cli.run("destroy", "--yes", "--skip-preview")
     for host in ("spark1", "spark2"):
         assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
         assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host

@@ -20,6 +20,7 @@ from lab.stack import PROJECT
 from tests.lab import attacker
 from tests.lab.cli_stack import (
     CliStack,
+    changes,
     cli_deployed,
     cli_next_up,
     counts,
@@ -38,6 +39,7 @@ from tests.lab.deploying import (
 from tests.lab.faulting import JOIN_FAULT_SECONDS, wait_for
 from tests.lab.realcli import PLUGINS, REPO, PulumiFailed, RealPulumi, pulumi_binary
 from tests.lab.timings import record_figure, record_timing
+from tests.program.previews import up_then_preview
 
 Stack = CliStack
 
@@ -68,6 +70,17 @@ def stack(
                       time.monotonic() - started)  # fmt: skip
         yield stack
     lab.down()
+
+
+def model_plan(before: dict[str, Any], after: dict[str, Any]) -> dict[str, str]:
+    """What our model of the engine (tests/engine, through the program tests' harness) plans
+    for `after` on a stack deployed from `before`: every resource that is not "same"."""
+    plain = [
+        {key.split(":", 1)[1]: value for key, value in config.items() if "apiKey" not in key}
+        for config in (before, after)
+    ]
+    planned, deleted = up_then_preview(*plain)
+    return {**planned, **dict.fromkeys(deleted, "delete")}
 
 
 def server_answers(lab: Lab) -> bool:
@@ -233,6 +246,9 @@ def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stac
     stack.cli.replace_config(stack.name, {k: v for k, v in to_ray.items() if "apiKey" not in k})
     planned = stack.cli.preview()
     assert counts(planned) == documented_counts("switch back (mp → ray)"), planned
+    # Our model of the engine (the program tests' preview) is held to it: the same plan of
+    # every custom resource (the model records no components).
+    assert model_plan(mp_config(lab), to_ray) == changes(stack.cli.preview(custom_only=True))
     run = cli_next_up(stack, "switch executor: mp to ray", to_ray)
     assert run.changed() == {n: op for n, op in planned.items() if op != "same"}
     changed = run.changed()
@@ -250,6 +266,7 @@ def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stac
     )
     planned = stack.cli.preview()
     assert counts(planned) == documented_counts("switch executors (`vllm.executor` ray → mp)")
+    assert model_plan(to_ray, mp_config(lab)) == changes(stack.cli.preview(custom_only=True))
     back = cli_next_up(stack, "switch executor: ray to mp", mp_config(lab))
     changed = back.changed()
     assert changed["vllm-container"] == "replace" and changed["vllm-spark2"] == "create"
