@@ -301,7 +301,52 @@ def build_venv(venv: Path, log: Path, kind: VllmKind = "standin") -> None:
     requirements.write_text("".join(f"{r}\n" for r in real_requirements(venv)))
     wheels = ["--find-links", str(LOCAL_WHEELS)] if local_torch_wheels() else []
     run_logged([[uv, "pip", "install", "--python", python, *wheels, "-r", str(requirements)]], log)
+    lean_cuda_torch(venv, log)
     write_vllm_shim(venv)
+
+
+def lean_cuda_torch(venv: Path, log: Path) -> None:
+    """Where PyPI's torch is the one installed, it is a CUDA build: its libraries link the CUDA
+    libraries they name (ELF DT_NEEDED), which must be there for `import torch` on a CPU too.
+    What a CPU serve never loads goes: every NVIDIA library that no library outside `nvidia/`
+    needs, directly or through another (cuDNN's engines, cusolverMg, nvrtc's alt build, the
+    profilers' host libraries: dlopened on a GPU). Triton (0.69 GB) stays: a run without it
+    served, but its warm restart did not log a load from the compile cache, which
+    tests/lab/test_real_vllm.py needs; why was not found.
+    Measured: docs/design.md, Real vLLM in the lab."""
+    site = next(venv.glob("lib/python3*/site-packages"), None)
+    if site is None or not (site / "nvidia").is_dir():
+        return  # a CPU wheel of torch: nothing of CUDA to leave out
+    libraries = {
+        path.name: path
+        for path in site.rglob("*.so*")
+        if path.is_file() and not path.is_symlink() and ".so" in path.name
+    }
+    needed: set[str] = set()
+    todo = [p for p in libraries.values() if "nvidia" not in p.relative_to(site).parts]
+    while todo:
+        for name in shared_libraries_needed(todo.pop()):
+            if name not in needed:
+                needed.add(name)
+                if name in libraries:
+                    todo.append(libraries[name])
+    dropped = [
+        path
+        for path in (site / "nvidia").rglob("*.so*")
+        if path.is_file() and path.name not in needed
+    ]
+    for path in dropped:
+        path.unlink()
+    with log.open("a") as out:
+        out.write(f"lean_cuda_torch: left out {len(dropped)} NVIDIA libraries no library needs\n")
+
+
+def shared_libraries_needed(library: Path) -> list[str]:
+    """The library's DT_NEEDED entries (`readelf -d`, binutils, which the image carries too)."""
+    done = subprocess.run(
+        ["readelf", "-d", str(library)], capture_output=True, text=True, check=False
+    )
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", done.stdout)
 
 
 def real_requirements(venv: Path) -> list[str]:
