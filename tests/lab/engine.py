@@ -50,7 +50,6 @@ from typing import Any
 import pulumi
 
 from tests.engine.cascade import OldResource
-from tests.engine.container_read import read_container
 from tests.engine.images import repo_digest
 from tests.engine.steps import StepGenerator
 from tests.engine.urns import alias_urns
@@ -63,17 +62,15 @@ from tests.lab.realmocks import (
     JournalEntry,
     RealMocks,
     RegistrationOptions,
-    as_the_api_made_it,
     connection_from_inputs,
     delete_order,
     docker_host_from_provider_inputs,
-    inspect_container,
     inspect_image,
+    read_container_back,
     refuse_previous_output_in_env,
-    run_docker,
-    tail,
     teardown_entry,
     unwrap_secrets,
+    update_container,
 )
 
 log = logging.getLogger(__name__)
@@ -124,19 +121,10 @@ class NextUp(RealMocks):
             if entry.docker_host is None or entry.pending_replacement:
                 continue
             if entry.type == TYPE_CONTAINER:
-                found = inspect_container(entry.docker_host, entry.resource_id)
-                if found is None:
+                inputs = read_container_back(entry.docker_host, entry.resource_id, entry.inputs)
+                if inputs is None:
                     del self.prior[key]
                     continue
-                read = {"networkMode": found["HostConfig"]["NetworkMode"]}
-                if entry.inputs.get("pidMode"):  # funcs.go: set only when the state has one
-                    read["pidMode"] = found["HostConfig"]["PidMode"]
-                if not found["State"]["Running"]:
-                    read["mustRun"] = False
-                # And every other attribute the read writes back, as the diff after it sees
-                # them (tests/engine/container_read.py).
-                made = as_the_api_made_it(found, entry.inputs)
-                inputs = {**read_container(made, entry.inputs), **read}
                 # A read that succeeds clears the state's init errors (step.go RefreshStep.Apply
                 # keeps only those the read itself returns; the bridge's Read returns none).
                 self.prior[key] = replace(entry, inputs=inputs, init_errors=())
@@ -272,24 +260,7 @@ class NextUp(RealMocks):
     def _update_container(
         self, prior: JournalEntry, inputs: dict[str, Any], docker_host: DockerHost
     ) -> None:
-        old = unwrap_secrets(prior.inputs)
-        if (old.get("restart"), old.get("maxRetryCount")) != (
-            inputs.get("restart"),
-            inputs.get("maxRetryCount"),
-        ):
-            policy = str(inputs.get("restart") or "no")
-            if policy == "on-failure" and inputs.get("maxRetryCount"):
-                policy += f":{int(inputs['maxRetryCount'])}"
-            self._docker(docker_host, ["update", f"--restart={policy}", prior.resource_id])
-        if inputs.get("mustRun", True) and not old.get("mustRun", True):
-            self._docker(docker_host, ["start", prior.resource_id])
-
-    def _docker(self, docker_host: DockerHost, docker_args: list[str]) -> None:
-        result = run_docker(docker_host, docker_args)
-        if result.exit_code != 0:
-            raise RuntimeError(
-                f"{docker_host.label}: docker {' '.join(docker_args)}: {tail(result.stderr, 10)}"
-            )
+        update_container(docker_host, prior.resource_id, unwrap_secrets(prior.inputs), inputs)
 
     # -- deletes ---------------------------------------------------------------------------
 

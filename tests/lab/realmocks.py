@@ -55,6 +55,7 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import massage, run_in_stack
 
 from tests.cli import PulumiCli, handed_to_program
+from tests.engine.container_read import read_container
 from tests.engine.images import repo_digest
 from tests.engine.urns import AliasSpec, EngineUrns
 from tests.mockvalues import ProviderInvokeError, is_secret, unwrap_secrets
@@ -450,6 +451,43 @@ def as_the_api_made_it(inspect: dict[str, Any], inputs: dict[str, Any]) -> dict[
     config["Entrypoint"] = [*(config.get("Entrypoint") or []), *extra]
     config["Cmd"] = cmd[len(extra) :]
     return {**inspect, "Config": config}
+
+
+def read_container_back(
+    host: DockerHost, container_id: str, inputs: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """What pulumi-docker 5's read at refresh (resourceDockerContainerRead) writes back over a
+    container's inputs, or None when it is gone: network and pid mode as Docker reports them
+    (pid mode only when the state has one), mustRun false for a stopped container, and every
+    other attribute the read writes back (tests/engine/container_read.py)."""
+    found = inspect_container(host, container_id)
+    if found is None:
+        return None
+    read = {"networkMode": found["HostConfig"]["NetworkMode"]}
+    if inputs.get("pidMode"):
+        read["pidMode"] = found["HostConfig"]["PidMode"]
+    if not found["State"]["Running"]:
+        read["mustRun"] = False
+    made = as_the_api_made_it(found, dict(inputs))
+    return {**read_container(made, inputs), **read}
+
+
+def update_container(
+    host: DockerHost, container_id: str, old: Mapping[str, Any], new: Mapping[str, Any]
+) -> None:
+    """terraform-provider-docker v4.5.0 resourceDockerContainerUpdate: the restart policy on
+    the live container; mustRun false -> true starts it; the rest only changes the state."""
+    if (old.get("restart"), old.get("maxRetryCount")) != (
+        new.get("restart"),
+        new.get("maxRetryCount"),
+    ):
+        policy = str(new.get("restart") or "no")
+        if policy == "on-failure" and new.get("maxRetryCount"):
+            policy += f":{int(new['maxRetryCount'])}"
+        words = ["update", f"--restart={policy}", container_id]
+        docker_or_raise(host, words, f"docker {' '.join(words)}")
+    if new.get("mustRun", True) and not old.get("mustRun", True):
+        docker_or_raise(host, ["start", container_id], f"docker start {container_id}")
 
 
 def container_logs(host: DockerHost, name: str) -> str:

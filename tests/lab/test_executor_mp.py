@@ -26,6 +26,7 @@ from tests.lab.cli_stack import (
     counts,
     documented_counts,
     init_stack,
+    plain_settings,
 )
 from tests.lab.deploying import (
     API_KEY,
@@ -243,7 +244,7 @@ def test_a_worker_that_cannot_reach_the_rendezvous_is_named(stack: Stack) -> Non
 def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stack: Stack) -> None:
     lab = stack.lab
     to_ray = {**lab_config(lab)}
-    stack.cli.replace_config(stack.name, {k: v for k, v in to_ray.items() if "apiKey" not in k})
+    stack.cli.replace_config(stack.name, plain_settings(to_ray))
     planned = stack.cli.preview()
     assert counts(planned) == documented_counts("switch back (mp → ray)"), planned
     # Our model of the engine (the program tests' preview) is held to it: the same plan of
@@ -261,9 +262,7 @@ def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stac
         assert f"{PREFIX}-{container}" in names, (host, names)
     assert host_sh(lab, WORKER, "docker ps -aq --filter name=spark-vllm-vllm") == ""
 
-    stack.cli.replace_config(
-        stack.name, {k: v for k, v in mp_config(lab).items() if "apiKey" not in k}
-    )
+    stack.cli.replace_config(stack.name, plain_settings(mp_config(lab)))
     planned = stack.cli.preview()
     assert counts(planned) == documented_counts("switch executors (`vllm.executor` ray → mp)")
     assert model_plan(to_ray, mp_config(lab)) == changes(stack.cli.preview(custom_only=True))

@@ -34,7 +34,6 @@ from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockCallArgs, MockResourceArgs
 from pulumi.runtime.proto import plugin_pb2, provider_pb2, provider_pb2_grpc
 
-from tests.engine.container_read import read_container
 from tests.engine.diff import TYPE_COMMAND, TYPE_CONTAINER, TYPE_REMOTE_IMAGE, diff
 from tests.engine.images import repo_digest
 from tests.lab.plugins.plugin import configure_logging, serve
@@ -43,15 +42,13 @@ from tests.lab.realmocks import (
     DockerHost,
     JournalEntry,
     RealMocks,
-    as_the_api_made_it,
     connection_from_inputs,
     docker_host_from_provider_inputs,
-    inspect_container,
     inspect_image,
+    read_container_back,
     refuse_previous_output_in_env,
-    run_docker,
-    tail,
     teardown_entry,
+    update_container,
 )
 from tests.mockvalues import ProviderInvokeError
 
@@ -254,19 +251,9 @@ class StandinProvider(provider_pb2_grpc.ResourceProviderServicer):
     ) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
         host = self.docker_host
         if typ == TYPE_CONTAINER and host is not None:
-            found = inspect_container(host, resource_id)
-            if found is None:
+            new_inputs = read_container_back(host, resource_id, inputs)
+            if new_inputs is None:
                 return None
-            # pulumi-docker 5 (resourceDockerContainerRead): network and pid mode as Docker
-            # reports them, mustRun false for a stopped container, and every attribute the
-            # read writes back (tests/engine/container_read.py).
-            read = {"networkMode": found["HostConfig"]["NetworkMode"]}
-            if inputs.get("pidMode"):
-                read["pidMode"] = found["HostConfig"]["PidMode"]
-            if not found["State"]["Running"]:
-                read["mustRun"] = False
-            made = as_the_api_made_it(found, inputs)
-            new_inputs = {**read_container(made, inputs), **read}
             return resource_id, {**state, **new_inputs}, new_inputs
         if typ == TYPE_REMOTE_IMAGE and host is not None:
             name = str(state.get("name") or inputs.get("name"))
@@ -306,31 +293,8 @@ class StandinProvider(provider_pb2_grpc.ResourceProviderServicer):
                     stderr=result.stderr.removesuffix("\n"),
                 )
         elif typ == TYPE_CONTAINER and self.docker_host is not None:
-            self._update_container(resource_id, old, news, self.docker_host)
+            update_container(self.docker_host, resource_id, old, news)
         return outputs
-
-    @staticmethod
-    def _update_container(
-        resource_id: str, old: dict[str, Any], new: dict[str, Any], host: DockerHost
-    ) -> None:
-        """terraform-provider-docker v4.5.0 resourceDockerContainerUpdate: the restart policy on
-        the live container; mustRun false -> true starts it; the rest only changes the state."""
-        if (old.get("restart"), old.get("maxRetryCount")) != (
-            new.get("restart"),
-            new.get("maxRetryCount"),
-        ):
-            policy = str(new.get("restart") or "no")
-            if policy == "on-failure" and new.get("maxRetryCount"):
-                policy += f":{int(new['maxRetryCount'])}"
-            docker(host, ["update", f"--restart={policy}", resource_id])
-        if new.get("mustRun", True) and not old.get("mustRun", True):
-            docker(host, ["start", resource_id])
-
-
-def docker(host: DockerHost, words: list[str]) -> None:
-    result = run_docker(host, words)
-    if result.exit_code != 0:
-        raise RuntimeError(f"{host.label}: docker {' '.join(words)}: {tail(result.stderr, 10)}")
 
 
 def main(argv: list[str]) -> None:
