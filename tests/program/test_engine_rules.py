@@ -141,7 +141,7 @@ def test_a_container_created_but_not_started_keeps_its_id_and_up_refresh_starts_
         looked_up.append(container_id)
         return stopped(container_id) if container_id == "c0ffee" else None
 
-    monkeypatch.setattr(lab_engine, "inspect_container", inspect)
+    monkeypatch.setattr(realmocks, "inspect_container", inspect)
     refreshed = NextUp(first, refresh=True)
     assert looked_up == ["c0ffee"]
     assert refreshed.prior[BASE].inputs["mustRun"] is False
