@@ -32,11 +32,14 @@ from components.bundle import facts_script
 from components.connection import docker_ssh_opts
 from stacks.credentials import SshAuth
 from stacks.plan.cluster import NodePlan
+from stacks.plan.containers import Ulimit, daemon_default_ulimits
 
 FACTS_HEADER = "spark-vllm-facts 1"
 MISSING = "-"
 SLOT_LINE = "slot"  # "slot K KEY": a server's slot, as the head recorded it
 GUARD_LINE = "guard"  # "guard LINE": the memory guard's stop of a container stopped still
+DOCKERD_ARG_LINE = "dockerd-arg"  # "dockerd-arg --default-ulimit=V": the running daemon's flag
+DAEMON_JSON_LINE = "daemon-json"  # "daemon-json JSON": its config file, on one line
 
 
 @dataclass
@@ -49,6 +52,8 @@ class HostFacts:
     slots: dict[str, int] = field(default_factory=dict)  # server's key -> its recorded slot
     # The memory guard's lines about containers it stopped that are stopped still.
     guard_stops: list[str] = field(default_factory=list)
+    # What dockerd adds to every container that does not set them (default-ulimits).
+    daemon_ulimits: tuple[Ulimit, ...] = ()
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -65,7 +70,8 @@ class HostFacts:
 def parse_facts(host: str, stdout: str) -> HostFacts:
     """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt, then
     `slot K KEY` per server's recorded slot, then `guard LINE` per server the memory guard
-    stopped that is stopped still."""
+    stopped that is stopped still, then the running dockerd's `--default-ulimit` flags and its
+    daemon.json."""
     lines = stdout.splitlines()
     if FACTS_HEADER not in lines:
         raise ValueError(f"no facts in the answer: {stdout.strip()[-300:] or 'nothing'}")
@@ -73,10 +79,18 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     failing: dict[str, str] = {}
     slots: dict[str, int] = {}
     guard_stops: list[str] = []
+    dockerd_args: list[str] = []
+    daemon_json = ""
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
         if step == GUARD_LINE:
             guard_stops.append(rest)
+            continue
+        if step == DOCKERD_ARG_LINE:
+            dockerd_args.append(rest)
+            continue
+        if step == DAEMON_JSON_LINE:
+            daemon_json = rest
             continue
         if step == SLOT_LINE:
             slot, _, key = rest.partition(" ")
@@ -88,7 +102,8 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
             failing[step] = why
         elif step and token:
             holding[step] = token
-    return HostFacts(host, holding, failing, slots, guard_stops)
+    daemon_ulimits = daemon_default_ulimits(daemon_json, dockerd_args)
+    return HostFacts(host, holding, failing, slots, guard_stops, daemon_ulimits)
 
 
 def facts_command(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import pulumi
@@ -19,7 +20,7 @@ from pulumi_command import remote
 from components.containers import service_container
 from components.steps import StepHost, host_step
 from stacks.plan.cluster import ClusterPlan
-from stacks.plan.containers import ContainerSpec
+from stacks.plan.containers import ContainerSpec, with_daemon_ulimits
 from stacks.plan.graph import DeploymentGraph, Planned, Source, later_sources
 from stacks.plan.image import ImagePull, is_pinned, unpinned_warning
 from stacks.plan.later import Later, consumed
@@ -145,11 +146,14 @@ class Walk:
             (label, pulumi.Output.from_input(self._stdin[secret]).apply(_hash))
             for label, secret in entry.secret_labels
         ]
+        host = self.hosts[entry.node]
+        # What the provider's read after the create will find: dockerd's defaults merged in.
+        daemon_ulimits = with_daemon_ulimits(spec.ulimits, host.facts.daemon_ulimits)
         return service_container(
             entry.name,
-            spec,
+            replace(spec, ulimits=daemon_ulimits),
             self.value(entry.image.name),
-            provider=self.hosts[entry.node].provider,
+            provider=host.provider,
             parent=parent,
             after=self._after(entry),
             id_labels=id_labels,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import resource
 from pathlib import Path
 from typing import Literal
 
@@ -35,9 +36,25 @@ def storage_driver(engine: str) -> str:
     return "" if uses_containerd_store(engine) else "overlay2"
 
 
+# Default ulimits as a tuned GPU host's daemon.json sets them: dockerd merges each into every
+# container that does not set it (the program sets `stack`, so its own stays), and the
+# provider's read after a create sees the merged set (stacks/plan/containers.py). No higher
+# than this machine lets a process raise its own (runc fails "error setting rlimits").
+def default_ulimits() -> dict[str, dict[str, object]]:
+    limits = {"nofile": resource.RLIMIT_NOFILE, "memlock": resource.RLIMIT_MEMLOCK}
+    found: dict[str, dict[str, object]] = {}
+    for name, which in limits.items():
+        hard = resource.getrlimit(which)[1]
+        value = -1 if hard == resource.RLIM_INFINITY else hard
+        found[name] = {"Name": name, "Soft": value, "Hard": value}
+    found["stack"] = {"Name": "stack", "Soft": 8388608, "Hard": 8388608}
+    return found
+
+
 def daemon_json(engine: str) -> str:
-    """The host's /etc/docker/daemon.json: the containerd snapshotter is a feature flag in 26."""
-    config: dict[str, object] = {}
+    """The host's /etc/docker/daemon.json: default ulimits on every host; the containerd
+    snapshotter is a feature flag in 26."""
+    config: dict[str, object] = {"default-ulimits": default_ulimits()}
     if uses_containerd_store(engine):
         config["features"] = {"containerd-snapshotter": True}
     return json.dumps(config) + "\n"

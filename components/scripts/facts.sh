@@ -4,7 +4,9 @@
 # Prints "spark-vllm-facts 1", then one line per receipt (receipt.sh): "STEP TOKEN" when every
 # check recorded with it still holds, "STEP - WHY" when one does not. Every check is bounded.
 # Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots),
-# and "guard LINE" for each container the memory guard stopped that is stopped still.
+# "guard LINE" for each container the memory guard stopped that is stopped still, then what
+# the running dockerd gives every container: "dockerd-arg --default-ulimit=V" per such flag and
+# "daemon-json JSON", its config file on one line (JSON strings hold no raw newline).
 set -uo pipefail
 state_dir="$1"
 guard="${2:-}"
@@ -77,4 +79,19 @@ if [ -n "$guard" ]; then
       [ "$running" = false ] && echo "guard $line"
     done
 fi
+# What dockerd adds to every container (default-ulimits): its command line and its config file.
+dockerd_pid="$(cat /run/docker.pid 2>/dev/null || pgrep -xo dockerd 2>/dev/null)"
+daemon_json=/etc/docker/daemon.json
+if [ -n "$dockerd_pid" ] && [ -r "/proc/$dockerd_pid/cmdline" ]; then
+  while IFS= read -r -d '' arg; do
+    case "$arg" in
+      --config-file=*) daemon_json="${arg#--config-file=}" ;;
+      --default-ulimit=*) echo "dockerd-arg $arg" ;;
+    esac
+    [ "${previous:-}" = --default-ulimit ] && echo "dockerd-arg --default-ulimit=$arg"
+    [ "${previous:-}" = --config-file ] && daemon_json="$arg"
+    previous="$arg"
+  done < "/proc/$dockerd_pid/cmdline"
+fi
+[ -r "$daemon_json" ] && echo "daemon-json $(tr -d '\n\r' < "$daemon_json")"
 exit 0

@@ -7,6 +7,8 @@ name other resources' IDs (a Ray head's, the cluster's), which exist only once t
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -99,6 +101,52 @@ class Ulimit:
     name: str
     soft: int  # -1: unlimited
     hard: int
+
+
+def daemon_default_ulimits(daemon_json: str, dockerd_args: Sequence[str]) -> tuple[Ulimit, ...]:
+    """The ulimits dockerd adds to every container that does not set them itself: daemon.json's
+    `default-ulimits` and the `--default-ulimit NAME=SOFT[:HARD]` flags (dockerd refuses a key
+    given both ways, so they never conflict). A daemon.json that is not JSON has none: dockerd
+    would not have started with it."""
+    found: dict[str, Ulimit] = {}
+    try:
+        config = json.loads(daemon_json) if daemon_json.strip() else {}
+    except json.JSONDecodeError:
+        config = {}
+    defaults = config.get("default-ulimits") if isinstance(config, dict) else None
+    for key, value in (defaults if isinstance(defaults, dict) else {}).items():
+        if isinstance(value, dict) and "Soft" in value and "Hard" in value:
+            name = str(value.get("Name") or key)
+            found[name] = Ulimit(name, int(value["Soft"]), int(value["Hard"]))
+    for flag in _default_ulimit_flags(dockerd_args):
+        name, _, limits = flag.partition("=")
+        soft, _, hard = limits.partition(":")
+        if name and soft.lstrip("-").isdigit() and (not hard or hard.lstrip("-").isdigit()):
+            found[name] = Ulimit(name, int(soft), int(hard or soft))
+    return tuple(found[name] for name in sorted(found))
+
+
+def _default_ulimit_flags(args: Sequence[str]) -> list[str]:
+    """The values of `--default-ulimit`, given as `--default-ulimit V` or `--default-ulimit=V`."""
+    values: list[str] = []
+    for index, arg in enumerate(args):
+        if arg.startswith("--default-ulimit="):
+            values.append(arg.split("=", 1)[1])
+        elif arg == "--default-ulimit" and index + 1 < len(args):
+            values.append(args[index + 1])
+    return values
+
+
+def with_daemon_ulimits(
+    ulimits: tuple[Ulimit, ...], defaults: tuple[Ulimit, ...]
+) -> tuple[Ulimit, ...]:
+    """A container's ulimits as dockerd stores them: its own, then each daemon default it does
+    not set (daemon `mergeUlimits`). pulumi-docker's create ends with a read of the container,
+    and the next `up` diffs the program's ulimits against that read (a set, ForceNew): giving
+    the merged set keeps a host with `default-ulimits` from replacing every container on
+    every `up`."""
+    own = {ulimit.name for ulimit in ulimits}
+    return ulimits + tuple(ulimit for ulimit in defaults if ulimit.name not in own)
 
 
 def _ulimits(node: NodePlan) -> tuple[Ulimit, ...]:

@@ -74,7 +74,18 @@ _PLAIN: dict[str, tuple[Callable[[Mapping[str, Any]], Any], Any]] = {
     "dnsSearches": (lambda c: list(c["HostConfig"].get("DnsSearch") or []), []),
     "groupAdds": (lambda c: list(c["HostConfig"].get("GroupAdd") or []), []),
     "sysctls": (lambda c: dict(c["HostConfig"].get("Sysctls") or {}), {}),
+    "ulimits": (lambda c: _ulimits(c), []),
 }
+
+
+def _ulimits(inspect: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`ulimit` (`flattenUlimits(container.HostConfig.Ulimits)`): every ulimit the container
+    runs with, dockerd's `default-ulimits` merged in at its start (daemon `mergeUlimits`), so
+    a host with defaults reads back more than the program gave. Numbers as the SDK sends them."""
+    return [
+        {"name": u["Name"], "soft": float(u["Soft"]), "hard": float(u["Hard"])}
+        for u in inspect["HostConfig"].get("Ulimits") or []
+    ]
 
 
 def read_container(inspect: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:

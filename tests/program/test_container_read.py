@@ -76,3 +76,19 @@ def test_a_change_made_behind_the_programs_back_is_a_replacement() -> None:
     longer_stop = copy.deepcopy(INSPECT)
     longer_stop["Config"]["StopTimeout"] = 30
     assert planned(PROGRAM, longer_stop) == "replace"
+
+
+def test_a_host_with_default_ulimits_reads_back_more_ulimits_than_the_program_gave() -> None:
+    """dockerd merges daemon.json's `default-ulimits` into the container's HostConfig.Ulimits;
+    the read stores them, and the next plain `up` replaces the container (ulimit: a ForceNew
+    set) unless the program gives the merged set (stacks/plan/containers.with_daemon_ulimits)."""
+    stack = {"name": "stack", "soft": 67108864.0, "hard": 67108864.0}
+    nofile = {"name": "nofile", "soft": 65536.0, "hard": 65536.0}
+    inspect = copy.deepcopy(INSPECT)
+    inspect["HostConfig"]["Ulimits"] = [
+        {"Name": "stack", "Soft": 67108864, "Hard": 67108864},
+        {"Name": "nofile", "Soft": 65536, "Hard": 65536},
+    ]
+    assert planned({**PROGRAM, "ulimits": [stack]}, inspect) == "replace"
+    assert planned({**PROGRAM, "ulimits": [nofile, stack]}, inspect) == "same"
+    assert planned(PROGRAM, INSPECT) == "same"  # no ulimits given, none on the daemon

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import pytest
 
+from components.facts import parse_facts
 from stacks.plan.known_bad import SHIPPED, entries_flag
 from tests.program.scripting import SCRIPTS, fake_bin, fake_docker_path, load, run
 
@@ -564,7 +565,12 @@ def facts(state_dir: Path, *guard: str, env: dict[str, str] | None = None) -> di
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "spark-vllm-facts 1"
-    return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in lines[1:]}
+    # What this machine's own dockerd is given is for the test below, not these.
+    lines = [line for line in lines[1:] if not line.startswith(DOCKERD_LINES)]
+    return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in lines}
+
+
+DOCKERD_LINES = ("dockerd-arg ", "daemon-json ")
 
 
 def receipt(state_dir: Path, step: str, token: str, *checks: str) -> None:
@@ -632,6 +638,41 @@ def test_facts_name_what_the_memory_guard_stopped_that_is_stopped_still(tmp_path
     }
     # Without a guard (memoryGuard off), nothing is asked of Docker.
     assert facts(tmp_path / "state", env=fake_bin(tmp_path, docker="#!/bin/sh\nexit 1\n")) == {}
+
+
+def test_facts_give_what_the_running_dockerd_adds_to_every_container(tmp_path: Path) -> None:
+    """The daemon of /run/docker.pid (here a bash that is not exec-replaced, with dockerd's words
+    on its command line): its `--default-ulimit` flags, and the daemon.json its
+    `--config-file` names (on one line), as components/facts.py parses them. Run in a mount
+    namespace of its own, with a /run of its own, so this machine's Docker plays no part."""
+    config = tmp_path / "daemon.json"
+    nofile = {"Name": "nofile", "Soft": 65536, "Hard": 65536}
+    config.write_text(json.dumps({"default-ulimits": {"nofile": nofile}}, indent=2))
+    daemon = subprocess.Popen(["bash", "-c", "sleep 60; exit 0", "dockerd", "--default-ulimit",
+                               "core=0:0", f"--config-file={config}"])  # fmt: skip
+    script = (SCRIPTS / "snapshot.sh").read_text() + (SCRIPTS / "facts.sh").read_text()
+    setup = f"mount -t tmpfs tmpfs /run && echo {daemon.pid} > /run/docker.pid && "
+    try:
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "bash", "-c",
+             setup + 'exec bash -s -- "$0"', str(tmp_path / "state")],
+            input=script, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith(DOCKERD_LINES)]
+    assert lines == [
+        "dockerd-arg --default-ulimit=core=0:0",
+        'daemon-json {  "default-ulimits": {    "nofile": {      "Name": "nofile",      '
+        '"Soft": 65536,      "Hard": 65536    }  }}',
+    ]
+    parsed = parse_facts("spark1", done.stdout)
+    assert [(u.name, u.soft, u.hard) for u in parsed.daemon_ulimits] == [
+        ("core", 0, 0),
+        ("nofile", 65536, 65536),
+    ]
 
 
 # --- quoting for remote shells (lib.sh words) -----------------------------------------------------
