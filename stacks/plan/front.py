@@ -22,8 +22,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stacks.plan.client_routes import client_paths
 from stacks.plan.cluster import ClusterPlan
 from stacks.plan.container_paths import CONTAINER_API_KEY_DIR
+from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME, BODY_REFUSALS, MODEL_CHECK_FETCH
 from stacks.plan.server_plan import ServerPlan, per_server
 
 CONTAINER_FRONT_DIR = "/spark-vllm/front"  # the host's <state>/front, read-only
@@ -66,6 +68,13 @@ HANDOVER_HOST = "127.0.0.2"
 BODY_BUFFER_BYTES = 1048576
 ROUTER_MAX_CONNECTIONS = 512
 MAX_CONNECTIONS = 4096  # one model: HAProxy's default 16 kB buffers
+# The front speaks HTTP/1.1 only (`proto h1` on its bind): HAProxy would otherwise take HTTP/2
+# in clear text from any client that opens with its preface (h2c "prior knowledge"), up to 100
+# streams per connection, each holding a buffer (BODY_BUFFER_BYTES with several models): one
+# connection could hold 100 MiB, past the `maxconn` and per-client bounds that count
+# connections. vLLM itself serves HTTP/1.1 only, and its clients (OpenAI's and Anthropic's
+# SDKs, curl, vllm bench) use HTTP/1.1 unless told otherwise: nothing is lost.
+H1_ONLY = "proto h1"
 
 # A generation can stream for many minutes: the client and server timeouts bound idle time
 # between bytes, not the whole request. A request's headers must arrive within
@@ -157,6 +166,7 @@ def front_config(plan: ClusterPlan) -> str:
         keys_map=f"{CONTAINER_API_KEY_DIR}/{KEYS_MAP_NAME}",
         keys_lua=f"{CONTAINER_FRONT_DIR}/{KEYS_LUA_NAME}",
         handover=handover_address(metrics_port),
+        body_lua=f"{CONTAINER_FRONT_DIR}/{BODY_LUA_NAME}",
     )
 
 
@@ -188,6 +198,7 @@ def router_config(
     keys_map: str = "",
     keys_lua: str | None = None,
     handover: str | None = None,
+    body_lua: str | None = None,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -200,7 +211,9 @@ def router_config(
     (50-200 ms late without). No client address holds more than `per_client` connections at
     once (counted as they arrive, before any header: clients without the key cannot hold
     every connection, slowly sending headers that never end). With `keys` and `handover` (the
-    local peer's address), a reload keeps the keys' table (HANDOVER_PEERS)."""
+    local peer's address), a reload keeps the keys' table (HANDOVER_PEERS). Several routes need
+    `body_lua` (front_body.BODY_LUA's path): a body whose `model` the front and vLLM could
+    read differently is refused before it is routed. HTTP/1.1 only (H1_ONLY)."""
     unauthorized = haproxy_string(UNAUTHORIZED_BODY)
     unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
         "MODEL", "%[var(txn.model),json(utf8s)]"
@@ -212,6 +225,8 @@ def router_config(
         "the part read names no model: put `model` first in the body",
     )
     routing = len(routes) > 1
+    if routing and body_lua is None:
+        raise ValueError("several routes read `model` from the body: body_lua is required")
     # Several routes read each body to find its model: large buffers, fewer connections. One
     # route reads no body: HAProxy's default buffers, and the connections it always had.
     most = max_connections or (ROUTER_MAX_CONNECTIONS if routing else MAX_CONNECTIONS)
@@ -243,10 +258,16 @@ def router_config(
         "    retries 2",
         "    option redispatch",
         "frontend api",
-        f"    bind {bind}",
+        f"    bind {bind} {H1_ONLY}",
         "    stick-table type ipv6 size 100k expire 60s store conn_cur",
         "    tcp-request connection track-sc0 src",
         f"    tcp-request connection reject if {{ sc0_conn_cur gt {per_client} }}",
+        # An h2c upgrade is not the front's to offer (H1_ONLY): dropped, so no server behind it
+        # can switch the connection to HTTP/2 (HAProxy would tunnel its 101); the request is
+        # answered over HTTP/1.1, as RFC 9110 lets a server ignore Upgrade. HTTP2-Settings
+        # means nothing without it (HAProxy itself drops Upgrade from a request with a body).
+        "    http-request del-header upgrade if { req.hdr(upgrade) -i -m sub h2c }",
+        "    http-request del-header http2-settings",
         f"    acl has_key req.hdr(authorization) -m str -f {bearer}",
         *(
             [
@@ -265,18 +286,23 @@ def router_config(
     if keys and handover is not None:
         # In `global`, before the `peers` section that names it (HAProxy ignores it after).
         lines.insert(lines.index("defaults"), f"    localpeer {LOCAL_PEER}")
-    if keys and keys_lua is not None and metrics_bind is not None:
+    lua = [
+        *([keys_lua] if keys and keys_lua is not None and metrics_bind is not None else []),
+        *([body_lua] if routing and body_lua is not None else []),
+    ]
+    if lua:
         # HAProxy 3.2 (the official image) warns at every start unless the way Lua receives
         # boolean samples is set before `lua-load` (configuration manual 3.2,
         # tune.lua.bool-sample-conversion; `normal` is the one it recommends). keys.lua reads only
-        # the stick table's integers, so either value serves it; 2.6 (Debian, the tests) knows no
-        # such keyword, hence the conditional block (manual 2.4, "Conditional blocks").
+        # the stick table's integers and body.lua the body, so either value serves them; 2.6
+        # (Debian, the tests) knows no such keyword, hence the conditional block (manual 2.4,
+        # "Conditional blocks").
         at = lines.index("defaults")
         lines[at:at] = [
             ".if version_atleast(3.2)",
             "    tune.lua.bool-sample-conversion normal",
             ".endif",
-            f"    lua-load {keys_lua}",
+            *(f"    lua-load {path}" for path in lua),
         ]
     if metrics_bind is not None:
         # HAProxy's Prometheus exporter (built in: Debian's 2.6, the official images' USE_PROMEX)
@@ -311,10 +337,12 @@ def router_config(
         "    http-request return status 200 content-type application/json"
         f" file {models_file} if METH_GET {{ path /v1/models }}",
         "    http-request wait-for-body time 30s if METH_POST",
+        *body_check_lines(),
         "    http-request set-var(txn.model) req.body,json_query('$.model') if METH_POST",
         "    http-request set-var(txn.body_read) req.body_len if METH_POST",
         "    acl body_cut req.body_size,sub(txn.body_read) gt 0",
-        "    acl json_body req.hdr(content-type) -m beg application/json",
+        # Media types are case-insensitive (RFC 9110, 8.3.1): `Application/JSON` is JSON too.
+        "    acl json_body req.hdr(content-type) -i -m beg application/json",
         *(
             f"    acl model_{index} var(txn.model) -m str {haproxy_string(route.served_name)}"
             for index, route in enumerate(routes)
@@ -331,6 +359,39 @@ def router_config(
     for index, route in enumerate(routes):
         lines += backend_lines(index, route, named=True)
     return "\n".join([*lines, *keys_table(keys, handover), ""])
+
+
+def body_check_lines() -> list[str]:
+    """A POST body whose `model` the front and vLLM could read differently: a JSON 400 naming
+    why (front_body.py), before the front reads `model` to route it."""
+    return [
+        f"    http-request set-var(txn.model_check) lua.{MODEL_CHECK_FETCH} if METH_POST",
+        *(
+            "    http-request return status 400 content-type application/json string "
+            + error_body(400, "BadRequestError", refusal.message)
+            + f" if METH_POST {{ var(txn.model_check) -m str {refusal.code} }}"
+            for refusal in BODY_REFUSALS
+        ),
+    ]
+
+
+def route_lines() -> list[str]:
+    """A named key on a route that is not a client's (client_routes.py): a JSON 403 naming the
+    method and path asked for."""
+    refused = error_body(
+        403,
+        "PermissionDeniedError",
+        "`METHOD PATH` is not open to this key: named keys reach the models' client routes "
+        "only (/v1/chat/completions, /v1/completions, /v1/models...).",
+        param=None,
+    ).replace("METHOD PATH", "%[method,json(utf8s)] %[path,json(utf8s)]")
+    return [
+        f"    acl client_get path {' '.join(client_paths('GET'))}",
+        f"    acl client_post path {' '.join(client_paths('POST'))}",
+        "    http-request return status 403 content-type application/json"
+        f" lf-string {refused} if named_key !METH_GET !METH_POST"
+        " || named_key METH_GET !client_get || named_key METH_POST !client_post",
+    ]
 
 
 def key_lines(keys: Sequence[Key], keys_map: str) -> list[str]:
@@ -358,7 +419,7 @@ def key_lines(keys: Sequence[Key], keys_map: str) -> list[str]:
                 f" hdr retry-after {KEY_WINDOW_SECONDS} string {too_many}"
                 f" if key_{index} {{ sc_http_req_rate(1) gt {key.requests_per_minute} }}"
             )
-    return lines
+    return [*lines, *route_lines()]
 
 
 def limited_models(key: Key, served: Sequence[str]) -> list[str] | None:
@@ -516,6 +577,8 @@ def front_files(plan: ClusterPlan) -> list[tuple[str, str]]:
             if allowed is not None:
                 name = key_models_file(MODELS_FILE_NAME, key.name)
                 files.append((name, models_document(routes, allowed)))
+    if len(routes) > 1:
+        files.append((BODY_LUA_NAME, BODY_LUA))
     if plan.config.keys:
         files.append((KEYS_LUA_NAME, KEYS_LUA))
     return files

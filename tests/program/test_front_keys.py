@@ -37,6 +37,7 @@ from stacks.plan.front import (
     models_document,
     router_config,
 )
+from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME
 from tests.program.conftest import ConfigFactory
 from tests.program.planning import plan_of
 from tests.program.ports import free_port
@@ -71,6 +72,7 @@ def config(keys: tuple[Key, ...], ports: tuple[int, ...] = (1, 2)) -> str:
         keys_map="/k/keys.map",
         keys_lua="/f/keys.lua",
         handover=handover_address(3),
+        body_lua="/f/body.lua",
     )
 
 
@@ -79,8 +81,8 @@ def test_without_keys_the_configuration_is_as_before() -> None:
     front as it was)."""
     for ports in ((1,), (1, 2)):
         text = config((), ports)
-        words = ("keys.map", "txn.key", "track-sc1", "lua", "backend keys", "429", "403", "peer")
-        for word in words:
+        words = ("keys.map", "txn.key", "track-sc1", "keys.lua", "key_metrics", "backend keys")
+        for word in (*words, "429", "403", "peer"):
             assert word not in text
 
 
@@ -118,9 +120,11 @@ def test_the_configuration_names_keys_never_their_values() -> None:
     assert f"use-service lua.key_metrics if {{ path {KEY_METRICS_PATH} }}" in text
     for value in (OPERATOR, *VALUES.values()):
         assert value not in text
-    # One model: no body is read, so no model is refused; the rate and the counters stay.
+    # One model: no body is read, so no model is refused; the rate, the counters and the
+    # client routes (the one 403) stay.
     single = config(KEYS, (1,))
-    assert "status 403" not in single and "models-alice" not in single
+    assert "not available with this key" not in single and "models-alice" not in single
+    assert single.count("status 403") == 1 and "is not open to this key" in single
     assert "sc_http_req_rate(1) gt 3" in single and "backend keys" in single
 
 
@@ -137,8 +141,9 @@ def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
     assert lines[section + 3].endswith(" peers handover")
     assert "127.0.0.2" not in config(()) and "peer" not in config(())
     bare = router_config(
-        "127.0.0.1:1", "/k/bearer", routes(1, 2), "/f/models.json", keys=KEYS, keys_map="/k/m"
-    )
+        "127.0.0.1:1", "/k/bearer", routes(1, 2), "/f/models.json", keys=KEYS, keys_map="/k/m",
+        body_lua="/f/body.lua",
+    )  # fmt: skip
     assert "peer" not in bare
 
 
@@ -224,6 +229,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
         (secrets / "keys.map").write_text("".join(f"{values[k.name]} {k.name}\n" for k in keys))
         (secrets / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
         (files / "keys.lua").write_text(KEYS_LUA)
+        (files / BODY_LUA_NAME).write_text(BODY_LUA)
         (files / "models.json").write_text(models_document(served))
         for key in keys:
             allowed = limited_models(key, [r.served_name for r in served])
@@ -241,6 +247,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
                 keys_map=str(secrets / "keys.map"),
                 keys_lua=str(files / "keys.lua"),
                 handover=handover_address(metrics),
+                body_lua=str(files / BODY_LUA_NAME),
             )
         )
         # -dW: any warning fails the check (on 3.2, the Lua one the conditional block avoids).

@@ -180,7 +180,8 @@ def test_with_one_model_a_key_is_a_reload_of_the_front_too(make_config: ConfigFa
     keyed = with_keys(base, {"name": "alice", "models": ["qwen"], "requestsPerMinute": 10})
     assert plan_of(base, keyed, [], [ALICE]) == {"front-keys": "create", **FRONT_ONLY}
     config = deploy(keyed, [ALICE]).named("front-config").inputs["create"]
-    assert "sc_http_req_rate(1) gt 10" in config and "status 403" not in config
+    assert "sc_http_req_rate(1) gt 10" in config and "not available with this key" not in config
+    assert "is not open to this key" in config  # the client routes, with one model too
     # The keys' table goes over a reload: its local peer at front.metricsPort, on 127.0.0.2.
     assert "    localpeer front\n" in config and "    peer front 127.0.0.2:8404\n" in config
 

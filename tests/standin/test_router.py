@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from stacks.plan.front import BODY_BUFFER_BYTES, Route, models_document, router_config
+from stacks.plan.front_body import BODY_LUA
 
 from .conftest import unavailable
 from .helpers import TINY_MODEL, StandinFactory, StandinProcess, free_port, http
@@ -33,10 +34,19 @@ class Haproxy:
         bearer, models = workdir / "bearer", workdir / "models.json"
         bearer.write_text(f"Bearer {KEY}\n")
         models.write_text(models_document(routes))
+        body_lua = workdir / "body.lua"
+        body_lua.write_text(BODY_LUA)
         config = workdir / "haproxy.cfg"
         metrics = f"127.0.0.1:{self.metrics_port}"
         config.write_text(
-            router_config(f"127.0.0.1:{self.port}", str(bearer), routes, str(models), metrics)
+            router_config(
+                f"127.0.0.1:{self.port}",
+                str(bearer),
+                routes,
+                str(models),
+                metrics,
+                body_lua=str(body_lua),
+            )
         )
         check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
