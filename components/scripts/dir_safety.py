@@ -9,8 +9,9 @@ the way, the ones links lead through included, is owned by root or the SSH user 
 neither its group nor others. Unlike safe_path there is no stop at the home directory: the walk
 goes up to /. There is no exception for the sticky bit (/tmp's 1777): it stops others from
 removing a name, not from making it first. The state leaf itself, if it is there, is the SSH
-user's own real directory, not a link (a destroy deletes in it); the cache may be a link to a
-directory elsewhere, held to the same rule as every parent. What is missing is made later by
+user's own real directory, not a link and reached through none (a destroy empties it, and
+lib.sh `empty` refuses a path a link leads elsewhere); the cache may lead through links, every
+directory on the way held to the rule. What is missing is made later by
 `mkdir -p` as the SSH user, below a parent the walk found safe.
 
     python3 - STATE_LEAF CACHE_DIR   (stdin: this file)
@@ -29,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["dir", "link", "other", "missing"]
+Kind = Literal["dir", "link", "followed", "other", "missing"]
 MAX_LINKS = 40  # as the kernel's ELOOP limit
 
 
@@ -67,6 +68,7 @@ def survey(path: str, follow_last: bool) -> list[Entry]:
             if links > MAX_LINKS:
                 return [*entries, Entry(candidate, "other", info.st_uid, info.st_mode)]
             target = os.readlink(candidate)
+            entries.append(Entry(f"{candidate} -> {target}", "followed", info.st_uid, info.st_mode))
             if target.startswith("/"):
                 current = "/"
                 entries.append(_entry("/"))
@@ -131,7 +133,18 @@ def problems(target: Target, entries: list[Entry], uid: int) -> list[str]:
     )
     found = []
     *parents, last = entries
+    links = [entry.path for entry in parents if entry.kind == "followed"]
+    if links and target.leaf_owned:
+        # A destroy empties only the directory itself (lib.sh `empty` refuses a path a link
+        # leads elsewhere): refused now, not at the destroy.
+        found.append(
+            f"{what} {path} leads through a symbolic link ({', '.join(links)}); a destroy "
+            f"empties only a path without links; fix: set {target.key} to the path "
+            f"`realpath` gives for it"
+        )
     for entry in parents:
+        if entry.kind == "followed":
+            continue  # the directory holding it is checked, and where it leads
         if entry.uid not in (0, uid):
             why = "belongs to another user"
         elif _writable_by_others(entry):

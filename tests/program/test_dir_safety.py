@@ -136,17 +136,26 @@ def test_a_symlinked_ancestor_into_a_world_writable_tree_is_refused(host_tmp: Pa
     (open_dir / "state").mkdir()
     (host_tmp / "state").symlink_to(open_dir / "state")  # stateDir itself leads into it
     found = check(host_tmp / "state" / "spark-vllm.dev", host_tmp / "hf")
-    assert [line.split(",")[0] for line in found] == [str(open_dir)], found
-    assert "may be written by other users" in found[0] and "drwxrwxrwt" in found[0]
+    assert "leads through a symbolic link" in found[0], found
+    assert [line.split(",")[0] for line in found[1:]] == [str(open_dir)], found
+    assert "may be written by other users" in found[1] and "drwxrwxrwt" in found[1]
 
 
-def test_a_safe_symlinked_ancestor_and_cache_pass(host_tmp: Path) -> None:
-    """/home -> /var/home, a cache on a bigger disk: links through safe directories are fine."""
+def test_a_cache_through_safe_links_passes_a_state_leaf_through_one_does_not(
+    host_tmp: Path,
+) -> None:
+    """A cache on a bigger disk is fine; the state leaf must be reached without links, as the
+    destroy's emptying (lib.sh `empty`) will refuse it otherwise: refused now, not then."""
     (host_tmp / "real" / "state").mkdir(parents=True)
     (host_tmp / "real" / "hf").mkdir()
-    (host_tmp / "state").symlink_to("real/state")  # relative, as ln -s writes it
     (host_tmp / "hf").symlink_to(host_tmp / "real" / "hf")
-    assert check(host_tmp / "state" / "spark-vllm.dev", host_tmp / "hf") == []
+    assert check(host_tmp / "real" / "state" / "spark-vllm.dev", host_tmp / "hf") == []
+    (host_tmp / "state").symlink_to("real/state")  # relative, as ln -s writes it
+    [line] = check(host_tmp / "state" / "spark-vllm.dev", host_tmp / "hf")
+    assert line.startswith(
+        f"the state directory {host_tmp / 'state' / 'spark-vllm.dev'} leads through a symbolic "
+        f"link ({host_tmp / 'state'} -> real/state)"
+    ), line
 
 
 def test_a_group_writable_ancestor_is_refused(host_tmp: Path) -> None:
