@@ -58,6 +58,19 @@ def entry_scripts() -> EntryScripts:
     )
 
 
+DIR_SAFETY_END = "SPARK_VLLM_DIR_SAFETY_PY"
+
+
 def facts_script() -> str:
-    """facts.sh after what it uses (snapshot.sh): it runs from stdin, needs nothing installed."""
-    return (SCRIPTS_DIR / "snapshot.sh").read_text() + (SCRIPTS_DIR / "facts.sh").read_text()
+    """facts.sh after what it uses (snapshot.sh, and dir_safety.py as the shell function
+    `dir_safety`): it runs from stdin, needs nothing installed."""
+    checker = (SCRIPTS_DIR / "dir_safety.py").read_text()
+    assert DIR_SAFETY_END not in checker  # it ends the here-document
+    dir_safety = (
+        f"dir_safety() {{\n  python3 - \"$@\" <<'{DIR_SAFETY_END}'\n{checker}{DIR_SAFETY_END}\n}}\n"
+    )
+    return (
+        (SCRIPTS_DIR / "snapshot.sh").read_text()
+        + dir_safety
+        + (SCRIPTS_DIR / "facts.sh").read_text()
+    )

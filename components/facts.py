@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ SLOT_LINE = "slot"  # "slot K KEY": a server's slot, as the head recorded it
 GUARD_LINE = "guard"  # "guard LINE": the memory guard's stop of a container stopped still
 DOCKERD_ARG_LINE = "dockerd-arg"  # "dockerd-arg --default-ulimit=V": the running daemon's flag
 DAEMON_JSON_LINE = "daemon-json"  # "daemon-json JSON": its config file, on one line
+UNSAFE_LINE = "unsafe"  # "unsafe WHY": another user could change the state or the cache
 
 
 @dataclass
@@ -54,6 +56,9 @@ class HostFacts:
     guard_stops: list[str] = field(default_factory=list)
     # What dockerd adds to every container that does not set them (default-ulimits).
     daemon_ulimits: tuple[Ulimit, ...] = ()
+    # Why another local user could change what is in the state directory or the cache
+    # (dir_safety.py); facts.sh reads no receipt then.
+    unsafe: list[str] = field(default_factory=list)
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -71,7 +76,8 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt, then
     `slot K KEY` per server's recorded slot, then `guard LINE` per server the memory guard
     stopped that is stopped still, then the running dockerd's `--default-ulimit` flags and its
-    daemon.json."""
+    daemon.json; or, instead of all these, `unsafe WHY` for each reason the state directory or
+    the cache could be changed by another user."""
     lines = stdout.splitlines()
     if FACTS_HEADER not in lines:
         raise ValueError(f"no facts in the answer: {stdout.strip()[-300:] or 'nothing'}")
@@ -81,8 +87,12 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     guard_stops: list[str] = []
     dockerd_args: list[str] = []
     daemon_json = ""
+    unsafe: list[str] = []
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
+        if step == UNSAFE_LINE:
+            unsafe.append(rest)
+            continue
         if step == GUARD_LINE:
             guard_stops.append(rest)
             continue
@@ -102,28 +112,45 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
             failing[step] = why
         elif step and token:
             holding[step] = token
-    daemon_ulimits = daemon_default_ulimits(daemon_json, dockerd_args)
-    return HostFacts(host, holding, failing, slots, guard_stops, daemon_ulimits)
+    return HostFacts(
+        host,
+        holding,
+        failing,
+        slots,
+        guard_stops,
+        daemon_ulimits=daemon_default_ulimits(daemon_json, dockerd_args),
+        unsafe=unsafe,
+    )
 
 
 def facts_command(
-    node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path, guard: str = ""
+    node: NodePlan,
+    auth: SshAuth,
+    known_hosts: Path,
+    control_dir: Path,
+    cache_dir: str,
+    guard: str = "",
 ) -> str:
     """The local command that reads `node`'s facts: OpenSSH with the Docker provider's options.
-    `guard`: the memory guard's container name (none when it is off)."""
+    `cache_dir`: model.cacheDir; `guard`: the memory guard's container name (none when off)."""
     words = ["ssh", *docker_ssh_opts(node, auth, known_hosts, control_dir)]
     words += ["-T", "-p", str(node.ssh.port), "--", node.ssh.destination]
-    words.append(shlex.join(["bash", "-s", "--", node.state_dir, guard]))
+    words.append(shlex.join(["bash", "-s", "--", node.state_dir, cache_dir, guard]))
     return shlex.join(words)
 
 
 def gather_facts(
-    node: NodePlan, auth: SshAuth, known_hosts: Path, control_dir: Path, guard: str = ""
+    node: NodePlan,
+    auth: SshAuth,
+    known_hosts: Path,
+    control_dir: Path,
+    cache_dir: str,
+    guard: str = "",
 ) -> HostFacts:
     """Read `node`'s receipts now (a blocking invoke: the plan depends on them)."""
     try:
         result = local.run(
-            command=facts_command(node, auth, known_hosts, control_dir, guard),
+            command=facts_command(node, auth, known_hosts, control_dir, cache_dir, guard),
             stdin=facts_script(),
             logging=local.Logging.NONE,
             add_previous_output_in_env=False,
@@ -136,6 +163,23 @@ def gather_facts(
             "  likely cause: the host is down or unreachable, its SSH host key changed, or "
             "the SSH key is not authorized there"
         ) from None
+
+
+def refuse_unsafe(facts: Iterable[HostFacts]) -> None:
+    """Stop before anything is planned when another local user could change what spark-vllm
+    keeps on a host: every host's every reason, with its fix, in one message."""
+    found = [
+        f"spark-vllm: {host.host}: facts: another local user could change what spark-vllm "
+        "keeps on this host, so nothing is written there:\n"
+        + "\n".join(f"  {why}" for why in host.unsafe)
+        for host in facts
+        if host.unsafe
+    ]
+    if found:
+        raise pulumi.RunError(
+            "\n".join(found) + "\n  likely cause: hosts[].stateDir or model.cacheDir is in, or "
+            "below, a directory that someone other than root and the SSH user owns or may write"
+        )
 
 
 def _route(node: NodePlan) -> str:

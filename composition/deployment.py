@@ -13,7 +13,7 @@ import pulumi
 from components.bundle import entry_scripts, scripts_bundle
 from components.compile_cache import CompileCache
 from components.fabric_trust import FabricTrust
-from components.facts import HostFacts, gather_facts
+from components.facts import HostFacts, gather_facts, refuse_unsafe
 from components.firewall import Firewall
 from components.front import Front
 from components.graph import Walk
@@ -153,10 +153,14 @@ def build_deployment(settings: Settings) -> Deployment:
 
     # What the plan needs of the hosts and of this machine, read before any resource.
     guard = plan.container_name("memory-guard") if plan.guards_memory else ""
+    cache_dir = plan.config.model.cache_dir
     facts = {
-        node.name: gather_facts(node, settings.ssh_auth, derived_known_hosts, control_dir, guard)
+        node.name: gather_facts(
+            node, settings.ssh_auth, derived_known_hosts, control_dir, cache_dir, guard
+        )
         for node in plan.nodes
     }
+    refuse_unsafe(facts.values())  # before anything is written to a state or cache directory
     _warn_guard_stops(facts)
     # Each model in the slot the head recorded for it: its resources' names and ports stay.
     try:

@@ -51,9 +51,16 @@ SYSTEM_TREES = (
 # ... and not a directory that holds others' data as a whole; a directory of its own below one
 # of these is fine (/srv/hf, /opt/spark-vllm, /home/aurora/.cache/huggingface).
 SHARED_DIRS = frozenset(
-    {"/", "/home", "/root", "/var", "/var/lib", "/var/cache", "/var/tmp"}
-    | {"/opt", "/srv", "/mnt", "/media", "/tmp"}
+    {"/", "/home", "/root", "/var", "/var/lib", "/var/cache"} | {"/opt", "/srv", "/mnt", "/media"}
 )
+# ... nor below a directory every local user may write (mode 1777 on every common Linux): whoever
+# makes a name there first owns it, and the sticky bit only stops others from removing it. The
+# state holds keys and the scripts the SSH user (in the docker group: root) runs, and a destroy
+# empties it: another user who made the directory could read the keys, replace the scripts, or
+# make a path in it a link to /. /run/user/<uid> and /run/lock are under /run above (a tmpfs
+# emptied at logout or boot); /dev/mqueue is under /dev. The hosts' own check (dir_safety.py)
+# catches any other directory another user may write.
+WORLD_WRITABLE_TREES = ("/tmp", "/var/tmp", "/dev/shm", "/var/crash")
 STATE_DIR_NAME = ".spark-vllm"
 
 
@@ -117,6 +124,12 @@ def _own_directory(instead: str) -> Any:
     a whole; `instead` says what to use."""
 
     def check(value: str) -> str:
+        for tree in WORLD_WRITABLE_TREES:
+            if inside(value, tree):
+                raise ValueError(
+                    f"{value} is under {tree}, which every local user may write: another user "
+                    f"who makes the directory first owns it; use {instead}"
+                )
         for tree in SYSTEM_TREES:
             if inside(value, tree):
                 where = "" if value == tree else f"under {tree}, "

@@ -1,7 +1,11 @@
 # Facts about one host, read-only, gathered by the program on every run over the host's own SSH
-# connection (sent on stdin after snapshot.sh, so it needs nothing installed on the host):
-#   bash -s -- STATE_DIR [GUARD_CONTAINER]
-# Prints "spark-vllm-facts 1", then one line per receipt (receipt.sh): "STEP TOKEN" when every
+# connection (sent on stdin after snapshot.sh and dir_safety, so it needs nothing installed on
+# the host):
+#   bash -s -- STATE_DIR CACHE_DIR [GUARD_CONTAINER]
+# Prints "spark-vllm-facts 1". Then, when another local user could change what is in the state
+# directory or the cache (dir_safety.py), "unsafe WHY" for each reason and nothing more: no
+# receipt is read there (a snapshot's check runs the state's weights_filter.py). Else one line
+# per receipt (receipt.sh): "STEP TOKEN" when every
 # check recorded with it still holds, "STEP - WHY" when one does not. Every check is bounded.
 # Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots),
 # "guard LINE" for each container the memory guard stopped that is stopped still, then what
@@ -9,7 +13,8 @@
 # "daemon-json JSON", its config file on one line (JSON strings hold no raw newline).
 set -uo pipefail
 state_dir="$1"
-guard="${2:-}"
+cache_dir="$2"
+guard="${3:-}"
 
 # holds CHECK-FIELDS...: succeed silently, or print why the check fails.
 holds() {
@@ -44,6 +49,14 @@ holds() {
 }
 
 echo "spark-vllm-facts 1"
+if ! command -v python3 >/dev/null; then
+  echo "unsafe python3 is not installed: cannot check who may write $state_dir; fix: install python3"
+  exit 0
+fi
+if ! unsafe="$(dir_safety "$state_dir" "$cache_dir" 2>&1)"; then
+  while IFS= read -r line; do echo "unsafe $line"; done <<<"${unsafe:-the ownership check failed}"
+  exit 0
+fi
 for receipt in "$state_dir"/receipts/*; do
   [ -f "$receipt" ] || continue
   step="$(basename "$receipt")"

@@ -121,10 +121,21 @@ container_state() {
 }
 
 # empty DIR: remove everything inside DIR, or fail naming what stopped it. What the containers
-# wrote as root is removed from a container of $ARG_IMAGE (the serving image) as root.
+# wrote as root is removed from a container of $ARG_IMAGE (the serving image) as root. DIR must
+# be the directory itself: a link, or a path that a link on the way leads elsewhere (realpath),
+# is refused before anything is deleted; inside it, find deletes links, never what they name.
 empty() {
-  local dir=$1 status=0 why
+  local dir=$1 status=0 why real
+  if [ -L "$dir" ]; then
+    fail "$dir is a symbolic link (to $(readlink -- "$dir")), not the directory spark-vllm made: nothing deleted" \
+      "someone replaced it with a link: remove the link (rm $dir), check what it leads to, then run the destroy again"
+  fi
   [ -d "$dir" ] || return 0
+  real="$(realpath -e -- "$dir")" || fail "cannot resolve $dir: nothing deleted" "a directory on its way was removed or is unreadable"
+  if [ "$real" != "$dir" ]; then
+    fail "$dir leads to $real (a link on its way), not the directory spark-vllm made: nothing deleted" \
+      "a parent of hosts[].stateDir or model.cacheDir was replaced with a link: put the real directory back, or remove what is left by hand"
+  fi
   # From /: GNU find fails when it cannot return to a working directory it may not enter.
   cd /
   find "$dir" -mindepth 1 -delete 2>/dev/null && return 0

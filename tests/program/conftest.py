@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,17 @@ def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "local"
     monkeypatch.setenv("SPARK_VLLM_LOCAL_DIR", str(directory))
     return directory
+
+
+@pytest.fixture
+def host_tmp() -> Iterator[Path]:
+    """A temporary directory the config accepts as a parent of hosts[].stateDir and
+    model.cacheDir, and the hosts' ownership check too (components/scripts/dir_safety.py):
+    pytest's tmp_path is under /tmp, which every local user may write. It is made in $HOME
+    (0700, this user's), and removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix=".spark-vllm-test-", dir=Path.home()))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -225,7 +225,6 @@ def test_other_flags_pass(make_config: ConfigFactory, args: list[str]) -> None:
         ("/home/aurora/", "/home/aurora is a directory other data lives in as well"),
         ("/root", "/root is a directory other data lives in as well"),
         ("/root/.ssh", "is where SSH keeps authorized_keys"),
-        ("/tmp", "/tmp is a directory other data lives in as well"),
         ("/var", "/var is a directory"),
         ("/opt//", "/opt is a directory"),
         ("/srv/./hf", "'/srv/./hf' has a '.' or '..' part"),
@@ -243,6 +242,51 @@ def test_host_directories_that_hold_others_data_are_refused(
     assert state.startswith("hosts[1].stateDir: ") and what in state, state
     if "'.'" not in what:  # each says what to use instead
         assert "/.cache/huggingface" in cache and "/srv/spark-vllm" in state
+
+
+# Where every local user may create a name (mode 1777): whoever makes the directory first owns
+# it. Each row says why it is listed.
+@pytest.mark.parametrize(
+    ("path", "tree"),
+    [
+        ("/tmp", "/tmp"),  # the tree itself
+        ("/tmp/spark-vllm", "/tmp"),  # the example: made first by anyone
+        ("/tmp/a/b/c", "/tmp"),  # however deep
+        ("//tmp//x/", "/tmp"),  # normalized first: the hosts would use /tmp/x
+        ("/var/tmp/hf", "/var/tmp"),  # survives reboots, 1777 as /tmp
+        ("/dev/shm/state", "/dev/shm"),  # named for itself, not as "under /dev"
+        ("/var/crash/x", "/var/crash"),  # 1777 on Ubuntu
+    ],
+)
+def test_directories_under_a_world_writable_tree_are_refused(
+    make_config: ConfigFactory, path: str, tree: str
+) -> None:
+    why = f"is under {tree}, which every local user may write: another user who makes the"
+    cache = problem(with_setting(make_config(hosts=2), "model", cacheDir=path))
+    assert cache.startswith("model.cacheDir: ") and why in cache, cache
+    assert "use a directory of its own, e.g. /home/<user>/.cache/huggingface" in cache, cache
+    config = make_config(hosts=2)
+    config["hosts"][1]["stateDir"] = path
+    state = problem(config)
+    assert state.startswith("hosts[1].stateDir: ") and why in state, state
+    assert "or no stateDir (~/.spark-vllm)" in state, state
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/tmpfoo/x",  # a name that starts like /tmp is not under it
+        "/srv/tmp/hf",  # a tmp of one's own below a safe tree
+        "/home/aurora/tmp/spark-vllm",
+        "/var/lib/spark-vllm",
+    ],
+)
+def test_directories_that_only_look_like_a_world_writable_tree_pass(
+    make_config: ConfigFactory, path: str
+) -> None:
+    config = make_config(hosts=2)
+    config["hosts"][1]["stateDir"] = path
+    assert parse_stack_config(config).hosts[1].state_dir == path
 
 
 def test_host_directories_are_normalized(make_config: ConfigFactory) -> None:

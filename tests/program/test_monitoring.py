@@ -349,15 +349,15 @@ def test_the_wait_outlasts_two_scrape_intervals(
 
 
 def test_removing_the_directory_twice_or_after_a_hand_is_no_failure(
-    make_config: ConfigFactory, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path
 ) -> None:
     """The files' and the data's deletes may run at once, each ending with the directory."""
     config = monitored(make_config(hosts=2, executor="mp"))
-    config["hosts"][0]["stateDir"] = str(tmp_path / "state")
+    config["hosts"][0]["stateDir"] = str(host_tmp / "state")
     plan, _ = graph_of(config)
     drop = monitoring._drop_monitoring_dir(plan)
     target = Path(monitoring.monitoring_dir(plan))
-    assert target.is_relative_to(tmp_path), target
+    assert target.is_relative_to(host_tmp), target
     target.mkdir(parents=True)
     (target / "prometheus").mkdir()
     assert subprocess.run(["bash", "-c", drop]).returncode == 0  # not empty: kept

@@ -5,7 +5,10 @@ only while the leaf's owner file names this deployment (stacks/plan/steps.py `ow
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,3 +79,78 @@ def test_the_leaf_is_per_stack_and_marked_at_install(make_config: ConfigFactory)
     assert f"echo spark-vllm/dev > {leaf}/{OWNER_FILE}" in create
     # A leaf with files but no mark, or another deployment's mark, is refused.
     assert "holds files spark-vllm did not make" in create and "belongs to deployment" in create
+
+
+# --- lib.sh `empty`: the destroy's emptying, on real directories ----------------------------------
+
+LIB = Path(__file__).resolve().parents[2] / "components" / "scripts" / "lib.sh"
+
+
+def empty(directory: Path) -> subprocess.CompletedProcess[str]:
+    """lib.sh's `empty DIR` with bash, as compile-cache.sh and monitoring-data.sh call it; a
+    `docker` that fails, so only what the user may delete goes."""
+    script = 'ARG_HOST=spark1; ARG_IMAGE=sha256:0; . "$0"; empty "$1"'
+    return subprocess.run(
+        ["bash", "-c", script, str(LIB), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PATH": f"/nonexistent:{os.environ['PATH']}"},
+    )
+
+
+def precious(directory: Path) -> Path:
+    """A directory of someone else's, with a file in it that no delete of ours may reach."""
+    directory.mkdir(parents=True)
+    (directory / "keep").write_text("theirs")
+    return directory / "keep"
+
+
+def test_empty_removes_what_is_inside_and_links_not_what_they_name(host_tmp: Path) -> None:
+    kept = precious(host_tmp / "elsewhere")
+    cache = host_tmp / "leaf" / "compile-cache"
+    (cache / "vllm").mkdir(parents=True)
+    (cache / "vllm" / "a.so").write_text("x")
+    (cache / "link").symlink_to(host_tmp / "elsewhere")  # a link inside: it goes, not its target
+    done = empty(cache)
+    assert done.returncode == 0, done.stderr
+    assert cache.is_dir() and list(cache.iterdir()) == []
+    assert kept.read_text() == "theirs"
+
+
+def test_empty_refuses_a_symlinked_leaf(host_tmp: Path) -> None:
+    kept = precious(host_tmp / "elsewhere")
+    (host_tmp / "leaf").mkdir()
+    cache = host_tmp / "leaf" / "compile-cache"
+    cache.symlink_to(host_tmp / "elsewhere")
+    done = empty(cache)
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        f"spark-vllm: spark1: lib: {cache} is a symbolic link (to {host_tmp / 'elsewhere'}), "
+        "not the directory spark-vllm made: nothing deleted"
+    ), done.stderr
+    assert f"remove the link (rm {cache})" in done.stderr
+    assert kept.read_text() == "theirs" and cache.is_symlink()
+
+
+def test_empty_refuses_a_path_a_symlinked_ancestor_leads_elsewhere(host_tmp: Path) -> None:
+    kept = precious(host_tmp / "elsewhere" / "compile-cache")
+    (host_tmp / "leaf").symlink_to(host_tmp / "elsewhere")  # the leaf replaced by a link
+    cache = host_tmp / "leaf" / "compile-cache"
+    done = empty(cache)
+    assert done.returncode == 1
+    assert (
+        f"{cache} leads to {host_tmp / 'elsewhere' / 'compile-cache'} (a link on its way), not "
+        "the directory spark-vllm made: nothing deleted"
+    ) in done.stderr, done.stderr
+    assert kept.read_text() == "theirs"
+
+
+def test_empty_refuses_a_link_to_the_root(host_tmp: Path) -> None:
+    """The issue's worst case: the leaf a link to /. Nothing is even listed."""
+    (host_tmp / "leaf").mkdir()
+    cache = host_tmp / "leaf" / "ray"
+    cache.symlink_to("/")
+    done = empty(cache)
+    assert done.returncode == 1 and "is a symbolic link (to /)" in done.stderr
+    assert Path("/etc/passwd").exists()

@@ -90,17 +90,17 @@ def test_an_upgrade_that_changes_a_script_updates_only_the_scripts(
 
 
 def test_the_scripts_delete_spares_a_newer_bundle(
-    make_config: ConfigFactory, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path
 ) -> None:
     """Run the install and its delete for real with bash: the delete of an older bundle (what a
     create-before-delete replacement runs last) leaves the newer bundle's scripts in place."""
     config = make_config(hosts=2)
-    config["hosts"][0]["stateDir"] = str(tmp_path / "state dir's")  # a space and a quote
-    config["model"]["cacheDir"] = str(tmp_path / "hf")
+    config["hosts"][0]["stateDir"] = str(host_tmp / "state dir's")  # a space and a quote
+    config["model"]["cacheDir"] = str(host_tmp / "hf")
     ev = evaluate(config, SECRETS)
     inputs = unwrap_secrets(ev.named("spark1-scripts").inputs)
     cache_delete = unwrap_secrets(ev.named("compile-cache-spark1").inputs)["delete"]
-    base = tmp_path / "state dir's"
+    base = host_tmp / "state dir's"
     leaf = base / "spark-vllm.dev"  # the deployment's own directory under stateDir
     bin_dir = leaf / "bin"
 
@@ -132,18 +132,18 @@ def test_the_scripts_delete_spares_a_newer_bundle(
 
 
 def test_a_kept_compile_cache_keeps_the_leaf_for_the_next_deployment(
-    make_config: ConfigFactory, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path
 ) -> None:
     """vllm.compileCache.keepOnDestroy: a destroy leaves the cache and the leaf it is in (with
     the owner file, so the same stack deployed again claims it and starts warm)."""
     config = make_config(hosts=2)
-    config["hosts"][0]["stateDir"] = str(tmp_path / "state")
-    config["model"]["cacheDir"] = str(tmp_path / "hf")
+    config["hosts"][0]["stateDir"] = str(host_tmp / "state")
+    config["model"]["cacheDir"] = str(host_tmp / "hf")
     config["vllm"] = {**config["vllm"], "compileCache": {"keepOnDestroy": True}}
     ev = evaluate(config, SECRETS)
     scripts = unwrap_secrets(ev.named("spark1-scripts").inputs)
     cache = unwrap_secrets(ev.named("compile-cache-spark1").inputs)
-    leaf = tmp_path / "state" / "spark-vllm.dev"
+    leaf = host_tmp / "state" / "spark-vllm.dev"
 
     def bash(command: str, stdin: str = "") -> str:
         done = subprocess.run(

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import pytest
 
+from components.bundle import facts_script
 from components.facts import parse_facts
 from stacks.plan.known_bad import SHIPPED, entries_flag
 from tests.program.scripting import SCRIPTS, fake_bin, fake_docker_path, load, run
@@ -557,9 +558,11 @@ def test_failed_waits_check_image_snapshot_and_memory_on_each_node(tmp_path: Pat
 
 
 def facts(state_dir: Path, *guard: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    """facts.sh as the program runs it: from stdin after snapshot.sh, nothing installed."""
-    script = (SCRIPTS / "snapshot.sh").read_text() + (SCRIPTS / "facts.sh").read_text()
-    done = subprocess.run(["bash", "-s", "--", str(state_dir), *guard], input=script,
+    """facts.sh as the program runs it (components/bundle.py facts_script): from stdin after
+    snapshot.sh and dir_safety.py, nothing installed; the cache beside the state."""
+    cache = state_dir.parent / "hf"
+    done = subprocess.run(["bash", "-s", "--", str(state_dir), str(cache), *guard],
+                          input=facts_script(),
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, **(env or {})})  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -578,13 +581,13 @@ def receipt(state_dir: Path, step: str, token: str, *checks: str) -> None:
         "--token", token, "--checks", ";".join(checks), check=True)  # fmt: skip
 
 
-def test_receipts_hold_until_what_they_check_changes(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+def test_receipts_hold_until_what_they_check_changes(host_tmp: Path) -> None:
+    state = host_tmp / "state"
     bound, scripts = state / "ray", state / "bin"
     bound.mkdir(parents=True)
     scripts.mkdir()
     (scripts / "a.sh").write_text("echo a\n")
-    cache = tmp_path / "hf"
+    cache = host_tmp / "hf"
     snapshot = make_snapshot(cache, {"config.json": b"{}", "model.safetensors": b"x" * 64})
     receipt(state, "s-scripts", "t1", f"sha256sums|{scripts}")
     receipt(state, "s-mounts", "t2", f"mark|{bound}")
@@ -603,8 +606,8 @@ def test_receipts_hold_until_what_they_check_changes(tmp_path: Path) -> None:
     assert found["s-fetch"] == f"- model org/tiny: {COMMIT} 1 2 (was {COMMIT} 2 66)"
 
 
-def test_a_removed_state_dir_has_no_receipts(tmp_path: Path) -> None:
-    assert facts(tmp_path / "never-made") == {}
+def test_a_removed_state_dir_has_no_receipts(host_tmp: Path) -> None:
+    assert facts(host_tmp / "never-made") == {}
 
 
 # The guard's log: a stop of a container since replaced (gone), of one started again since
@@ -629,34 +632,33 @@ esac
 """  # noqa: E501
 
 
-def test_facts_name_what_the_memory_guard_stopped_that_is_stopped_still(tmp_path: Path) -> None:
-    env = fake_bin(tmp_path, docker=GUARD_DOCKER)
-    found = facts(tmp_path / "state", "spark-vllm-memory-guard", env=env)
+def test_facts_name_what_the_memory_guard_stopped_that_is_stopped_still(host_tmp: Path) -> None:
+    env = fake_bin(host_tmp, docker=GUARD_DOCKER)
+    found = facts(host_tmp / "state", "spark-vllm-memory-guard", env=env)
     assert found == {
         "guard": "spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id cccccccccccc, "
         "vllm, started 9s before) at T3: low"
     }
     # Without a guard (memoryGuard off), nothing is asked of Docker.
-    assert facts(tmp_path / "state", env=fake_bin(tmp_path, docker="#!/bin/sh\nexit 1\n")) == {}
+    assert facts(host_tmp / "state", env=fake_bin(host_tmp, docker="#!/bin/sh\nexit 1\n")) == {}
 
 
-def test_facts_give_what_the_running_dockerd_adds_to_every_container(tmp_path: Path) -> None:
+def test_facts_give_what_the_running_dockerd_adds_to_every_container(host_tmp: Path) -> None:
     """The daemon of /run/docker.pid (here a bash that is not exec-replaced, with dockerd's words
     on its command line): its `--default-ulimit` flags, and the daemon.json its
     `--config-file` names (on one line), as components/facts.py parses them. Run in a mount
     namespace of its own, with a /run of its own, so this machine's Docker plays no part."""
-    config = tmp_path / "daemon.json"
+    config = host_tmp / "daemon.json"
     nofile = {"Name": "nofile", "Soft": 65536, "Hard": 65536}
     config.write_text(json.dumps({"default-ulimits": {"nofile": nofile}}, indent=2))
     daemon = subprocess.Popen(["bash", "-c", "sleep 60; exit 0", "dockerd", "--default-ulimit",
                                "core=0:0", f"--config-file={config}"])  # fmt: skip
-    script = (SCRIPTS / "snapshot.sh").read_text() + (SCRIPTS / "facts.sh").read_text()
     setup = f"mount -t tmpfs tmpfs /run && echo {daemon.pid} > /run/docker.pid && "
     try:
         done = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "bash", "-c",
-             setup + 'exec bash -s -- "$0"', str(tmp_path / "state")],
-            input=script, capture_output=True, text=True, timeout=60,
+             setup + 'exec bash -s -- "$0" "$1"', str(host_tmp / "state"), str(host_tmp / "hf")],
+            input=facts_script(), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:
         daemon.kill()

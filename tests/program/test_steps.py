@@ -173,17 +173,17 @@ ODD = "spark vllm/it's"  # a space and a quote
 
 
 def test_every_command_line_keeps_odd_paths_one_word(
-    make_config: ConfigFactory, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path
 ) -> None:
     """Each step's create and delete run for real with bash; the step scripts are stand-ins that
     record the words they were given. State and cache dirs hold a space and a quote."""
-    state_root, cache = tmp_path / ODD, tmp_path / "hf cache" / "o'neil"
+    state_root, cache = host_tmp / ODD, host_tmp / "hf cache" / "o'neil"
     config = make_config(hosts=2)
     for host in config["hosts"]:
         host["stateDir"] = f"{state_root}/{host['name']}"
     config["model"]["cacheDir"] = str(cache)
     plan = plan_of(config)
-    log = tmp_path / "calls.jsonl"
+    log = host_tmp / "calls.jsonl"
     dump = "import json, sys; print(json.dumps(sys.argv[1:]))"
     recorder = f'python3 -c "{dump}" "$0" "$@" >> "{log}"\n'
     scripts = {p.name for p in (REPO / "components" / "scripts").iterdir()}

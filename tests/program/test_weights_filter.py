@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from components.bundle import facts_script
 from stacks.plan import weights
 from stacks.plan.server_plan import per_server
 from tests.program.conftest import ConfigFactory
@@ -120,17 +121,17 @@ def test_the_manifest_counts_only_the_files_the_patterns_keep(tmp_path: Path) ->
 
 def facts(state_dir: Path) -> dict[str, str]:
     """facts.sh as the program runs it (components/bundle.py facts_script): from stdin."""
-    script = (SCRIPTS / "snapshot.sh").read_text() + (SCRIPTS / "facts.sh").read_text()
-    done = subprocess.run(["bash", "-s", "--", str(state_dir)], input=script,
+    cache = state_dir.parent / "hf"
+    done = subprocess.run(["bash", "-s", "--", str(state_dir), str(cache)], input=facts_script(),
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return dict(line.split(" ", 1) for line in done.stdout.splitlines()[1:])
 
 
-def test_a_receipt_checks_the_kept_files_only(tmp_path: Path) -> None:
+def test_a_receipt_checks_the_kept_files_only(host_tmp: Path) -> None:
     """What the fetch and copy steps record (stacks/plan/weights.py snapshot_check), re-checked
     as every run re-checks it: a change to a file left out is no change; a kept one is."""
-    state, cache = tmp_path / "state", tmp_path / "hf"
+    state, cache = host_tmp / "state", host_tmp / "hf"
     shutil.copytree(SCRIPTS, state / "bin")  # the scripts step installed them
     snapshot = make_snapshot(cache, {**SERVED, **UNSERVED})
     checks = f"snapshot|{cache}|org/m|main|[]|{EXCLUDE}"
