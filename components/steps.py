@@ -78,12 +78,17 @@ def _commands(
     if missing:
         raise AssertionError(f"{spec.name}: consumes {missing}, which are not given")
     node, name = spec.node, spec.name
+    drains = spec.stdin is not None  # the provider writes it for the delete too
 
     def bounded_create(step: StepSpec) -> str:
-        return with_deadline(create_command(step, token_of), node, name, create_deadline(spec))
+        return with_deadline(
+            create_command(step, token_of), node, name, create_deadline(spec), drain_stdin=drains
+        )
 
     def bounded_delete(text: str) -> str:
-        return with_deadline(text, node, f"{name} (delete)", delete_deadline(spec))
+        return with_deadline(
+            text, node, f"{name} (delete)", delete_deadline(spec), drain_stdin=drains
+        )
 
     create: pulumi.Input[str] = bounded_create(spec)
     if create_needs:

@@ -117,28 +117,39 @@ def create_command(spec: StepSpec, token_of: TokenOf) -> str:
 DEADLINE_GRACE_SECONDS = 30
 # How a bounded command starts: its start time, for telling the grace's KILL from an OOM kill.
 DEADLINE_START = "t0=$(date +%s); "
+# What a step left unread of its stdin is read for at most this long after it (deadline_wrapper).
+DRAIN_SECONDS = 60
 
 
-def with_deadline(command: str, node: NodePlan, step: str, minutes: int) -> str:
+def with_deadline(
+    command: str, node: NodePlan, step: str, minutes: int, *, drain_stdin: bool = False
+) -> str:
     """`command` stopped on the host once it has run `minutes` (timeout(1): TERM to its whole
     process group, KILL after a grace), with one line naming the host, the step and the
     deadline; its exit status is kept. A step the provider would wait on for ever (a hung
-    download, a wedged daemon, a peer that stopped answering) thus ends as a failure."""
+    download, a wedged daemon, a peer that stopped answering) thus ends as a failure.
+    `drain_stdin`: the step is given stdin (create and delete alike, pulumi-command's `run`)."""
     said = (
         f"spark-vllm: {node.name}: {step}: still running after {minutes} min, its deadline on "
         "the host: stopped. Likely cause: a hung download, copy or wait (its last lines above "
         "say which); the next `pulumi up` runs it again"
     )
-    return deadline_wrapper(command, minutes * 60, said)
+    return deadline_wrapper(command, minutes * 60, said, drain_stdin=drain_stdin)
 
 
-def deadline_wrapper(command: str, seconds: int, said: str) -> str:
+def deadline_wrapper(command: str, seconds: int, said: str, *, drain_stdin: bool = False) -> str:
     """`command` under timeout(1) for `seconds`, `said` on stderr when that stopped it (124 after
-    TERM; 137 after the grace's KILL, once the time is up), its exit status kept."""
+    TERM; 137 after the grace's KILL, once the time is up), its exit status kept.
+
+    `drain_stdin`: what the command left unread of its stdin is read after it, bounded: the
+    provider writes all of it, and a command that ends with success before reading it all (a
+    delete, a step with nothing to do) would otherwise fail with EOF (x/crypto/ssh
+    `Session.Wait` returns the stdin copy's error when the exit status is 0)."""
+    drain = f"timeout {DRAIN_SECONDS} cat >/dev/null 2>&1; " if drain_stdin else ""
     # POSIX sh around it (the SSH user's login shell runs it, dash or bash): no $SECONDS.
     return (
         f"{DEADLINE_START}timeout -k {DEADLINE_GRACE_SECONDS} {seconds} "
-        f"bash -c {shlex.quote(command)}; rc=$?; "
+        f"bash -c {shlex.quote(command)}; rc=$?; {drain}"
         f'if [ "$rc" = 124 ] || {{ [ "$rc" = 137 ] && [ "$(($(date +%s) - t0))" -ge {seconds} ]; '
         f'}}; then echo {shlex.quote(said)} >&2; fi; exit "$rc"'
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from stacks.plan.steps import DEADLINE_START, deadline_wrapper
+from stacks.plan.steps import DEADLINE_START, DRAIN_SECONDS, deadline_wrapper
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate, step_command
 
@@ -59,9 +59,36 @@ def test_every_command_of_a_stack_is_bounded_by_its_own_minutes(
         if delete:
             assert delete.startswith(DEADLINE_START + "timeout -k 30 "), step.name
             assert f"{step.name} (delete): still running after" in delete, step.name
+        # A step given stdin reads what it left of it, create and delete alike (the provider
+        # writes it for both); one given none has nothing to wait for.
+        given = step.registered.get("stdin") is not None
+        for command in (create, delete or ""):
+            assert (f"rc=$?; timeout {DRAIN_SECONDS} cat" in command) == (given and bool(command))
 
 
 def test_a_step_killed_before_its_deadline_is_not_reported_as_one() -> None:
     """137 is also the OOM killer's: only once the time is up is it the deadline's KILL."""
     done = run(deadline_wrapper("kill -KILL $$", 60, "stopped"))
     assert done.returncode == 137 and "stopped" not in done.stderr
+
+
+def test_a_step_that_succeeds_without_reading_its_stdin_still_takes_all_of_it() -> None:
+    """The provider writes the whole stdin (the scripts' bundle is 130 KB, for the delete too)
+    and, when the command exited 0 before reading it, fails the step with the write's EOF
+    (x/crypto/ssh Session.Wait). Here the writer is this test, with more than a pipe holds:
+    without the drain its write breaks; with it, it completes and the status stays 0."""
+    payload = b"x" * (4 * 1024 * 1024)
+    for drain in (True, False):
+        shell = subprocess.Popen(
+            ["sh", "-c", deadline_wrapper("exit 0", 60, "stopped", drain_stdin=drain)],
+            stdin=subprocess.PIPE,
+        )
+        assert shell.stdin is not None
+        try:
+            shell.stdin.write(payload)
+            shell.stdin.close()
+            written = True
+        except BrokenPipeError:
+            written = False
+        assert shell.wait(timeout=60) == 0
+        assert written == drain
