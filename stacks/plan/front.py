@@ -484,7 +484,11 @@ def key_models_file(models_file: str, name: str) -> str:
 
 # The per-key counters in Prometheus's text format: HAProxy's exporter shows a stick table's
 # size and use, not its entries, so a Lua service (Lua is built into Debian's HAProxy and the
-# official images) reads the entries. A key appears once it has made a request.
+# official images) reads the entries. A key appears once it has made a request. Only the
+# configured keys' entries are printed, each under its label written here, already escaped:
+# the table can hold other entries (a peer that pushed one, a later configuration's key before
+# the reload that names it), and an entry's name printed as it is could close the label and
+# add a line of its own to what Prometheus stores.
 KEYS_LUA = """\
 -- Written by spark-vllm (stacks/plan/front.py): the named keys' counters for Prometheus.
 local metrics = {
@@ -492,10 +496,15 @@ local metrics = {
   {"spark_vllm_key_bytes_in_total", "bytes_in_cnt", "Bytes received from clients with the key."},
   {"spark_vllm_key_bytes_out_total", "bytes_out_cnt", "Bytes sent to clients with the key."},
 }
+-- Each configured key's entry name, and its label value as Prometheus reads it.
+local labels = {
+LABELS}
 core.register_service("key_metrics", "http", function(applet)
   local entries = core.backends["TABLE"].stktable:dump()
   local names = {}
-  for name in pairs(entries) do names[#names + 1] = name end
+  for name in pairs(entries) do
+    if labels[name] ~= nil then names[#names + 1] = name end
+  end
   table.sort(names)
   local out = {}
   for _, metric in ipairs(metrics) do
@@ -503,7 +512,7 @@ core.register_service("key_metrics", "http", function(applet)
     out[#out + 1] = "# TYPE " .. metric[1] .. " counter"
     for _, name in ipairs(names) do
       local value = entries[name][metric[2]] or 0
-      out[#out + 1] = string.format('%s{key="%s"} %d', metric[1], name, value)
+      out[#out + 1] = string.format('%s{key="%s"} %d', metric[1], labels[name], value)
     end
   end
   local body = table.concat(out, "\\n") .. "\\n"
@@ -514,6 +523,35 @@ core.register_service("key_metrics", "http", function(applet)
   applet:send(body)
 end)
 """.replace("TABLE", KEYS_TABLE)
+
+
+def prometheus_label_value(text: str) -> str:
+    """`text` as a label value in Prometheus's text format (exposition formats: a backslash, a
+    double quote and a line feed are escaped; nothing else is)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def lua_string(text: str) -> str:
+    """`text` as a Lua string literal: every byte that is not a printable ASCII character other
+    than a backslash or a double quote as a decimal escape (`\\ddd`), which Lua reads back
+    byte for byte."""
+    return (
+        '"'
+        + "".join(
+            chr(byte) if 32 <= byte < 127 and chr(byte) not in '\\"' else f"\\{byte:03d}"
+            for byte in text.encode()
+        )
+        + '"'
+    )
+
+
+def keys_lua(keys: Sequence[Key]) -> str:
+    """KEYS_LUA for `keys`: their entries only, each under its escaped label."""
+    labels = "".join(
+        f"  [{lua_string(key.name)}] = {lua_string(prometheus_label_value(key.name))},\n"
+        for key in keys
+    )
+    return KEYS_LUA.replace("LABELS", labels)
 
 
 def backend_lines(index: int, route: Route, named: bool) -> list[str]:
@@ -580,7 +618,7 @@ def front_files(plan: ClusterPlan) -> list[tuple[str, str]]:
     if len(routes) > 1:
         files.append((BODY_LUA_NAME, BODY_LUA))
     if plan.config.keys:
-        files.append((KEYS_LUA_NAME, KEYS_LUA))
+        files.append((KEYS_LUA_NAME, keys_lua(keys_of(plan))))
     return files
 
 

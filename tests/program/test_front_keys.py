@@ -28,11 +28,11 @@ from stacks.plan import monitoring
 from stacks.plan.front import (
     HANDOVER_PEERS,
     KEY_METRICS_PATH,
-    KEYS_LUA,
     Key,
     Route,
     handover_address,
     key_models_file,
+    keys_lua,
     limited_models,
     models_document,
     router_config,
@@ -228,7 +228,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
     def write(keys: tuple[Key, ...], values: dict[str, str]) -> None:
         (secrets / "keys.map").write_text("".join(f"{values[k.name]} {k.name}\n" for k in keys))
         (secrets / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
-        (files / "keys.lua").write_text(KEYS_LUA)
+        (files / "keys.lua").write_text(keys_lua(keys))
         (files / BODY_LUA_NAME).write_text(BODY_LUA)
         (files / "models.json").write_text(models_document(served))
         for key in keys:

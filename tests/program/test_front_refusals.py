@@ -24,10 +24,10 @@ import pytest
 from stacks.plan.client_routes import CLIENT_ROUTES, ClientRoute, admits
 from stacks.plan.front import (
     BODY_BUFFER_BYTES,
-    KEYS_LUA,
     Key,
     Route,
     handover_address,
+    keys_lua,
     models_document,
     router_config,
 )
@@ -196,7 +196,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     (workdir / "bearer").write_text(f"Bearer {OPERATOR}\n")
     (workdir / "keys.map").write_text(f"{ALICE} alice\n{CAROL} carol\n")
     (workdir / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
-    (workdir / "keys.lua").write_text(KEYS_LUA)
+    (workdir / "keys.lua").write_text(keys_lua((Key("alice", ("beta",)), Key("carol"))))
     (workdir / BODY_LUA_NAME).write_text(BODY_LUA)
     (workdir / "models.json").write_text(models_document(routes))
     (workdir / "models-alice.json").write_text(models_document(routes, ["beta"]))
