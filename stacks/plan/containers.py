@@ -30,7 +30,7 @@ from stacks.plan.firewall import (
     gate_args,
     guard_args,
 )
-from stacks.plan.front import CONTAINER_FRONT_DIR, FRONT_CONFIG_NAME
+from stacks.plan.front import CONTAINER_FRONT_DIR, CONTAINER_FRONT_SECRETS_DIR, FRONT_CONFIG_NAME
 from stacks.plan.server_plan import ServerPlan
 from stacks.plan.sizing import ServerSizing
 
@@ -262,8 +262,10 @@ def headless_container(
 
 def front_container(plan: ClusterPlan, mounts_token: str) -> ContainerSpec:
     """HAProxy on the head, publishing `vllm.port` (stacks/plan/front.py). It reads its
-    configuration and the key's pattern file as root (they are the deploying user's, mode 600),
-    then runs as `nobody` (the configuration's `uid`). The component adds the key's hash label."""
+    configuration and its secrets (the key's pattern file, the named keys' maps, the handover's
+    key pair: the deploying user's, mode 600, in a directory no other container mounts) as
+    root, then runs as `nobody` (the configuration's `uid`). The component adds the key's hash
+    label."""
     head = plan.head
     labels = {
         **plan.labels,
@@ -284,7 +286,7 @@ def front_container(plan: ClusterPlan, mounts_token: str) -> ContainerSpec:
         host_pid=False,
         mounts=(
             Mount(f"{head.state_dir}/front", CONTAINER_FRONT_DIR, read_only=True),
-            Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True),
+            Mount(plan.front_secrets_dir, CONTAINER_FRONT_SECRETS_DIR, read_only=True),
         ),
         labels=tuple(sorted(labels.items())),
         gpus=False,

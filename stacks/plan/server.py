@@ -12,6 +12,7 @@ from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_API_KEY_FILE, CONTAINER_SCRIPTS_DIR
 from stacks.plan.fabric import fabric_flags
+from stacks.plan.front import BEARER_FILE_NAME, HANDOVER_CERT_NAME
 from stacks.plan.hardware import extra_arg_value
 from stacks.plan.hosts import keys_map_file
 from stacks.plan.server_plan import ServerPlan, log_specs, node_check_specs
@@ -73,10 +74,14 @@ def _wait(
 
 
 def front_key_file(plan: ClusterPlan) -> StepSpec:
-    """The API key on the head, where the front and the servers there read it; beside it,
+    """The API key on the head, where the servers there read it, alone in its directory; the
+    front's pattern file (`Bearer <key>`) in the front's own secrets; beside the key,
     Grafana's admin password derived from it (written whether or not monitoring runs, so
     turning monitoring on changes no step of the front)."""
-    return _key_file(plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, grafana=True)
+    bearer = f"{plan.front_secrets_dir}/{BEARER_FILE_NAME}"
+    return _key_file(
+        plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, grafana=True, bearer=bearer
+    )
 
 
 def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
@@ -94,7 +99,8 @@ def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
         "front-keys-file.sh",
         ("write", "remove"),
         {"file": file},
-        (check("files", file),),
+        # The handover's key pair, made beside the maps when missing (front-keys-file.sh).
+        (check("files", file, f"{plan.front_secrets_dir}/{HANDOVER_CERT_NAME}"),),
         stdin="user-keys",
         quiet="none",
     )
@@ -107,16 +113,25 @@ def server_key_file(plan: ServerPlan) -> StepSpec:
     return _key_file(plan.cluster, step, node, f"{plan.server_key_dir}/api-key", grafana=False)
 
 
-def _key_file(plan: ClusterPlan, name: str, node: NodePlan, file: str, grafana: bool) -> StepSpec:
-    """The API key (stdin) written to `file` on `node`; nothing is logged."""
+def _key_file(
+    plan: ClusterPlan,
+    name: str,
+    node: NodePlan,
+    file: str,
+    grafana: bool,
+    bearer: str | None = None,
+) -> StepSpec:
+    """The API key (stdin) written to `file` on `node`, and with `bearer` the front's pattern
+    file there; nothing is logged."""
+    flags = {"file": file, **({"bearer": bearer} if bearer is not None else {})}
     return undoable(
         plan,
         name,
         node,
         "api-key-file.sh",
         ("write", "remove"),
-        {"file": file},
-        (check("files", file),),
+        flags,
+        (check("files", *flags.values()),),
         create_flags={"grafana": "yes"} if grafana else None,
         stdin="api-key",
         quiet="none",
