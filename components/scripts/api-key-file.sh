@@ -4,10 +4,7 @@
 # arrives on stdin.
 # With --bearer B (the head's), B: the one Authorization header the front admits (its pattern
 # file), in the front's own secrets directory, which no other container mounts.
-# With --grafana yes (the head's), `grafana-admin` beside the key: Grafana's admin password,
-# derived from the key one way (a password of its own that tells nothing of the key, and
-# changes with it).
-#   api-key-file.sh write|remove --host H --file F [--bearer B] [--grafana yes]
+#   api-key-file.sh write|remove --host H --file F [--bearer B]
 . "$(dirname "$0")/lib.sh"
 action="$1"; shift
 parse_flags "$@"
@@ -20,18 +17,14 @@ case "$action" in
     printf '%s' "$key" > "$ARG_FILE.tmp"
     mv "$ARG_FILE.tmp" "$ARG_FILE"
     # What earlier versions kept beside the key, in the directory the server's container
-    # mounts: now in the front's own (--bearer, front-keys-file.sh).
+    # mounts: the front's files, now in its own (--bearer, front-keys-file.sh), and Grafana's
+    # password derived from the key, now its own secret (grafana-password.sh).
     rm -f "$(dirname "$ARG_FILE")/bearer" "$(dirname "$ARG_FILE")/keys.map" \
-      "$(dirname "$ARG_FILE")/upstream.map"
+      "$(dirname "$ARG_FILE")/upstream.map" "$(dirname "$ARG_FILE")/grafana-admin"
     if [ -n "${ARG_BEARER:-}" ]; then
       mkdir -p -m 700 "$(dirname "$ARG_BEARER")"
       printf 'Bearer %s\n' "$key" > "$ARG_BEARER.tmp"
       mv "$ARG_BEARER.tmp" "$ARG_BEARER"
-    fi
-    if [ "${ARG_GRAFANA:-}" = yes ]; then
-      grafana="$(dirname "$ARG_FILE")/grafana-admin"
-      printf 'spark-vllm grafana admin\n%s' "$key" | sha256sum | cut -c1-32 > "$grafana.tmp"
-      mv "$grafana.tmp" "$grafana"
     fi
     if [ -n "$key" ]; then echo "API key file written"; else echo "no API key configured: the endpoint is open"; fi
     ;;

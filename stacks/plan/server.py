@@ -75,13 +75,9 @@ def _wait(
 
 def front_key_file(plan: ClusterPlan) -> StepSpec:
     """The API key on the head, where the servers there read it, alone in its directory; the
-    front's pattern file (`Bearer <key>`) in the front's own secrets; beside the key,
-    Grafana's admin password derived from it (written whether or not monitoring runs, so
-    turning monitoring on changes no step of the front)."""
+    front's pattern file (`Bearer <key>`) in the front's own secrets."""
     bearer = f"{plan.front_secrets_dir}/{BEARER_FILE_NAME}"
-    return _key_file(
-        plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, grafana=True, bearer=bearer
-    )
+    return _key_file(plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, bearer=bearer)
 
 
 def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
@@ -110,7 +106,7 @@ def server_key_file(plan: ServerPlan) -> StepSpec:
     """The API key where a server on a worker runs (`server_key_dir`): its launcher reads it."""
     node = plan.server_node
     step = names.server_key_of(names.vllm_of(plan.slot))
-    return _key_file(plan.cluster, step, node, f"{plan.server_key_dir}/api-key", grafana=False)
+    return _key_file(plan.cluster, step, node, f"{plan.server_key_dir}/api-key")
 
 
 def _key_file(
@@ -118,7 +114,6 @@ def _key_file(
     name: str,
     node: NodePlan,
     file: str,
-    grafana: bool,
     bearer: str | None = None,
 ) -> StepSpec:
     """The API key (stdin) written to `file` on `node`, and with `bearer` the front's pattern
@@ -132,7 +127,6 @@ def _key_file(
         ("write", "remove"),
         flags,
         (check("files", *flags.values()),),
-        create_flags={"grafana": "yes"} if grafana else None,
         stdin="api-key",
         quiet="none",
     )
