@@ -91,8 +91,11 @@ def _container_args(spec: ContainerSpec, image_id: pulumi.Input[str]) -> dict[st
         args["memory_swap"] = spec.memory_mb
     if spec.user is not None:
         args["user"] = spec.user
-    if spec.capabilities:
-        args["capabilities"] = docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities))
+    if spec.capabilities or spec.dropped:
+        args["capabilities"] = docker.ContainerCapabilitiesArgs(
+            **({"adds": list(spec.capabilities)} if spec.capabilities else {}),
+            **({"drops": list(spec.dropped)} if spec.dropped else {}),
+        )
     if spec.gpus:
         args["gpus"] = "all"
     if spec.shm_size_mb is not None:

@@ -8,9 +8,10 @@ import pulumi
 
 from components.graph import Walk
 from stacks.plan.graph import monitoring_pulls
-from stacks.plan.monitoring import published_views
+from stacks.plan.monitoring import parse_grafana_password, published_views
 from stacks.plan.names import (
     GRAFANA,
+    GRAFANA_PASSWORD,
     MONITORING,
     MONITORING_RAY_TARGETS,
     MONITORING_READY,
@@ -21,6 +22,8 @@ from stacks.plan.names import (
 
 class Monitoring(pulumi.ComponentResource):
     summary: pulumi.Output[dict[str, object]]  # the `monitoring` output
+    # Grafana's admin password (None without Grafana): a secret, as the step's output is.
+    grafana_password: pulumi.Output[str] | None
 
     def __init__(self, walk: Walk, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spark-vllm:index:Monitoring", MONITORING, None, opts)
@@ -34,6 +37,10 @@ class Monitoring(pulumi.ComponentResource):
             container: walk.pulled(pull_of(container)).repo_digest
             for container, _, _, _ in monitoring_pulls(plan)
         }
+        self.grafana_password = None
+        if GRAFANA_PASSWORD in walk.built:
+            stdout = walk.step(GRAFANA_PASSWORD).stdout
+            self.grafana_password = pulumi.Output.secret(stdout.apply(parse_grafana_password))
         views = published_views(plan)
         self.summary = pulumi.Output.all(ready, digests).apply(
             lambda done: {

@@ -137,6 +137,7 @@ def _command(
             aliases=list(aliases) or None,
             # Only when set: every other step's options stay as they were.
             delete_before_replace=spec.delete_first or None,
+            additional_secret_outputs=["stdout"] if spec.secret_stdout else None,
         ),
     )
 

@@ -107,6 +107,8 @@ class Deployment:
             outputs["benchmark"] = first.benchmark.stdout.apply(server.parse_benchmark)
         if self.monitoring is not None:  # where Prometheus and Grafana are, targets up
             outputs["monitoring"] = self.monitoring.summary
+            if self.monitoring.grafana_password is not None:  # `admin`'s, its own secret
+                outputs["grafanaAdminPassword"] = self.monitoring.grafana_password
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
 

@@ -20,6 +20,7 @@ packages=(
     ca-certificates  # copied into the lab image
     haproxy          # the front (HAProxy, as the official image users pull), in the lab image
     iptables         # the firewall guard runs the host's iptables and ip6tables
+    openssl          # the front's table handover key pair, made on the head (front-keys-file.sh)
     docker-registry  # a registry on a host's loopback: repo digests for the pinned-ref tests
     prometheus       # scrapes the vLLM stand-in: the dashboards' queries are checked against it
     prometheus-node-exporter  # node_exporter, in the lab's monitoring image (the official one: no registry)

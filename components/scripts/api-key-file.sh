@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# On the head: keep the API key in a private file that the vLLM container mounts read-only, so it
-# is never on a command line or in the container's configuration. The key arrives on stdin.
-# Beside it, `bearer`: the one Authorization header the front admits (its pattern file).
-# With --grafana yes (the head's), `grafana-admin` too: Grafana's admin password, derived from the
-# key one way (a password of its own that tells nothing of the key, and changes with it).
-#   api-key-file.sh write|remove --host H --file F [--grafana yes]
+# Keep the API key in a private file that the server's container mounts read-only (alone in its
+# directory), so it is never on a command line or in the container's configuration. The key
+# arrives on stdin.
+# With --bearer B (the head's), B: the one Authorization header the front admits (its pattern
+# file), in the front's own secrets directory, which no other container mounts.
+#   api-key-file.sh write|remove --host H --file F [--bearer B]
 . "$(dirname "$0")/lib.sh"
 action="$1"; shift
 parse_flags "$@"
@@ -14,18 +14,26 @@ case "$action" in
     mkdir -p -m 700 "$(dirname "$ARG_FILE")"
     umask 077
     IFS= read -r key || true
-    bearer="$(dirname "$ARG_FILE")/bearer"
     printf '%s' "$key" > "$ARG_FILE.tmp"
-    printf 'Bearer %s\n' "$key" > "$bearer.tmp"
     mv "$ARG_FILE.tmp" "$ARG_FILE"
-    mv "$bearer.tmp" "$bearer"
-    if [ "${ARG_GRAFANA:-}" = yes ]; then
-      grafana="$(dirname "$ARG_FILE")/grafana-admin"
-      printf 'spark-vllm grafana admin\n%s' "$key" | sha256sum | cut -c1-32 > "$grafana.tmp"
-      mv "$grafana.tmp" "$grafana"
+    # What earlier versions kept beside the key, in the directory the server's container
+    # mounts: the front's files, now in its own (--bearer, front-keys-file.sh), and Grafana's
+    # password derived from the key, now its own secret (grafana-password.sh).
+    rm -f "$(dirname "$ARG_FILE")/bearer" "$(dirname "$ARG_FILE")/keys.map" \
+      "$(dirname "$ARG_FILE")/upstream.map" "$(dirname "$ARG_FILE")/grafana-admin"
+    if [ -n "${ARG_BEARER:-}" ]; then
+      mkdir -p -m 700 "$(dirname "$ARG_BEARER")"
+      printf 'Bearer %s\n' "$key" > "$ARG_BEARER.tmp"
+      mv "$ARG_BEARER.tmp" "$ARG_BEARER"
     fi
     if [ -n "$key" ]; then echo "API key file written"; else echo "no API key configured: the endpoint is open"; fi
     ;;
-  remove) rm -f "$ARG_FILE" "$(dirname "$ARG_FILE")/bearer" "$(dirname "$ARG_FILE")/grafana-admin"; rmdir "$(dirname "$ARG_FILE")" 2>/dev/null || true ;;
+  remove)
+    rm -f "$ARG_FILE" "$(dirname "$ARG_FILE")/bearer" "$(dirname "$ARG_FILE")/grafana-admin"
+    rmdir "$(dirname "$ARG_FILE")" 2>/dev/null || true
+    if [ -n "${ARG_BEARER:-}" ]; then
+      rm -f "$ARG_BEARER"; rmdir "$(dirname "$ARG_BEARER")" 2>/dev/null || true
+    fi
+    ;;
   *) fail "unknown action '$action'" "a bug in spark-vllm: please report it" ;;
 esac

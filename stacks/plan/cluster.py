@@ -154,6 +154,13 @@ class ClusterPlan:
     def api_key_file(self) -> str:
         return f"{self.api_key_dir}/api-key"
 
+    @property
+    def front_secrets_dir(self) -> str:
+        """The front's own secrets on the head (the key's pattern file, the named keys' maps,
+        the table handover's key pair): mounted into the front's container alone, never beside
+        the key a server reads (stacks/plan/front.py)."""
+        return f"{self.head.state_dir}/front-secrets"
+
     def hosts_of(self, slot: ServerSlot) -> tuple[NodePlan, ...]:
         """The nodes `slot`'s server runs on, in hosts order."""
         hosts = set(slot.model.hosts)

@@ -30,7 +30,7 @@ from stacks.plan.firewall import (
     gate_args,
     guard_args,
 )
-from stacks.plan.front import CONTAINER_FRONT_DIR, FRONT_CONFIG_NAME
+from stacks.plan.front import CONTAINER_FRONT_DIR, CONTAINER_FRONT_SECRETS_DIR, FRONT_CONFIG_NAME
 from stacks.plan.server_plan import ServerPlan
 from stacks.plan.sizing import ServerSizing
 
@@ -87,6 +87,16 @@ MP_NODES_LABEL = "spark-vllm.mp-nodes"  # mp: the headless containers the server
 API_KEY_HASH_LABEL = "spark-vllm.api-key-sha256"  # a new key restarts vLLM; only its hash shows
 MOUNTS_LABEL = "spark-vllm.mounts"
 
+
+# CAP_NET_RAW is in Docker's default set: on the host's network, a container holding it can open
+# raw and packet sockets on the host's interfaces, read any traffic there (a client's key in
+# clear text) and forge packets from any of the host's addresses (a peer of the front's table
+# handover, a fabric peer). No container of ours needs it but the firewall guard (see there):
+# vLLM, Ray, NCCL (sockets, or RoCE's reliable-connected queue pairs through /dev/infiniband:
+# only raw-packet queue pairs want CAP_NET_RAW) and Gloo use TCP and the verbs devices; HAProxy,
+# Prometheus, Grafana and node_exporter use TCP; the memory guard has no network. Named as
+# Docker stores them (see the guard's `capabilities`), so a refresh reads back what was asked.
+DROPPED_CAPABILITIES = ("CAP_NET_RAW",)
 
 # The verbs devices RoCE needs (with HCAs only; without them NCCL uses sockets).
 RDMA_DEVICES = ("/dev/infiniband",)
@@ -183,6 +193,8 @@ class ContainerSpec:
     stop_seconds: int = 30
     user: str | None = None  # the image's own user when None
     capabilities: tuple[str, ...] = ()  # added to Docker's default set
+    # Taken from Docker's default set: DROPPED_CAPABILITIES unless the role needs one.
+    dropped: tuple[str, ...] = DROPPED_CAPABILITIES
     network: Literal["host", "none"] = "host"  # "none": no network, and IPC Docker's default
     memory_mb: int | None = None  # a hard limit, with no swap beside it
 
@@ -250,8 +262,10 @@ def headless_container(
 
 def front_container(plan: ClusterPlan, mounts_token: str) -> ContainerSpec:
     """HAProxy on the head, publishing `vllm.port` (stacks/plan/front.py). It reads its
-    configuration and the key's pattern file as root (they are the deploying user's, mode 600),
-    then runs as `nobody` (the configuration's `uid`). The component adds the key's hash label."""
+    configuration and its secrets (the key's pattern file, the named keys' maps, the handover's
+    key pair: the deploying user's, mode 600, in a directory no other container mounts) as
+    root, then runs as `nobody` (the configuration's `uid`). The component adds the key's hash
+    label."""
     head = plan.head
     labels = {
         **plan.labels,
@@ -272,7 +286,7 @@ def front_container(plan: ClusterPlan, mounts_token: str) -> ContainerSpec:
         host_pid=False,
         mounts=(
             Mount(f"{head.state_dir}/front", CONTAINER_FRONT_DIR, read_only=True),
-            Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True),
+            Mount(plan.front_secrets_dir, CONTAINER_FRONT_SECRETS_DIR, read_only=True),
         ),
         labels=tuple(sorted(labels.items())),
         gpus=False,
@@ -320,7 +334,13 @@ def firewall_container(
         # As Docker stores them (upper case, `CAP_` prefixed): pulumi-docker's read writes back
         # what Docker reports and `capabilities` has no DiffSuppressFunc, so `NET_ADMIN` would
         # replace the guard at every `pulumi up --refresh` (tests/engine/container_read.py).
+        # CAP_NET_RAW kept, the one container that needs it: legacy iptables (libiptc, the
+        # host's `iptables-legacy`, as on hosts whose rules predate nftables) reads and writes
+        # the tables through a SOCK_RAW socket (getsockopt/setsockopt IPT_SO_*), which the
+        # kernel opens only with CAP_NET_RAW; iptables-nft needs only CAP_NET_ADMIN (netlink).
+        # The guard must run whichever the host's rules are in (firewall.sh chooses).
         capabilities=("CAP_NET_ADMIN", "CAP_NET_RAW"),
+        dropped=(),
     )
 
 

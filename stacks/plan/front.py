@@ -8,11 +8,13 @@ every distribution and as an official multi-arch image, it streams responses unb
 checks a header against a pattern file (the key never in its configuration), and can route by
 the request body's `model` field and balance replicas when several models share the endpoint.
 
-The configuration is a pure function of the plan; the key stays in the secrets directory as a
-pattern file (`Bearer <key>`), written beside the key by api-key-file.sh. The named keys (`keys`)
-are a map file beside it (`<key> <name>`, front-keys-file.sh): the configuration names the keys,
-never their values; a stick table counts each key's requests and bytes and bounds its rate, and
-a reload hands it over to the new workers (HANDOVER_PEERS).
+The configuration is a pure function of the plan; the key stays in the front's own secrets
+directory (ClusterPlan.front_secrets_dir, mounted into the front's container alone) as a
+pattern file (`Bearer <key>`, written by api-key-file.sh). The named keys (`keys`) are a map
+file beside it (`<key> <name>`, front-keys-file.sh): the configuration names the keys, never
+their values; a stick table counts each key's requests and bytes and bounds its rate, and a
+reload hands it over to the new workers (HANDOVER_PEERS), over TLS with a key pair of the
+deployment's own (HANDOVER_CERT_NAME).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from dataclasses import dataclass
 
 from stacks.plan.client_routes import client_paths
 from stacks.plan.cluster import ClusterPlan
-from stacks.plan.container_paths import CONTAINER_API_KEY_DIR
 from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME, BODY_REFUSALS, MODEL_CHECK_FETCH
 from stacks.plan.server_plan import ServerPlan, per_server
 
 CONTAINER_FRONT_DIR = "/spark-vllm/front"  # the host's <state>/front, read-only
+# The host's <state>/front-secrets, read-only: no other container mounts it.
+CONTAINER_FRONT_SECRETS_DIR = "/run/spark-vllm-front"
 FRONT_CONFIG_NAME = "haproxy.cfg"
 BEARER_FILE_NAME = "bearer"  # `Bearer <key>`: the one Authorization header the front admits
 UNAUTHORIZED_BODY = json.dumps({"error": "Unauthorized"})  # what vLLM itself answers
@@ -58,9 +61,20 @@ KEY_WINDOW_SECONDS = 60
 # nothing else of the stack binds, so it adds no port to collide with. A worker hands over once
 # its own start-up resync is done: after a cold start HAProxy waits for a former worker up to
 # PEER_RESYNC_TIMEOUT (5 s, src/peers.c), and a reload within it carries nothing over.
+# The peers protocol itself has no authentication: any process on the head (or host-network
+# container) that connects there and says it is the local peer is sent every key's counters
+# and may write any entry (a key's rate cleared: its 429 a 200 again; an entry of its own). So
+# the handover is TLS with client certificates (`ssl ... verify required` on both the peer's
+# `bind` and its `server`, configuration manual 3.5): the old workers present, and the new ones
+# require, a certificate from HANDOVER_CERT_NAME, a self-signed pair made on the head for this
+# deployment (front-keys-file.sh) and trusted alone (the file is its own `ca-file`), in the
+# front's secrets directory, which only the front's container mounts. A client without it, or
+# with a certificate of its own, fails the handshake. (A unix socket would do without a
+# certificate, but a peer's address is TCP only.)
 HANDOVER_PEERS = "handover"
 LOCAL_PEER = "front"
 HANDOVER_HOST = "127.0.0.2"
+HANDOVER_CERT_NAME = "handover.pem"  # the certificate, then its private key (PEM)
 # With several models the front reads a request body up to this many bytes to find its
 # `model` (a 1 MiB prompt). HAProxy holds a request and a response buffer per connection (more
 # while it checks servers), so at ROUTER_MAX_CONNECTIONS its buffers can reach a few GiB in
@@ -149,7 +163,7 @@ def handover_address(metrics_port: int) -> str:
 
 def front_config(plan: ClusterPlan) -> str:
     """haproxy.cfg for the plan's routes (router_config)."""
-    bearer = f"{CONTAINER_API_KEY_DIR}/{BEARER_FILE_NAME}"
+    bearer = f"{CONTAINER_FRONT_SECRETS_DIR}/{BEARER_FILE_NAME}"
     models = f"{CONTAINER_FRONT_DIR}/{MODELS_FILE_NAME}"
     metrics_port = plan.config.front.metrics_port
     metrics = f"127.0.0.1:{metrics_port}"
@@ -163,9 +177,10 @@ def front_config(plan: ClusterPlan) -> str:
         metrics,
         per_client=per_client,
         keys=keys,
-        keys_map=f"{CONTAINER_API_KEY_DIR}/{KEYS_MAP_NAME}",
+        keys_map=f"{CONTAINER_FRONT_SECRETS_DIR}/{KEYS_MAP_NAME}",
         keys_lua=f"{CONTAINER_FRONT_DIR}/{KEYS_LUA_NAME}",
         handover=handover_address(metrics_port),
+        handover_cert=f"{CONTAINER_FRONT_SECRETS_DIR}/{HANDOVER_CERT_NAME}",
         body_lua=f"{CONTAINER_FRONT_DIR}/{BODY_LUA_NAME}",
     )
 
@@ -199,6 +214,7 @@ def router_config(
     keys_lua: str | None = None,
     handover: str | None = None,
     body_lua: str | None = None,
+    handover_cert: str | None = None,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -210,9 +226,10 @@ def router_config(
     rather than sent to the first model, and `http-no-delay` lets each SSE event out at once
     (50-200 ms late without). No client address holds more than `per_client` connections at
     once (counted as they arrive, before any header: clients without the key cannot hold
-    every connection, slowly sending headers that never end). With `keys` and `handover` (the
-    local peer's address), a reload keeps the keys' table (HANDOVER_PEERS). Several routes need
-    `body_lua` (front_body.BODY_LUA's path): a body whose `model` the front and vLLM could
+    every connection, slowly sending headers that never end). With `keys`, `handover` (the
+    local peer's address) and `handover_cert` (its key pair), a reload keeps the keys'
+    table, over TLS (HANDOVER_PEERS). Several routes need `body_lua`
+    (front_body.BODY_LUA's path): a body whose `model` the front and vLLM could
     read differently is refused before it is routed. HTTP/1.1 only (H1_ONLY)."""
     unauthorized = haproxy_string(UNAUTHORIZED_BODY)
     unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
@@ -225,6 +242,8 @@ def router_config(
         "the part read names no model: put `model` first in the body",
     )
     routing = len(routes) > 1
+    if keys and handover is not None and handover_cert is None:
+        raise ValueError("the keys' handover is TLS only: handover_cert is required")
     if routing and body_lua is None:
         raise ValueError("several routes read `model` from the body: body_lua is required")
     # Several routes read each body to find its model: large buffers, fewer connections. One
@@ -324,7 +343,7 @@ def router_config(
         # 404 for another); the configuration does not name it, so a new name leaves the
         # front as it is.
         lines += ["    default_backend model_0", *backend_lines(0, routes[0], named=False)]
-        return "\n".join([*lines, *keys_table(keys, handover), ""])
+        return "\n".join([*lines, *keys_table(keys, handover, handover_cert), ""])
     served = [route.served_name for route in routes]
     lines += [
         *(
@@ -358,7 +377,7 @@ def router_config(
     ]
     for index, route in enumerate(routes):
         lines += backend_lines(index, route, named=True)
-    return "\n".join([*lines, *keys_table(keys, handover), ""])
+    return "\n".join([*lines, *keys_table(keys, handover, handover_cert), ""])
 
 
 def body_check_lines() -> list[str]:
@@ -459,15 +478,29 @@ def forbidden_lines(keys: Sequence[Key], served: Sequence[str]) -> list[str]:
     return lines
 
 
-def keys_table(keys: Sequence[Key], handover: str | None = None) -> list[str]:
+def keys_table(
+    keys: Sequence[Key], handover: str | None = None, cert: str | None = None
+) -> list[str]:
     """The named keys' stick table: per key, its requests (and their rate over
     KEY_WINDOW_SECONDS) and bytes in and out, since the front started; with `handover`, the
-    local peer that carries it over a reload (HANDOVER_PEERS). No expiry: a table far larger
-    than the keys never evicts one."""
+    local peer that carries it over a reload, over TLS with `cert` (HANDOVER_PEERS): the new
+    workers listen with it and require it of whoever connects (`bind`), the old ones present it
+    and require it of whom they reach (`server`, through `default-server`). No expiry: a table
+    far larger than the keys never evicts one."""
     if not keys:
         return []
     size = max(1024, 2 * len(keys))
-    peers = [f"peers {HANDOVER_PEERS}", f"    peer {LOCAL_PEER} {handover}"] if handover else []
+    tls = f"ssl crt {cert} ca-file {cert} verify required"
+    peers = (
+        [
+            f"peers {HANDOVER_PEERS}",
+            f"    bind {handover} {tls}",
+            f"    default-server {tls}",
+            f"    server {LOCAL_PEER}",
+        ]
+        if handover
+        else []
+    )
     return [
         *peers,
         f"backend {KEYS_TABLE}",
@@ -484,7 +517,11 @@ def key_models_file(models_file: str, name: str) -> str:
 
 # The per-key counters in Prometheus's text format: HAProxy's exporter shows a stick table's
 # size and use, not its entries, so a Lua service (Lua is built into Debian's HAProxy and the
-# official images) reads the entries. A key appears once it has made a request.
+# official images) reads the entries. A key appears once it has made a request. Only the
+# configured keys' entries are printed, each under its label written here, already escaped:
+# the table can hold other entries (a peer that pushed one, a later configuration's key before
+# the reload that names it), and an entry's name printed as it is could close the label and
+# add a line of its own to what Prometheus stores.
 KEYS_LUA = """\
 -- Written by spark-vllm (stacks/plan/front.py): the named keys' counters for Prometheus.
 local metrics = {
@@ -492,10 +529,15 @@ local metrics = {
   {"spark_vllm_key_bytes_in_total", "bytes_in_cnt", "Bytes received from clients with the key."},
   {"spark_vllm_key_bytes_out_total", "bytes_out_cnt", "Bytes sent to clients with the key."},
 }
+-- Each configured key's entry name, and its label value as Prometheus reads it.
+local labels = {
+LABELS}
 core.register_service("key_metrics", "http", function(applet)
   local entries = core.backends["TABLE"].stktable:dump()
   local names = {}
-  for name in pairs(entries) do names[#names + 1] = name end
+  for name in pairs(entries) do
+    if labels[name] ~= nil then names[#names + 1] = name end
+  end
   table.sort(names)
   local out = {}
   for _, metric in ipairs(metrics) do
@@ -503,7 +545,7 @@ core.register_service("key_metrics", "http", function(applet)
     out[#out + 1] = "# TYPE " .. metric[1] .. " counter"
     for _, name in ipairs(names) do
       local value = entries[name][metric[2]] or 0
-      out[#out + 1] = string.format('%s{key="%s"} %d', metric[1], name, value)
+      out[#out + 1] = string.format('%s{key="%s"} %d', metric[1], labels[name], value)
     end
   end
   local body = table.concat(out, "\\n") .. "\\n"
@@ -514,6 +556,35 @@ core.register_service("key_metrics", "http", function(applet)
   applet:send(body)
 end)
 """.replace("TABLE", KEYS_TABLE)
+
+
+def prometheus_label_value(text: str) -> str:
+    """`text` as a label value in Prometheus's text format (exposition formats: a backslash, a
+    double quote and a line feed are escaped; nothing else is)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def lua_string(text: str) -> str:
+    """`text` as a Lua string literal: every byte that is not a printable ASCII character other
+    than a backslash or a double quote as a decimal escape (`\\ddd`), which Lua reads back
+    byte for byte."""
+    return (
+        '"'
+        + "".join(
+            chr(byte) if 32 <= byte < 127 and chr(byte) not in '\\"' else f"\\{byte:03d}"
+            for byte in text.encode()
+        )
+        + '"'
+    )
+
+
+def keys_lua(keys: Sequence[Key]) -> str:
+    """KEYS_LUA for `keys`: their entries only, each under its escaped label."""
+    labels = "".join(
+        f"  [{lua_string(key.name)}] = {lua_string(prometheus_label_value(key.name))},\n"
+        for key in keys
+    )
+    return KEYS_LUA.replace("LABELS", labels)
 
 
 def backend_lines(index: int, route: Route, named: bool) -> list[str]:
@@ -580,7 +651,7 @@ def front_files(plan: ClusterPlan) -> list[tuple[str, str]]:
     if len(routes) > 1:
         files.append((BODY_LUA_NAME, BODY_LUA))
     if plan.config.keys:
-        files.append((KEYS_LUA_NAME, KEYS_LUA))
+        files.append((KEYS_LUA_NAME, keys_lua(keys_of(plan))))
     return files
 
 

@@ -291,7 +291,7 @@ def plan_graph(plan: ClusterPlan, facts: GraphFacts) -> DeploymentGraph:
             front_reload,
             ray_checked,
         )
-    _monitoring(plan, entries, image_ready, firewalled, key_file, ready, facts.entry_scripts)
+    _monitoring(plan, entries, image_ready, firewalled, ready, facts.entry_scripts)
     return DeploymentGraph(tuple(entries), _components(plan, servers, every_stream))
 
 
@@ -615,7 +615,6 @@ def _monitoring(
     entries: list[Planned],
     image_ready: dict[str, str],
     firewalled: dict[str, str],
-    key_file: str,
     ready: str,
     scripts: EntryScripts,
 ) -> None:
@@ -674,15 +673,22 @@ def _monitoring(
     )
     containers.append(names.PROMETHEUS)
     if plan.config.monitoring.grafana.enabled:
+        password = monitoring.grafana_password(plan)
+        entries.append(
+            Planned(
+                password.name, names.MONITORING, password, head, after=(names.scripts_of(head),)
+            )
+        )
         entries.append(
             Planned(
                 names.GRAFANA,
                 names.MONITORING,
                 monitoring.grafana_container(plan),
                 head,
-                after=(names.pull_of(names.GRAFANA), files.name, key_file),
-                # `admin`'s password is the key, set when Grafana first starts.
-                secret_labels=((API_KEY_HASH_LABEL, "api-key"),),
+                after=(names.pull_of(names.GRAFANA), files.name, password.name),
+                # `admin`'s password is set when Grafana first starts (its database is in the
+                # container): a password step made again makes a new Grafana.
+                id_labels=((monitoring.GRAFANA_PASSWORD_LABEL, (password.name,)),),
                 image=image_of[names.GRAFANA],
             )
         )

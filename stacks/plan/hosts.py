@@ -243,8 +243,8 @@ def reload_front(plan: ClusterPlan) -> StepSpec:
 
 
 def keys_map_file(plan: ClusterPlan) -> str:
-    """The named keys' map on the head, beside the API key (front-keys-file.sh)."""
-    return f"{plan.api_key_dir}/{KEYS_MAP_NAME}"
+    """The named keys' map on the head, in the front's secrets (front-keys-file.sh)."""
+    return f"{plan.front_secrets_dir}/{KEYS_MAP_NAME}"
 
 
 def write_front_config(plan: ClusterPlan) -> StepSpec:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stacks.config import MonitoringImageConfig
 from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
-from stacks.plan.container_paths import CONTAINER_API_KEY_DIR
 from stacks.plan.containers import RESTART_POLICY, ContainerSpec, EntryScripts, Mount, Role
 from stacks.plan.firewall import (
     CONTAINER_FIREWALL_DIR,
@@ -47,11 +46,22 @@ from stacks.plan.hosts import written
 from stacks.plan.image import ImagePull
 from stacks.plan.later import PINNED_IMAGE, Later
 from stacks.plan.server_plan import per_server
-from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
+from stacks.plan.steps import (
+    Receipt,
+    StepSpec,
+    Timeouts,
+    check,
+    owned,
+    script_call,
+    undoable,
+)
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "components" / "dashboards"
 
-GRAFANA_PASSWORD_FILE = "grafana-admin"  # beside the API key on the head (api-key-file.sh)
+GRAFANA_PASSWORD_FILE = "admin-password"  # in grafana_secrets_dir (grafana-password.sh)
+GRAFANA_PASSWORD_PREFIX = "spark-vllm-grafana-password "  # the step's line with it
+CONTAINER_GRAFANA_SECRETS = "/run/spark-vllm-grafana"  # grafana_secrets_dir, read-only
+GRAFANA_PASSWORD_LABEL = "spark-vllm.grafana-password"  # the password step's ID
 
 # Inside the containers.
 CONTAINER_CONFIG_DIR = "/etc/spark-vllm"  # prometheus.yml
@@ -89,6 +99,38 @@ def config_dir(plan: ClusterPlan) -> str:
 
 def grafana_dir(plan: ClusterPlan) -> str:
     return f"{monitoring_dir(plan)}/grafana"
+
+
+def grafana_secrets_dir(plan: ClusterPlan) -> str:
+    """Grafana's admin password on the head: a directory of its own, mounted into Grafana's
+    container alone (not under grafana_dir, which the files step writes afresh)."""
+    return f"{plan.head.state_dir}/grafana-secrets"
+
+
+def grafana_password(plan: ClusterPlan) -> StepSpec:
+    """Grafana's admin password, made once on the head (grafana-password.sh): its own secret,
+    not derived from the API key, so that whoever learns one learns nothing of the other. Its
+    output (the password, for the stack's secret output) is a Pulumi secret and not logged."""
+    head, file = plan.head, f"{grafana_secrets_dir(plan)}/{GRAFANA_PASSWORD_FILE}"
+    step = undoable(
+        plan,
+        names.GRAFANA_PASSWORD,
+        head,
+        "grafana-password.sh",
+        ("write", "remove"),
+        {"file": file},
+        (check("files", file),),
+        quiet="none",
+    )
+    return replace(step, secret_stdout=True)
+
+
+def parse_grafana_password(stdout: str) -> str:
+    """The password from the step's output (grafana-password.sh)."""
+    for line in stdout.splitlines():
+        if line.startswith(GRAFANA_PASSWORD_PREFIX):
+            return line.removeprefix(GRAFANA_PASSWORD_PREFIX)
+    raise ValueError("spark-vllm: Grafana's password step printed no password")
 
 
 def data_dir(plan: ClusterPlan) -> str:
@@ -459,9 +501,9 @@ def prometheus_container(plan: ClusterPlan) -> ContainerSpec:
 
 def grafana_container(plan: ClusterPlan) -> ContainerSpec:
     """Grafana with the datasource and dashboards provisioned, on the head's loopback; anonymous
-    visitors view (whoever reaches loopback has SSH to the head), `admin`'s password is its own,
-    derived one way from the API key (api-key-file.sh; read from its file, never in the
-    container's configuration); no phoning home."""
+    visitors view (whoever reaches loopback has SSH to the head), `admin`'s password is its own
+    secret (grafana_password: read from its file, never in the container's configuration, and
+    the only secret the container mounts); no phoning home."""
     cfg = plan.config.monitoring.grafana
     files = monitoring_files(plan)
     env = {
@@ -469,7 +511,7 @@ def grafana_container(plan: ClusterPlan) -> ContainerSpec:
         "GF_SERVER_HTTP_PORT": str(cfg.port),
         "GF_AUTH_ANONYMOUS_ENABLED": "true",
         "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
-        "GF_SECURITY_ADMIN_PASSWORD__FILE": f"{CONTAINER_API_KEY_DIR}/{GRAFANA_PASSWORD_FILE}",
+        "GF_SECURITY_ADMIN_PASSWORD__FILE": f"{CONTAINER_GRAFANA_SECRETS}/{GRAFANA_PASSWORD_FILE}",
         "GF_ANALYTICS_REPORTING_ENABLED": "false",
         "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
         "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",
@@ -485,7 +527,7 @@ def grafana_container(plan: ClusterPlan) -> ContainerSpec:
         (
             Mount(f"{grafana_dir(plan)}/provisioning", GRAFANA_PROVISIONING, read_only=True),
             Mount(f"{grafana_dir(plan)}/dashboards", CONTAINER_DASHBOARDS, read_only=True),
-            Mount(plan.api_key_dir, CONTAINER_API_KEY_DIR, read_only=True),
+            Mount(grafana_secrets_dir(plan), CONTAINER_GRAFANA_SECRETS, read_only=True),
         ),
         {CONFIG_DIGEST_LABEL: files_digest(files, grafana_dir(plan))},
         env=tuple(f"{k}={v}" for k, v in sorted(env.items())),

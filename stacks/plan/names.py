@@ -166,6 +166,7 @@ MONITORING_FILES = f"{MONITORING}-files"
 MONITORING_DATA = f"{MONITORING}-data"
 MONITORING_RAY_TARGETS = f"{MONITORING}-ray-targets"
 MONITORING_READY = f"{MONITORING}-ready"
+GRAFANA_PASSWORD = f"{GRAFANA}-password"
 
 
 def memory_guard_of(node: str) -> str:

@@ -12,6 +12,7 @@ from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_API_KEY_FILE, CONTAINER_SCRIPTS_DIR
 from stacks.plan.fabric import fabric_flags
+from stacks.plan.front import BEARER_FILE_NAME, HANDOVER_CERT_NAME
 from stacks.plan.hardware import extra_arg_value
 from stacks.plan.hosts import keys_map_file
 from stacks.plan.server_plan import ServerPlan, log_specs, node_check_specs
@@ -73,10 +74,10 @@ def _wait(
 
 
 def front_key_file(plan: ClusterPlan) -> StepSpec:
-    """The API key on the head, where the front and the servers there read it; beside it,
-    Grafana's admin password derived from it (written whether or not monitoring runs, so
-    turning monitoring on changes no step of the front)."""
-    return _key_file(plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, grafana=True)
+    """The API key on the head, where the servers there read it, alone in its directory; the
+    front's pattern file (`Bearer <key>`) in the front's own secrets."""
+    bearer = f"{plan.front_secrets_dir}/{BEARER_FILE_NAME}"
+    return _key_file(plan, names.FRONT_KEY_FILE, plan.head, plan.api_key_file, bearer=bearer)
 
 
 def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
@@ -94,7 +95,8 @@ def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
         "front-keys-file.sh",
         ("write", "remove"),
         {"file": file},
-        (check("files", file),),
+        # The handover's key pair, made beside the maps when missing (front-keys-file.sh).
+        (check("files", file, f"{plan.front_secrets_dir}/{HANDOVER_CERT_NAME}"),),
         stdin="user-keys",
         quiet="none",
     )
@@ -104,20 +106,27 @@ def server_key_file(plan: ServerPlan) -> StepSpec:
     """The API key where a server on a worker runs (`server_key_dir`): its launcher reads it."""
     node = plan.server_node
     step = names.server_key_of(names.vllm_of(plan.slot))
-    return _key_file(plan.cluster, step, node, f"{plan.server_key_dir}/api-key", grafana=False)
+    return _key_file(plan.cluster, step, node, f"{plan.server_key_dir}/api-key")
 
 
-def _key_file(plan: ClusterPlan, name: str, node: NodePlan, file: str, grafana: bool) -> StepSpec:
-    """The API key (stdin) written to `file` on `node`; nothing is logged."""
+def _key_file(
+    plan: ClusterPlan,
+    name: str,
+    node: NodePlan,
+    file: str,
+    bearer: str | None = None,
+) -> StepSpec:
+    """The API key (stdin) written to `file` on `node`, and with `bearer` the front's pattern
+    file there; nothing is logged."""
+    flags = {"file": file, **({"bearer": bearer} if bearer is not None else {})}
     return undoable(
         plan,
         name,
         node,
         "api-key-file.sh",
         ("write", "remove"),
-        {"file": file},
-        (check("files", file),),
-        create_flags={"grafana": "yes"} if grafana else None,
+        flags,
+        (check("files", *flags.values()),),
         stdin="api-key",
         quiet="none",
     )

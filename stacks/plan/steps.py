@@ -95,6 +95,7 @@ class StepSpec:
     stdin: Stdin | None = None
     timeouts: Timeouts = QUICK
     quiet: Literal["stderr", "none"] | None = None  # what the engine may show; None: both
+    secret_stdout: bool = False  # its stdout is a Pulumi secret (encrypted in the state)
     prints: str | None = None  # echoed after the receipts: the step's output
     fabric: tuple[tuple[str, str], ...] = ()  # how the head reaches workers (receipts there)
     # A replacement runs the old delete before the new create. For a step whose delete removes

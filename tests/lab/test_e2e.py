@@ -282,9 +282,11 @@ def test_secrets_are_not_in_container_configuration(deployed: Deployment) -> Non
     for container in ("vllm", "front", "ray-head", "firewall"):
         inspect = host_sh(deployed.lab, "spark1", f"docker inspect {PREFIX}-{container}")
         assert API_KEY not in inspect, container
-    secrets = f"{STATE}/secrets"
-    modes = host_sh(deployed.lab, "spark1", f"stat -c %a {secrets}/api-key {secrets}/bearer")
+    secrets, front = f"{STATE}/secrets", f"{STATE}/front-secrets"
+    modes = host_sh(deployed.lab, "spark1", f"stat -c %a {secrets}/api-key {front}/bearer")
     assert modes.split() == ["600", "600"]
+    # The server's key directory holds its key alone; the front's is mounted into no other.
+    assert host_sh(deployed.lab, "spark1", f"ls -A {secrets}").split() == ["api-key"]
 
 
 def test_what_the_bastion_can_and_cannot_reach(deployed: Deployment) -> None:

@@ -200,6 +200,8 @@ def recorded_receipts(create: Any) -> dict[str, str]:
 
 def _command_stdout(name: str, raw: dict[str, Any]) -> str:
     inputs = without_deadlines(raw)
+    if name == "monitoring-grafana-password":  # as grafana-password.sh prints it
+        return "spark-vllm-grafana-password Zk3fQ9xW2bLr7TnV0aYc5sHd8mJp1uEg\n"
     if name.endswith("-head-key"):
         return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeHeadKey spark-vllm-fabric:x:spark1\n"
     if name.endswith("-fetch"):  # its time (lib.sh step_seconds), then the manifest

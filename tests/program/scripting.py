@@ -85,3 +85,14 @@ def watch(stall: float = 0, progress: float = 1, seconds: float = 60) -> Any:
         stall_seconds=stall,
         deadline=time.monotonic() + seconds,
     )
+
+
+def make_handover_pair(path: Path) -> None:
+    """The front's handover key pair at `path`, made as the head's step makes it
+    (front-keys-file.sh), for a front run here."""
+    work = path.parent / ".handover-pair"
+    run("front-keys-file.sh", "write", "--host", "h", "--file", str(work / "keys.map"),
+        stdin="operator\n", check=True)  # fmt: skip
+    (work / "handover.pem").rename(path)
+    run("front-keys-file.sh", "remove", "--host", "h", "--file", str(work / "keys.map"),
+        check=True)  # fmt: skip

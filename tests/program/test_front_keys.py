@@ -26,13 +26,14 @@ import pytest
 
 from stacks.plan import monitoring
 from stacks.plan.front import (
+    HANDOVER_CERT_NAME,
     HANDOVER_PEERS,
     KEY_METRICS_PATH,
-    KEYS_LUA,
     Key,
     Route,
     handover_address,
     key_models_file,
+    keys_lua,
     limited_models,
     models_document,
     router_config,
@@ -73,6 +74,7 @@ def config(keys: tuple[Key, ...], ports: tuple[int, ...] = (1, 2)) -> str:
         keys_lua="/f/keys.lua",
         handover=handover_address(3),
         body_lua="/f/body.lua",
+        handover_cert="/k/handover.pem",
     )
 
 
@@ -130,15 +132,24 @@ def test_the_configuration_names_keys_never_their_values() -> None:
 
 def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
     """The local peer, named in `global` (the container passes no `-L`), listens on loopback at
-    the metrics listener's port on 127.0.0.2 (a port the stack owns already), and the keys'
-    table names its section; nothing of it without `handover`."""
+    the metrics listener's port on 127.0.0.2 (a port the stack owns already), over TLS that
+    requires the deployment's certificate both ways, and the keys' table names its section;
+    nothing of it without `handover`, and no handover in clear text."""
     lines = config(KEYS).splitlines()
     assert lines.index("    localpeer front") < lines.index("defaults")
     section = lines.index("peers handover")
-    assert lines[section + 1] == "    peer front 127.0.0.2:3"
-    assert lines[section + 2] == "backend keys"
-    assert lines[section + 3].startswith("    stick-table type string len 32 ")
-    assert lines[section + 3].endswith(" peers handover")
+    tls = "ssl crt /k/handover.pem ca-file /k/handover.pem verify required"
+    assert lines[section + 1] == f"    bind 127.0.0.2:3 {tls}"
+    assert lines[section + 2] == f"    default-server {tls}"
+    assert lines[section + 3] == "    server front"
+    assert lines[section + 4] == "backend keys"
+    assert lines[section + 5].startswith("    stick-table type string len 32 ")
+    assert lines[section + 5].endswith(" peers handover")
+    with pytest.raises(ValueError, match="TLS only"):
+        router_config(
+            "127.0.0.1:1", "/k/bearer", routes(1, 2), "/f/models.json", keys=KEYS,
+            keys_map="/k/m", body_lua="/f/body.lua", handover=handover_address(3),
+        )  # fmt: skip
     assert "127.0.0.2" not in config(()) and "peer" not in config(())
     bare = router_config(
         "127.0.0.1:1", "/k/bearer", routes(1, 2), "/f/models.json", keys=KEYS, keys_map="/k/m",
@@ -226,9 +237,13 @@ def front(tmp_path: Path) -> Iterator[Front]:
     haproxy_cfg = files / "haproxy.cfg"
 
     def write(keys: tuple[Key, ...], values: dict[str, str]) -> None:
-        (secrets / "keys.map").write_text("".join(f"{values[k.name]} {k.name}\n" for k in keys))
-        (secrets / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
-        (files / "keys.lua").write_text(KEYS_LUA)
+        # The maps and the handover's key pair as the head's step writes them.
+        text = "".join(f"{values[k.name]} {k.name}\n" for k in keys)
+        run(
+            "front-keys-file.sh", "write", "--host", "h", "--file", str(secrets / "keys.map"),
+            stdin=f"{OPERATOR}\n{text}", check=True,
+        )  # fmt: skip
+        (files / "keys.lua").write_text(keys_lua(keys))
         (files / BODY_LUA_NAME).write_text(BODY_LUA)
         (files / "models.json").write_text(models_document(served))
         for key in keys:
@@ -248,6 +263,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
                 keys_lua=str(files / "keys.lua"),
                 handover=handover_address(metrics),
                 body_lua=str(files / BODY_LUA_NAME),
+                handover_cert=str(secrets / HANDOVER_CERT_NAME),
             )
         )
         # -dW: any warning fails the check (on 3.2, the Lua one the conditional block avoids).
@@ -564,5 +580,18 @@ def test_the_map_is_written_private_from_stdin_and_removed(tmp_path: Path) -> No
     for value in VALUES.values():
         assert value not in done.stdout + done.stderr
     assert "named keys written: 3" in done.stdout
+    # The handover's key pair: made once, private, a certificate then its key; kept when the
+    # keys change (the running workers hold it), gone with the keys.
+    pair = keys_map.parent / HANDOVER_CERT_NAME
+    assert pair.stat().st_mode & 0o777 == 0o600
+    pem = pair.read_text()
+    assert pem.index("BEGIN CERTIFICATE") < pem.index("BEGIN PRIVATE KEY")
+    assert "front handover key pair made" in done.stdout
+    again = run(
+        "front-keys-file.sh", "write", "--host", "h", "--file", str(keys_map),
+        stdin=f"{OPERATOR}\n{text}", check=True,
+    )  # fmt: skip
+    assert pair.read_text() == pem and "key pair made" not in again.stdout
     run("front-keys-file.sh", "remove", "--host", "h", "--file", str(keys_map), check=True)
-    assert not keys_map.exists() and not upstream.exists()
+    assert not keys_map.exists() and not upstream.exists() and not pair.exists()
+    assert not keys_map.parent.exists()

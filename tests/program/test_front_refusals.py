@@ -24,15 +24,16 @@ import pytest
 from stacks.plan.client_routes import CLIENT_ROUTES, ClientRoute, admits
 from stacks.plan.front import (
     BODY_BUFFER_BYTES,
-    KEYS_LUA,
     Key,
     Route,
     handover_address,
+    keys_lua,
     models_document,
     router_config,
 )
 from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME
 from tests.program.ports import free_port
+from tests.program.scripting import make_handover_pair
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
 CAROL = "carol-key-3d7a1e0f9c5b2e8d6a4f"  # a named key, every model
@@ -196,7 +197,8 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     (workdir / "bearer").write_text(f"Bearer {OPERATOR}\n")
     (workdir / "keys.map").write_text(f"{ALICE} alice\n{CAROL} carol\n")
     (workdir / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
-    (workdir / "keys.lua").write_text(KEYS_LUA)
+    make_handover_pair(workdir / "handover.pem")
+    (workdir / "keys.lua").write_text(keys_lua((Key("alice", ("beta",)), Key("carol"))))
     (workdir / BODY_LUA_NAME).write_text(BODY_LUA)
     (workdir / "models.json").write_text(models_document(routes))
     (workdir / "models-alice.json").write_text(models_document(routes, ["beta"]))
@@ -214,6 +216,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
             keys_lua=str(workdir / "keys.lua"),
             handover=handover_address(metrics),
             body_lua=str(workdir / BODY_LUA_NAME),
+            handover_cert=str(workdir / "handover.pem"),
         )
     )
     check = subprocess.run(

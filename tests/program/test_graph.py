@@ -462,3 +462,29 @@ def test_the_readiness_answer_becomes_figures() -> None:
     assert parse_readiness("vllm: ready after 3s; first completion: ok") == {
         "timeToFirstTokenSeconds": None, "tokensPerSecond": None,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_no_container_but_the_firewall_guard_keeps_net_raw(
+    make_config: ConfigFactory, executor: str
+) -> None:
+    """CAP_NET_RAW (Docker's default set) lets a host-network container read and forge the
+    host's traffic: dropped from every container, monitoring and the memory guard included,
+    but the guard's (legacy iptables' raw socket); as Docker stores it, so a refresh agrees."""
+    config = make_config(hosts=2, executor=executor)
+    config["monitoring"] = {"enabled": True}
+    config["memoryGuard"] = {"enabled": True}
+    ev = evaluate(config, SECRETS)
+    containers = ev.by_type("docker:index/container:Container")
+    roles = set()
+    for container in containers:
+        labels = {label["label"]: label["value"] for label in container.inputs["labels"]}
+        role = labels["spark-vllm.role"]
+        roles.add(role)
+        caps = container.inputs.get("capabilities")
+        if role == "firewall":
+            assert caps == {"adds": ["CAP_NET_ADMIN", "CAP_NET_RAW"]}, container.name
+        else:
+            assert caps == {"drops": ["CAP_NET_RAW"]}, (container.name, caps)
+    assert {"front", "vllm", "firewall", "memory-guard", "grafana", "prometheus"} <= roles
+    assert "node-exporter" in roles

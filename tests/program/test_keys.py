@@ -119,12 +119,37 @@ def test_the_values_travel_only_on_the_key_steps_stdin(make_config: ConfigFactor
     assert "models-alice.json" in config_step
     # The reload also follows the map, written apart from the configuration.
     assert (
-        "--keys-map /home/aurora/.spark-vllm/spark-vllm.dev/secrets/keys.map"
+        "--keys-map /home/aurora/.spark-vllm/spark-vllm.dev/front-secrets/keys.map"
         in (run.named("front-reload").inputs["create"])
     )
     # The map is written before the front starts and before it reloads.
     assert run.depends_on("front-container", "front-keys")
     assert run.depends_on("front-reload", "front-keys")
+
+
+def test_the_fronts_secrets_are_mounted_into_the_front_alone(make_config: ConfigFactory) -> None:
+    """The key's pattern file, the named keys' maps (every key's value) and the handover's key
+    pair are in the front's own directory, which no other container mounts; the servers' key
+    directory holds the API key alone (the one key vLLM checks itself)."""
+    config = with_keys(fleet(make_config, 2), {"name": "alice"})
+    config["monitoring"] = {"enabled": True}
+    run = deploy(config, [ALICE])
+    leaf = "/home/aurora/.spark-vllm/spark-vllm.dev"
+    front_secrets, key_dir = f"{leaf}/front-secrets", f"{leaf}/secrets"
+    mounted: dict[str, set[str]] = {}
+    for container in run.by_type("docker:index/container:Container"):
+        for mount in container.inputs["mounts"]:
+            mounted.setdefault(mount["source"], set()).add(container.name)
+    assert mounted[front_secrets] == {"front-container"}
+    assert "front-container" not in mounted.get(key_dir, set())
+    # What each step writes where.
+    key_step = run.named("front-api-key").inputs["create"]
+    assert f"--file {key_dir}/api-key --bearer {front_secrets}/bearer" in key_step
+    assert f"--file {front_secrets}/keys.map" in run.named("front-keys").inputs["create"]
+    text = run.named("front-config").inputs["create"]
+    assert "-f /run/spark-vllm-front/bearer" in text
+    assert "map_str(/run/spark-vllm-front/keys.map)" in text
+    assert "ssl crt /run/spark-vllm-front/handover.pem" in text
 
 
 def plan_of(before: dict, after: dict, values: list[str], new_values: list[str]) -> dict:
@@ -183,7 +208,7 @@ def test_with_one_model_a_key_is_a_reload_of_the_front_too(make_config: ConfigFa
     assert "sc_http_req_rate(1) gt 10" in config and "not available with this key" not in config
     assert "is not open to this key" in config  # the client routes, with one model too
     # The keys' table goes over a reload: its local peer at front.metricsPort, on 127.0.0.2.
-    assert "    localpeer front\n" in config and "    peer front 127.0.0.2:8404\n" in config
+    assert "    localpeer front\n" in config and "    bind 127.0.0.2:8404 ssl crt " in config
 
 
 def test_the_front_takes_its_local_peers_name_from_its_configuration(
@@ -196,7 +221,7 @@ def test_the_front_takes_its_local_peers_name_from_its_configuration(
     assert isinstance(container, ContainerSpec)
     assert not [word for word in container.command if word.startswith("-L")]
     text = front_config(plan)
-    assert "    localpeer front\n" in text and "    peer front 127.0.0.2:8404\n" in text
+    assert "    localpeer front\n" in text and "    bind 127.0.0.2:8404 ssl crt " in text
 
 
 def test_with_monitoring_the_first_key_adds_prometheus_job_and_the_next_do_not(

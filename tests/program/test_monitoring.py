@@ -23,6 +23,7 @@ from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import evaluate
 from tests.program.planning import fleet, graph_of
 from tests.program.previews import up_then_preview
+from tests.program.scripting import run
 
 ON = {"enabled": True}
 
@@ -67,6 +68,7 @@ def test_on_it_plans_prometheus_grafana_and_an_exporter_per_node(
         "monitoring-node-exporter-spark1",
         "monitoring-node-exporter-spark2",
         "monitoring-prometheus",
+        "monitoring-grafana-password",
         "monitoring-grafana",
         "monitoring-ready",
     }
@@ -174,9 +176,15 @@ def test_everything_listens_on_loopback_but_the_exporter_on_the_fabric(
     assert "--storage.tsdb.retention.size=10GB" in prometheus.command
     env = dict(e.split("=", 1) for e in grafana.env)
     assert (env["GF_SERVER_HTTP_ADDR"], env["GF_SERVER_HTTP_PORT"]) == ("127.0.0.1", "3000")
-    # The key is read from its file: no secret in the container's configuration.
-    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/spark-vllm/grafana-admin"
+    # The password is read from its file: no secret in the container's configuration, and
+    # the only secret it mounts is its own.
+    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/spark-vllm-grafana/admin-password"
     assert SECRETS["apiKey"] not in json.dumps(grafana.env)
+    state = plan.head.state_dir
+    assert [(m.source, m.target) for m in grafana.mounts if "secret" in m.source] == [
+        (f"{state}/grafana-secrets", "/run/spark-vllm-grafana")
+    ]
+    assert all(m.source != plan.api_key_dir for m in grafana.mounts)
     assert "--web.listen-address=10.241.0.12:19100" in exporter.command
     # The guard holds the exporter's port on every node, monitoring on or off.
     for config in (make_config(hosts=2, executor="mp"), monitored(make_config(hosts=2))):
@@ -406,3 +414,44 @@ def test_a_new_ray_cluster_rewrites_rays_targets_after_the_old_file_is_deleted(
     assert [name for name, r in registered.items() if r.delete_before_replace] == [
         "monitoring-ray-targets"
     ]
+
+
+def test_grafanas_password_is_its_own_secret_output(make_config: ConfigFactory) -> None:
+    """`admin`'s password is made on the head (not derived from the API key), and travels as a
+    Pulumi secret: the step's stdout, never logged, and the stack output
+    `grafanaAdminPassword`; a new password step makes a new Grafana (its database is in the
+    container). Without Grafana, no step and no output."""
+    ev = evaluate(monitored(make_config(hosts=2, executor="mp")), SECRETS)
+    assert "grafanaAdminPassword" in ev.secret_outputs
+    assert ev.outputs["grafanaAdminPassword"] == "Zk3fQ9xW2bLr7TnV0aYc5sHd8mJp1uEg"
+    step = ev.named("monitoring-grafana-password")
+    assert "grafana-password.sh write" in step.inputs["create"]
+    assert "stdin" not in step.inputs or not step.inputs["stdin"]
+    assert step.inputs["logging"] == "none"
+    assert ev.depends_on("monitoring-grafana", "monitoring-grafana-password")
+    grafana = ev.named("monitoring-grafana").inputs
+    labels = {label["label"] for label in grafana["labels"]}
+    assert monitoring.GRAFANA_PASSWORD_LABEL in labels
+    assert "spark-vllm.api-key-sha256" not in labels  # the API key no longer restarts it
+    off = evaluate(
+        monitored(make_config(hosts=2, executor="mp"), grafana={"enabled": False}), SECRETS
+    )
+    assert "grafanaAdminPassword" not in off.outputs
+    assert not any(r.name == "monitoring-grafana-password" for r in off.registrations)
+
+
+def test_grafanas_password_is_made_once_private_and_random(tmp_path: Path) -> None:
+    target = tmp_path / "grafana-secrets" / "admin-password"
+    flags = ("--host", "h", "--file", str(target))
+    first = run("grafana-password.sh", "write", *flags, check=True)
+    password = target.read_text().strip()
+    assert first.stdout == f"spark-vllm-grafana-password {password}\n"
+    assert monitoring.parse_grafana_password(first.stdout) == password
+    assert len(password) == 32 and oct(target.stat().st_mode & 0o777) == "0o600"
+    assert oct(target.parent.stat().st_mode & 0o777) == "0o700"
+    again = run("grafana-password.sh", "write", *flags, check=True)
+    assert again.stdout == first.stdout  # kept: Grafana set it at its first start
+    run("grafana-password.sh", "remove", *flags, check=True)
+    assert not target.parent.exists()
+    run("grafana-password.sh", "write", *flags, check=True)
+    assert target.read_text().strip() != password  # each deployment its own

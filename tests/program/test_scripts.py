@@ -219,19 +219,23 @@ def test_the_api_key_file_is_private_and_never_echoed(tmp_path: Path) -> None:
     assert not target.exists()
 
 
-def test_grafanas_password_is_its_own_and_tells_nothing_of_the_key(tmp_path: Path) -> None:
-    target = tmp_path / "state" / "api-key"
-    key = "sk-secret-0123456789abcdef"
-    run("api-key-file.sh", "write", "--host", "h", "--file", str(target), "--grafana", "yes",
-        stdin=f"{key}\n", check=True)  # fmt: skip
-    password = (target.parent / "grafana-admin").read_text().strip()
-    assert len(password) == 32 and key not in password and password not in key
-    assert oct((target.parent / "grafana-admin").stat().st_mode & 0o777) == "0o600"
-    run("api-key-file.sh", "write", "--host", "h", "--file", str(target), "--grafana", "yes",
-        stdin="sk-other-0123456789abcdef\n", check=True)  # fmt: skip
-    assert (target.parent / "grafana-admin").read_text().strip() != password  # rotates with it
-    run("api-key-file.sh", "remove", "--host", "h", "--file", str(target), check=True)
-    assert not target.parent.exists()
+def test_the_fronts_pattern_file_is_not_beside_the_servers_key(tmp_path: Path) -> None:
+    """The server's container mounts the key's directory: the front's `bearer` goes to the
+    front's own, and what earlier versions left beside the key (the bearer, the named keys'
+    maps, Grafana's password derived from the key) is removed."""
+    target = tmp_path / "state" / "secrets" / "api-key"
+    bearer = tmp_path / "state" / "front-secrets" / "bearer"
+    target.parent.mkdir(parents=True)
+    for left in ("bearer", "keys.map", "upstream.map", "grafana-admin"):
+        (target.parent / left).write_text("left by an earlier version\n")
+    flags = ["--host", "h", "--file", str(target), "--bearer", str(bearer)]
+    run("api-key-file.sh", "write", *flags, stdin="sk-secret\n", check=True)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["api-key"]
+    assert bearer.read_text() == "Bearer sk-secret\n"
+    assert oct(bearer.stat().st_mode & 0o777) == "0o600"
+    assert oct(bearer.parent.stat().st_mode & 0o777) == "0o700"
+    run("api-key-file.sh", "remove", *flags, check=True)
+    assert not target.parent.exists() and not bearer.parent.exists()
 
 
 # --- preflight, with a stand-in docker CLI (the lab runs it against a real daemon) ---------------
