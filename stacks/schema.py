@@ -778,7 +778,11 @@ class DockerConfig(ConfigModel):
     shm_size_mb: int | None = Field(
         default=None,
         ge=64,
-        description="The Ray and vLLM containers' /dev/shm, in MiB. Unset: Docker's default.",
+        description=(
+            "What each Ray and vLLM container needs of /dev/shm, in MiB. They share the host's "
+            "(--ipc=host): preflight refuses a host whose /dev/shm is smaller than the sum over "
+            "its containers. Unset: at least 1024 per node."
+        ),
     )
     max_restarts: int | None = Field(
         default=None,
