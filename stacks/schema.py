@@ -900,6 +900,15 @@ class PreflightConfig(ConfigModel):
         default=False,
         description="true: a known-bad kernel or driver is a warning, not an error.",
     )
+    enable_linger: bool = Field(
+        default=True,
+        description=(
+            "true: where systemd-logind's RemoveIPC=yes would delete the servers' shared memory "
+            "when the SSH user's last session ends (their segments are that user's, or Docker "
+            "runs rootless as that user), run `loginctl enable-linger` for the user before any "
+            "container starts; false: refuse, naming the command."
+        ),
+    )
     drop_page_cache: bool = Field(
         default=False,
         description=(

@@ -3,12 +3,12 @@
 # architecture against this host's, then (run once, no network) vllm and ray present, their
 # versions, and with --check-flags yes, vllm.extraArgs against the image's own `vllm serve`.
 #   image-facts.sh --host H --image NAME --ref REF --extra-args JSON --check-flags yes|no
-#                  --executor ray|mp --timeout-seconds S [--kv-cache yes]
+#                  --executor ray|mp --timeout-seconds S --enable-linger yes|no [--kv-cache yes]
 # (--kv-cache yes: vllm.kvCache is set, so `vllm serve` must take --kv-cache-memory-bytes.)
 # Prints `spark-vllm-image-facts {json}` as its last line.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
-require host image ref extra-args check-flags executor timeout-seconds
+require host image ref extra-args check-flags executor timeout-seconds enable-linger
 
 image_arch="$(docker image inspect --format '{{.Architecture}}' "$ARG_IMAGE" 2>/dev/null)" \
   || fail "image $ARG_REF ($ARG_IMAGE) is not on this host" "it was removed after the pull or the copy; run 'pulumi up --refresh'"
@@ -40,4 +40,13 @@ if [ "$status" -ne 0 ] || [ -z "$facts" ]; then
   [ "$status" -eq 124 ] && cause="the image took longer than ${ARG_TIMEOUT_SECONDS}s to list its flags"
   fail "running image $ARG_REF once failed (exit $status): $(tail -n 3 <<<"$output" | paste -sd ' ' -)" "$cause"
 fi
+# logind's RemoveIPC and the servers' shared memory: gathered here, where the image's user (the
+# owner of what the servers put in the host's /dev/shm) is known; host_rules.py decides.
+image_uid="$(sed -n 's/.*"uid": \([0-9][0-9]*\).*/\1/p' <<<"$facts")"
+rootless=no
+grep -q rootless <<<"$(timeout 20 docker info --format '{{.SecurityOptions}}' 2>/dev/null || true)" \
+  && rootless=yes
+python3 "$SPARK_BIN/host_rules.py" ipc --host "$ARG_HOST" --root "${SPARK_VLLM_ROOT:-/}" \
+  --user "$(id -un)" --uid "$(id -u)" --image-uid "${image_uid:-0}" --rootless "$rootless" \
+  --enable-linger "$ARG_ENABLE_LINGER" || exit 1
 printf '%s\n' "$facts"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import platform
 import re
 import subprocess
@@ -112,6 +113,9 @@ def main() -> int:
         "rayRequired": required,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        # The image's user, whose uid owns what the servers put in the host's /dev/shm
+        # (--ipc=host): the RemoveIPC check (host_rules.py ipc) compares it with the SSH user's.
+        "uid": os.getuid(),
     }
     print("spark-vllm-image-facts " + json.dumps(facts, sort_keys=True))
     problems = []

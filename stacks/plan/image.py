@@ -277,6 +277,7 @@ def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepS
             check_flags="yes" if node.is_head else "no",
             executor=",".join(dict.fromkeys(m.settings.executor for m in fleet)) or "mp",
             timeout_seconds=IMAGE_FACTS_SECONDS,
+            enable_linger="yes" if plan.config.preflight.enable_linger else "no",
             # Only when set: a stack without it keeps the step's command as it was.
             **({"kv_cache": "yes"} if node.is_head and kv_cache else {}),
         ),
