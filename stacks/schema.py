@@ -967,6 +967,28 @@ class TimeoutsConfig(ConfigModel):
             "this key's ceiling, so vLLM never gives up first."
         ),
     )
+    vllm_execute_cold_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=MAX_VLLM_READY_SECONDS,
+        description=(
+            "vLLM's limit on one step of the model (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 300 in "
+            "vLLM) when the server starts on a node whose compile cache is empty: the first "
+            "requests then compile kernels (FlashInfer, Triton, torch.compile) and a step can "
+            "take many minutes. The launcher picks this or vllmExecuteWarmSeconds at each start."
+        ),
+    )
+    vllm_execute_warm_seconds: int = Field(
+        default=600,
+        ge=60,
+        le=MAX_VLLM_READY_SECONDS,
+        description=(
+            "vLLM's limit on one step of the model when the node's compile cache holds a "
+            "previous start's kernels: a wedged step is given up sooner. At most "
+            "vllmExecuteColdSeconds."
+        ),
+    )
+
     vllm_progress_seconds: int = Field(
         default=30,
         ge=5,
@@ -1001,6 +1023,15 @@ class TimeoutsConfig(ConfigModel):
         le=2880,
         description="How long getting the weights onto the nodes may take.",
     )
+
+    @model_validator(mode="after")
+    def _warm_within_cold(self) -> TimeoutsConfig:
+        if self.vllm_execute_warm_seconds > self.vllm_execute_cold_seconds:
+            raise ValueError(
+                "vllmExecuteWarmSeconds must not exceed vllmExecuteColdSeconds: a first start "
+                "compiles what a warm one finds in its cache"
+            )
+        return self
 
 
 class StackSchema(ConfigModel):
