@@ -4,7 +4,9 @@
 # versions, and with --check-flags yes, vllm.extraArgs against the image's own `vllm serve`.
 #   image-facts.sh --host H --image NAME --ref REF --extra-args JSON --check-flags yes|no
 #                  --executor ray|mp --timeout-seconds S --enable-linger yes|no [--kv-cache yes]
-# (--kv-cache yes: vllm.kvCache is set, so `vllm serve` must take --kv-cache-memory-bytes.)
+#                  [--removed JSON]
+# (--kv-cache yes: vllm.kvCache is set, so `vllm serve` must take --kv-cache-memory-bytes;
+# --removed: the settings that name what a vLLM release removed, refused if this one did.)
 # Prints `spark-vllm-image-facts {json}` as its last line.
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
@@ -25,7 +27,8 @@ set +e
 output="$(timeout "$ARG_TIMEOUT_SECONDS" docker run --rm --network none \
   -v "$SPARK_BIN/image_facts.py:/spark-vllm/image_facts.py:ro" \
   --entrypoint python3 "$ARG_IMAGE" /spark-vllm/image_facts.py \
-  "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" "$ARG_EXECUTOR" "${ARG_KV_CACHE:-no}" 2>&1)"
+  "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" "$ARG_EXECUTOR" "${ARG_KV_CACHE:-no}" \
+  "${ARG_REMOVED:-[]}" 2>&1)"
 status=$?
 set -e
 facts="$(grep '^spark-vllm-image-facts ' <<<"$output" | tail -n 1 || true)"
@@ -33,7 +36,7 @@ if [ "$status" -eq 3 ]; then
   problems="$(sed -n 's/^problem: //p' <<<"$output")"
   problems="${problems//image.ref: /"image.ref $ARG_REF: "}"
   fail "the image cannot serve this stack: ${problems//$'\n'/; }" \
-    "the image is not a vLLM image (with Ray, for executor ray), or vllm.extraArgs has a flag this vLLM does not know (${facts#spark-vllm-image-facts })"
+    "the image is not a vLLM image (with Ray, for executor ray), or a setting names a flag or variable this vLLM does not have (${facts#spark-vllm-image-facts })"
 fi
 if [ "$status" -ne 0 ] || [ -z "$facts" ]; then
   cause="the image has no python3, or it does not run on this host"

@@ -14,7 +14,7 @@ from stacks.fleet import MIN_AUTO_SHARE, SERVER_OVERHEAD_SHARE
 from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.fabric import fabric_flags
-from stacks.plan.later import WEIGHTS_COMMIT
+from stacks.plan.later import KV_BLOCK_SIZE, WEIGHTS_COMMIT
 from stacks.plan.server_plan import ServerPlan, per_server, servers_on, serving_container_names
 from stacks.plan.steps import StepSpec, Timeouts, script_call
 from stacks.plan.weights import filter_flags
@@ -175,6 +175,10 @@ def kv_cache_flags(plan: ServerPlan) -> dict[str, str | int]:
         "max_model_len": settings.max_model_len or 0,
         "kv_cache_dtype": extra_arg_value(settings.extra_args, "--kv-cache-dtype") or "auto",
         "reserve_bytes": KV_CACHE_RESERVE_BYTES,
+        # vLLM allocates whole blocks: extraArgs' --block-size, else the image's default (16,
+        # 64 from vLLM 0.34), known from the head's image facts.
+        "block_size": extra_arg_value(settings.extra_args, "--block-size")
+        or plan.image_stream.later(KV_BLOCK_SIZE).text,
         # Only when set: a stack without them plans the check it planned before.
         **load_format_flag(settings.extra_args),
         **filter_flags(served),

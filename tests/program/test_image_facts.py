@@ -28,14 +28,18 @@ options:
 
 
 def fake_site(
-    tmp_path: Path, *, ray: str | None = "2.60.0", requires: str = "ray[cgraph]>=2.48.0"
+    tmp_path: Path,
+    *,
+    ray: str | None = "2.60.0",
+    requires: str = "ray[cgraph]>=2.48.0",
+    vllm: str = "0.16.0rc1",
 ) -> dict[str, str]:
     """A site with a `vllm` distribution (its console script, its Ray requirement) and Ray."""
     site, bin_dir = tmp_path / "site", tmp_path / "bin"
-    info = site / "vllm-0.16.0rc1.dist-info"
+    info = site / f"vllm-{vllm}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: 0.16.0rc1\nRequires-Dist: {requires}\n"
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm}\nRequires-Dist: {requires}\n"
         'Requires-Dist: ray>=9.9; extra == "never"\n'
     )
     (info / "entry_points.txt").write_text("[console_scripts]\nvllm = vllm.cli:main\n")
