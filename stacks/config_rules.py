@@ -33,6 +33,7 @@ from stacks.vllm_flags import (
     KV_CACHE_FLAGS,
     LISTENER_FLAG_NAMES,
     MP_ONLY_FLAGS,
+    TIMEOUT_ENV_KEYS,
     flag_reached,
     reaches,
 )
@@ -461,6 +462,11 @@ def _no_user_overrides(cfg: StackSchema) -> str | None:
 
 def _no_user_overrides_of(settings: ServerSettings, prefix: str) -> str | None:
     for key in settings.env:
+        if key in TIMEOUT_ENV_KEYS:
+            return (
+                f"{prefix}.env.{key}: spark-vllm sets it at each start from "
+                f"{TIMEOUT_ENV_KEYS[key]}; set those instead and remove it from {prefix}.env"
+            )
         if key in DERIVED_ENV_KEYS:
             return (
                 f"{prefix}.env.{key}: is derived per node by spark-vllm (from hosts[].fabricIp, "

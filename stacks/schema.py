@@ -778,7 +778,11 @@ class DockerConfig(ConfigModel):
     shm_size_mb: int | None = Field(
         default=None,
         ge=64,
-        description="The Ray and vLLM containers' /dev/shm, in MiB. Unset: Docker's default.",
+        description=(
+            "What each Ray and vLLM container needs of /dev/shm, in MiB. They share the host's "
+            "(--ipc=host): preflight refuses a host whose /dev/shm is smaller than the sum over "
+            "its containers. Unset: at least 1024 per node."
+        ),
     )
     max_restarts: int | None = Field(
         default=None,
@@ -896,6 +900,15 @@ class PreflightConfig(ConfigModel):
         default=False,
         description="true: a known-bad kernel or driver is a warning, not an error.",
     )
+    enable_linger: bool = Field(
+        default=True,
+        description=(
+            "true: where systemd-logind's RemoveIPC=yes would delete the servers' shared memory "
+            "when the SSH user's last session ends (their segments are that user's, or Docker "
+            "runs rootless as that user), run `loginctl enable-linger` for the user before any "
+            "container starts; false: refuse, naming the command."
+        ),
+    )
     drop_page_cache: bool = Field(
         default=False,
         description=(
@@ -954,6 +967,28 @@ class TimeoutsConfig(ConfigModel):
             "this key's ceiling, so vLLM never gives up first."
         ),
     )
+    vllm_execute_cold_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=MAX_VLLM_READY_SECONDS,
+        description=(
+            "vLLM's limit on one step of the model (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 300 in "
+            "vLLM) when the server starts on a node whose compile cache is empty: the first "
+            "requests then compile kernels (FlashInfer, Triton, torch.compile) and a step can "
+            "take many minutes. The launcher picks this or vllmExecuteWarmSeconds at each start."
+        ),
+    )
+    vllm_execute_warm_seconds: int = Field(
+        default=600,
+        ge=60,
+        le=MAX_VLLM_READY_SECONDS,
+        description=(
+            "vLLM's limit on one step of the model when the node's compile cache holds a "
+            "previous start's kernels: a wedged step is given up sooner. At most "
+            "vllmExecuteColdSeconds."
+        ),
+    )
+
     vllm_progress_seconds: int = Field(
         default=30,
         ge=5,
@@ -988,6 +1023,15 @@ class TimeoutsConfig(ConfigModel):
         le=2880,
         description="How long getting the weights onto the nodes may take.",
     )
+
+    @model_validator(mode="after")
+    def _warm_within_cold(self) -> TimeoutsConfig:
+        if self.vllm_execute_warm_seconds > self.vllm_execute_cold_seconds:
+            raise ValueError(
+                "vllmExecuteWarmSeconds must not exceed vllmExecuteColdSeconds: a first start "
+                "compiles what a warm one finds in its cache"
+            )
+        return self
 
 
 class StackSchema(ConfigModel):

@@ -28,6 +28,14 @@ DERIVED_ENV_KEYS = frozenset(
         "VLLM_ENGINE_READY_TIMEOUT_S",
     }
 )
+# vLLM's variables spark-vllm sets from a timeouts key (stacks/plan/arguments.py): env may not set
+# them, and the refusal names the keys that do.
+TIMEOUT_ENV_KEYS = {
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": (
+        "timeouts.vllmExecuteColdSeconds (a start on an empty compile cache) and "
+        "timeouts.vllmExecuteWarmSeconds (a start on a filled one)"
+    ),
+}
 # The compile caches' locations (stacks/plan/arguments.py compile_cache_env): the node's bound
 # cache directory; env may not move them back into the container.
 COMPILE_CACHE_ENV_KEYS = frozenset(

@@ -1,20 +1,23 @@
 """Runs inside the serving image (its own python3): what the image carries, before any container
 of the deployment starts from it.
 
-    python3 image_facts.py EXTRA_ARGS_JSON CHECK_FLAGS(yes|no)
+    python3 image_facts.py EXTRA_ARGS_JSON CHECK_FLAGS(yes|no) [EXECUTORS [KV_CACHE [REMOVED_JSON]]]
 
 Prints one line `spark-vllm-image-facts {json}` (vllm and ray versions, the Ray vLLM requires,
 Python, machine). Each problem is a line `problem: <key>: <what>` on stderr, and the exit is 3:
 no `vllm` command, no Ray, a Ray older than vLLM's own requirement, or (CHECK_FLAGS yes) an
-entry of vllm.extraArgs that is not a flag of this image's `vllm serve`. Reads nothing but the
-image's package metadata and `vllm serve --help`; imports neither vLLM nor Ray. Mounted alone
-into the container (image-facts.sh): it imports nothing of ours (no hostlib.py).
+entry of vllm.extraArgs that is not a flag of this image's `vllm serve`, or a setting that names
+what this image's vLLM removed (REMOVED_JSON: the rows of stacks/vllm_versions.py the stack's
+settings match, `[{"key", "version", "what", "fix"}]`: refused from `version` on). Reads
+nothing but the image's package metadata and `vllm serve --help`; imports neither vLLM nor Ray.
+Mounted alone into the container (image-facts.sh): it imports nothing of ours (no hostlib.py).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
 import platform
 import re
 import subprocess
@@ -94,11 +97,34 @@ def flag_problems(extra_args: list[str], known: set[str], vllm: str) -> list[str
     return problems
 
 
+def release(version: str) -> tuple[int, ...] | None:
+    """As stacks/vllm_versions.py reads a version: `0.34.0rc1` is (0, 34, 0), a pre-release of
+    0.34 already without what 0.34 removed (PEP 440 would put it before 0.34)."""
+    found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    return tuple(int(part) for part in found.groups(default="0")) if found else None
+
+
+def removal_problems(removed: list[dict[str, str]], vllm: str) -> list[str]:
+    """Each setting whose variable or flag this vLLM no longer has, keyed, with the fix."""
+    have = release(vllm)
+    problems = []
+    for row in removed:
+        floor = release(row["version"])
+        if have is None or floor is None or have < floor:
+            continue
+        problems.append(
+            f"{row['key']}: vLLM {row['version']} removed it ({row['what']}; this image has "
+            f"vllm {vllm}): {row['fix']}"
+        )
+    return problems
+
+
 def main() -> int:
     extra_args, check_flags = json.loads(sys.argv[1]), sys.argv[2] == "yes"
     # The executors the models use: `ray`, `mp`, or both (`ray,mp`: a Ray model beside others).
     executors = set((sys.argv[3] if len(sys.argv) > 3 else "ray").split(","))
     kv_cache = len(sys.argv) > 4 and sys.argv[4] == "yes"
+    removed = json.loads(sys.argv[5]) if len(sys.argv) > 5 else []
     dist = provider_of("vllm")
     vllm = dist.version if dist is not None else None
     try:
@@ -112,6 +138,9 @@ def main() -> int:
         "rayRequired": required,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        # The image's user, whose uid owns what the servers put in the host's /dev/shm
+        # (--ipc=host): the RemoveIPC check (host_rules.py ipc) compares it with the SSH user's.
+        "uid": os.getuid(),
     }
     print("spark-vllm-image-facts " + json.dumps(facts, sort_keys=True))
     problems = []
@@ -127,6 +156,8 @@ def main() -> int:
         )
     elif required and not satisfies(ray, required):
         problems.append(f"image.ref: ray {ray} does not satisfy vllm {vllm}'s ray{required}")
+    if vllm is not None:
+        problems += removal_problems(removed, vllm)
     if check_flags and vllm is not None:
         known = serve_flags()
         if known is None:

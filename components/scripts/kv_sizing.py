@@ -27,6 +27,9 @@ GIB = 1024**3
 # vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE: the cache dtypes that take one byte.
 ONE_BYTE_CACHE_DTYPES = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
 MODEL_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+# vLLM's KV cache block size on CUDA before 0.34 (64 from 0.34: stacks/vllm_versions.py, which
+# the memory check is given it from).
+DEFAULT_BLOCK_SIZE = 16
 # What multimodal configs call their language model's part (transformers' get_text_config).
 TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
 
@@ -48,9 +51,24 @@ class KvShape:
     sliding_bytes: int  # per token, the rank's sliding-window layers together
     window: int  # their window in tokens (0: none)
 
-    def for_request(self, tokens: int) -> int:
-        """Bytes one request of `tokens` tokens holds in the rank's cache."""
-        return self.full_bytes * tokens + self.sliding_bytes * min(tokens, self.window or tokens)
+    def for_request(self, tokens: int, block_size: int = 1) -> int:
+        """Bytes one request of `tokens` tokens holds in the rank's cache, in whole blocks of
+        `block_size` tokens, as vLLM allocates and checks it at start (vllm/v1/kv_cache_interface.py
+        FullAttentionSpec.max_memory_usage_bytes: cdiv(max_model_len, block_size) pages)."""
+        full = whole_blocks(tokens, block_size)
+        sliding = whole_blocks(min(tokens, self.window or tokens), block_size)
+        return self.full_bytes * full + self.sliding_bytes * sliding
+
+    def tokens_held(self, kv_bytes: int, block_size: int = 1) -> int:
+        """Tokens a cache of `kv_bytes` holds in the full-attention layers: its whole blocks."""
+        if not self.full_bytes:
+            return 0
+        return kv_bytes // (self.full_bytes * block_size) * block_size
+
+
+def whole_blocks(tokens: int, block_size: int) -> int:
+    """`tokens` rounded up to whole blocks, in tokens."""
+    return -(-tokens // block_size) * block_size
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +182,7 @@ def size_kv_cache(
     pipeline_parallel: int,
     max_model_len: int,
     kv_cache_dtype: str,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> dict[str, Any]:
     """The KV cache per GPU for `requested` (`auto`: all the budget leaves; else bytes), and what
     it holds; raises Refused when it does not fit or cannot hold one request of the model's
@@ -190,17 +209,17 @@ def size_kv_cache(
                 "(auto: free memory, preflight.dropPageCache: true)",
             )
     length = max_model_len or int(text.get("max_position_embeddings") or 0)
-    one_request = shape.for_request(length) if length else 0
+    one_request = shape.for_request(length, block_size) if length else 0
     if kv_bytes <= 0 or kv_bytes < one_request:
-        per_token = shape.full_bytes or 1
-        fits = max(kv_bytes, 0) // per_token
+        fits = shape.tokens_held(max(kv_bytes, 0), block_size)
         raise Refused(
             f"vllm.kvCache {requested}: the KV cache ({gib(max(kv_bytes, 0))}; {beside}) cannot "
-            f"hold one request of {length} tokens ({gib(one_request)}); about {fits} tokens fit",
+            f"hold one request of {length} tokens ({gib(one_request)} in blocks of "
+            f"{block_size}); about {fits} tokens fit",
             "set vllm.maxModelLen lower, give the server more memory (vllm.gpuMemoryUtilization, "
             "free memory), or spread the model over more GPUs",
         )
-    tokens = kv_bytes // shape.full_bytes if shape.full_bytes else 0
+    tokens = shape.tokens_held(kv_bytes, block_size)
     return {
         "kvCacheBytes": kv_bytes,
         "mode": "auto" if requested == "auto" else "fixed",
@@ -210,6 +229,7 @@ def size_kv_cache(
         "bytesPerToken": shape.full_bytes,
         "tokens": tokens,
         "maxModelLen": length,
+        "blockSize": block_size,
         "fullLengthRequests": round(kv_bytes / one_request, 1) if one_request else None,
     }
 
@@ -237,6 +257,7 @@ def size_snapshot(
     kv_cache_dtype: str,
     load_format: str = "auto",
     kept: Callable[[str], bool] = lambda name: True,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> dict[str, Any]:
     """size_kv_cache for the snapshot in `snapshot`: its config.json and the weight files vLLM
     loads (with `load_format`, of the files `kept` keeps: weights_filter.kept)."""
@@ -259,6 +280,7 @@ def size_snapshot(
             pipeline_parallel=pipeline_parallel,
             max_model_len=max_model_len,
             kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(

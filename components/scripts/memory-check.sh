@@ -10,7 +10,8 @@
 #                   --min-margin-bytes N --server-container NAME [--server-dest ssh://...]
 #                   [--fabric-key F --fabric-known-hosts F]   (--server-dest: a server on a worker)
 #                   [--kv-cache auto|BYTES --snapshot DIR --tensor-parallel N --pipeline-parallel N
-#                    --max-model-len N --kv-cache-dtype D --reserve-bytes N [--load-format F]
+#                    --max-model-len N --kv-cache-dtype D --reserve-bytes N [--block-size N]
+#                    [--load-format F]
 #                    [--include JSON] [--exclude JSON]]   (vllm.kvCache; the model's patterns)
 # Beside other servers, the fleet's shares on the head (../front/shares from these scripts, a
 # header then `servedName|container|dest|share|host,...` per server in the fleet's order): each
@@ -87,6 +88,7 @@ if [ -n "${ARG_KV_CACHE:-}" ]; then
             --tensor-parallel "$ARG_TENSOR_PARALLEL" --pipeline-parallel "$ARG_PIPELINE_PARALLEL"
             --max-model-len "$ARG_MAX_MODEL_LEN" --kv-cache-dtype "$ARG_KV_CACHE_DTYPE"
             --reserve-bytes "$ARG_RESERVE_BYTES")
+  [ -z "${ARG_BLOCK_SIZE:-}" ] || kv_flags+=(--block-size "$ARG_BLOCK_SIZE")
   [ -z "${ARG_LOAD_FORMAT:-}" ] || kv_flags+=(--load-format "$ARG_LOAD_FORMAT")
   [ -z "${ARG_INCLUDE:-}" ] || kv_flags+=(--include "$ARG_INCLUDE")
   [ -z "${ARG_EXCLUDE:-}" ] || kv_flags+=(--exclude "$ARG_EXCLUDE")

@@ -10,7 +10,7 @@ every node can give less the safety margin. Facts in, decision out, so they are 
     memory_plan.py decide --nodes LINES --server-container NAME --shares FILE --utilization F|auto
         --margin-fraction F --min-margin-bytes N [--kv-cache auto|BYTES --snapshot DIR
         --tensor-parallel N --pipeline-parallel N --max-model-len N --kv-cache-dtype D
-        --reserve-bytes N [--load-format F] [--include JSON] [--exclude JSON]]
+        --reserve-bytes N [--block-size N] [--load-format F] [--include JSON] [--exclude JSON]]
         reads the facts on stdin, a line each: `server INSPECT`, `later CONTAINER INSPECT`,
         `probe NODE TOTAL FREE OWN BASIS MEMFREE MEMAVAILABLE` (INSPECT: `STATUS [ARGS JSON]` as
         `docker inspect` says it, empty when it did not answer); notes on stderr, then
@@ -439,6 +439,7 @@ def decide(flags: dict[str, str], facts: Facts) -> str:
                 pipeline_parallel=int(flags["pipeline_parallel"]),
                 max_model_len=int(flags["max_model_len"]),
                 kv_cache_dtype=flags["kv_cache_dtype"],
+                block_size=block_size_of(flags),
                 load_format=flags.get("load_format") or "auto",
                 kept=kept_by(flags),
             )
@@ -446,6 +447,17 @@ def decide(flags: dict[str, str], facts: Facts) -> str:
             raise StepFailed(refused.problem, refused.cause) from refused
         note(kv_sizing.summary(kv_cache))
     return sizing_line(choice, rows, kv_cache)
+
+
+def block_size_of(flags: dict[str, str]) -> int:
+    """The KV cache's block size: extraArgs' --block-size or the image's default (the plan's)."""
+    given = flags.get("block_size") or str(kv_sizing.DEFAULT_BLOCK_SIZE)
+    if not given.isdigit() or int(given) < 1:
+        raise StepFailed(
+            f"vllm.extraArgs: --block-size {given} is not a whole number of tokens",
+            "write it as vLLM takes it (e.g. --block-size 64), or leave it to the image",
+        )
+    return int(given)
 
 
 def kept_by(flags: dict[str, str]) -> Callable[[str], bool]:

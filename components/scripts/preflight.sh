@@ -6,11 +6,15 @@ parse_flags "$@"
 require host role fabric-interface fabric-ip head-fabric-ip ports guarded cluster-fabric-ips \
   shared-fabric min-free-memory-bytes \
   memory-fraction min-free-disk-bytes disk-paths require-gpus require-nvidia-runtime \
-  container-names deployment rdma-hcas known-bad allow-known-bad
+  container-names deployment rdma-hcas known-bad allow-known-bad min-shm-bytes
 SYSFS="${SPARK_VLLM_SYSFS:-/sys}"  # the tests point it at a fake RDMA tree
+ROOT="${SPARK_VLLM_ROOT:-/}"  # and at a fake /proc and /sys for the kernel's command line
+SHM="${SPARK_VLLM_SHM:-/dev/shm}"
+command -v python3 >/dev/null \
+  || fail "python3 is not installed" "preflight's checks need the host's python3 (DGX OS has it): install it"
 
 # --- kernel and driver (known-bad releases: stacks/plan/hardware.py and preflight.knownBad) ----
-kernel="$(cat /proc/sys/kernel/osrelease)"
+kernel="$(cat "$ROOT/proc/sys/kernel/osrelease")"
 driver="$(cat /sys/module/nvidia/version 2>/dev/null || true)"
 if [ -z "$driver" ] && command -v nvidia-smi >/dev/null; then
   driver="$(timeout 30 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)"
@@ -31,6 +35,10 @@ for entry in "${entries[@]}"; do
       "boot a $kind release not on the list (the previous one is usually still installed), or set preflight.allowKnownBad: true to deploy anyway"
   fi
 done
+# Kexec HandOver on a 7.0-series kernel, from its command line and KHO's state (host_rules.py).
+kho="$(python3 "$SPARK_BIN/host_rules.py" kho --host "$ARG_HOST" --root "$ROOT" \
+  --allow "$ARG_ALLOW_KNOWN_BAD")" || exit 1
+[ -z "$kho" ] || known_bad+="${known_bad:+; }$kho"
 
 # --- docker -----------------------------------------------------------------------------------
 command -v docker >/dev/null || fail "the docker CLI is not installed" "Docker is missing on this host"
@@ -71,6 +79,10 @@ if [ "$mem_available" -lt "$mem_needed" ] && ! own_containers_running; then
   fail "only $(( mem_available / 1048576 )) MiB of memory free, $(( mem_needed / 1048576 )) MiB needed${hogs:+ (running containers: $hogs)}" \
     "other processes or containers hold the memory (an embeddings server?); stop them, or lower vllm.gpuMemoryUtilization / preflight.minFreeMemoryGib"
 fi
+
+# --- shared memory: the containers use the host's /dev/shm (--ipc=host) ----------------------
+python3 "$SPARK_BIN/host_rules.py" shm --host "$ARG_HOST" --path "$SHM" \
+  --need-bytes "$ARG_MIN_SHM_BYTES" || exit 1
 
 # --- disk -------------------------------------------------------------------------------------
 existing_parent() {

@@ -1,21 +1,26 @@
 # The vLLM container's entrypoint (bash -c), PID 1's only child. Docker restarts this container
 # after a crash (with its own backoff) and after a reboot; each start goes through here:
 #   vllm-launcher --executor ray|mp --expect-ips IP,IP --gpus N --wait-seconds S --scripts DIR \
+#                 --compile-cache DIR --execute-seconds-cold S --execute-seconds-warm S \
 #                 [--key-file F] [--rendezvous IP:PORT --peers name=IP,... [--health-url URL]] \
 #                 -- <vllm serve arguments>
 # 1. Refuse to serve without the API key file: vLLM would start with no authentication. A
 #    headless node (executor mp, no --key-file) serves no API and never holds the key.
-# 2. Back off when the previous start ended soon after it began (a crash loop whose every
+# 2. vLLM's limit on one step of the model (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS): the cold one
+#    when this node's compile cache holds no file (the first requests compile kernels, which
+#    vLLM's 300 s cuts short with EngineDeadError), else the warm one. Chosen here, at each
+#    start, so the container's environment is the same for both (stacks/plan/arguments.py).
+# 3. Back off when the previous start ended soon after it began (a crash loop whose every
 #    attempt runs past Docker's 10 s reset, such as a model load that fails late).
-# 3. Ray: wait, bounded, until Ray has every configured node and GPU again (after a head restart
+# 4. Ray: wait, bounded, until Ray has every configured node and GPU again (after a head restart
 #    the workers rejoin on their own), so the server never binds to a partial cluster.
-# 4. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server;
+# 5. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server;
 #    with executor mp, run it under mp_supervisor.py, which stops it when a node's ranks leave
 #    the rendezvous (vLLM does not notice that by itself), so every node restarts together.
 set -uo pipefail
 say() { printf 'spark-vllm launcher: %s\n' "$*" >&2; }
 executor=ray expect_ips="" gpus="" wait_seconds=600 key_file="" scripts=""
-rendezvous="" peers="" health_url=""
+rendezvous="" peers="" health_url="" compile_cache="" execute_cold="" execute_warm=""
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     --executor) executor="$2"; shift 2 ;;
@@ -27,6 +32,9 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
     --rendezvous) rendezvous="$2"; shift 2 ;;
     --peers) peers="$2"; shift 2 ;;
     --health-url) health_url="$2"; shift 2 ;;
+    --compile-cache) compile_cache="$2"; shift 2 ;;
+    --execute-seconds-cold) execute_cold="$2"; shift 2 ;;
+    --execute-seconds-warm) execute_warm="$2"; shift 2 ;;
     *) say "unknown launcher flag $1"; exit 2 ;;
   esac
 done
@@ -43,8 +51,19 @@ if [ -n "$key_file" ] && [ ! -s "$key_file" ]; then
   exit 1
 fi
 
+if [ -n "$execute_cold" ] && [ -n "$execute_warm" ]; then
+  if [ -n "$(find "$compile_cache" -type f -print -quit 2>/dev/null)" ]; then
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="$execute_warm"
+    say "compile cache $compile_cache holds a previous start's kernels: vLLM's execute timeout ${execute_warm}s"
+  else
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="$execute_cold"
+    say "compile cache $compile_cache is empty (a first start compiles its kernels): vLLM's execute timeout ${execute_cold}s"
+  fi
+  export VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+fi
+
 # The container's own filesystem outlives its restarts: remember when each attempt began.
-record=/var/tmp/spark-vllm-launcher
+record="${SPARK_VLLM_LAUNCHER_RECORD:-/var/tmp/spark-vllm-launcher}"  # the tests point it away
 now=$(date +%s)
 delay=0
 if [ -s "$record" ]; then

@@ -5,7 +5,9 @@ handled (../shared/ANCHORS.md)."""
 
 from __future__ import annotations
 
-from stacks.config import MAX_VLLM_READY_SECONDS
+from dataclasses import dataclass
+
+from stacks.config import MAX_VLLM_READY_SECONDS, TimeoutsConfig
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import (
     CONTAINER_API_KEY_FILE,
@@ -90,6 +92,32 @@ def compile_cache_env() -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class ExecuteTimeouts:
+    """vLLM's limit on one step of the model (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vllm/envs.py:
+    300 s; the executor's wait for each execute_model call), for a start on an empty compile
+    cache and on a filled one. The launcher picks one at each start (vllm-launcher.sh
+    --execute-seconds-cold/-warm): both are in the container's command, so the container is
+    the same whichever a start needs and a cold start never replaces it."""
+
+    cold: int
+    warm: int
+
+
+def execute_timeouts(timeouts: TimeoutsConfig) -> ExecuteTimeouts:
+    """From timeouts.vllmExecuteColdSeconds and vllmExecuteWarmSeconds (defaults 1800 and 600:
+    stacks/schema.py). Why 1800 for a cold start on a Spark: the first requests compile what the
+    cache lacks inside a step (FlashInfer's JIT kernels for sm_121, Triton's autotuning, the
+    CUDA graphs of each batch size), on 20 ARM cores, where vLLM's 300 s ends the engine with
+    EngineDeadError; and a step longer than 1800 s buys nothing on two or more nodes, where
+    torch.distributed's collectives (30 min by default, the gloo barrier of a TP start) give up
+    then anyway. Warm (600): twice vLLM's default, for a kernel the cache still lacks (a batch
+    shape no earlier start served). A warm value above the cold one is refused by the schema;
+    it is kept at most the cold one here too, whatever built the config."""
+    cold = timeouts.vllm_execute_cold_seconds
+    return ExecuteTimeouts(cold=cold, warm=min(timeouts.vllm_execute_warm_seconds, cold))
+
+
 def ray_start_args(plan: ClusterPlan, node: NodePlan) -> list[str]:
     """`ray start` arguments; `--block` keeps Ray the container's main process."""
     ray = plan.config.ray
@@ -135,6 +163,7 @@ def vllm_launcher_args(
         str(plan.config.timeouts.ray_join_seconds),
         "--scripts",
         CONTAINER_SCRIPTS_DIR,
+        *execute_timeout_flags(plan.config.timeouts),
     ]
     if plan.runs_server(node):
         flags += ["--key-file", CONTAINER_API_KEY_FILE]
@@ -150,6 +179,20 @@ def vllm_launcher_args(
             port = plan.server_port
             flags += ["--health-url", f"http://{plan.server_address}:{port}/health"]
     return [*flags, "--", *vllm_serve_args(plan, sizing, node)]
+
+
+def execute_timeout_flags(timeouts: TimeoutsConfig) -> list[str]:
+    """The launcher's choice of vLLM's execute timeout: by whether this node's compile cache
+    (compile_cache_env) holds a file when it starts."""
+    chosen = execute_timeouts(timeouts)
+    return [
+        "--compile-cache",
+        CONTAINER_COMPILE_CACHE,
+        "--execute-seconds-cold",
+        str(chosen.cold),
+        "--execute-seconds-warm",
+        str(chosen.warm),
+    ]
 
 
 def vllm_serve_args(

@@ -51,6 +51,7 @@ from stacks.plan.later import (
     FRONT_IMAGE_ID,
     GPU_MEMORY_UTILIZATION,
     IMAGE_ID,
+    KV_BLOCK_SIZE,
     KV_CACHE_BYTES,
     PINNED_IMAGE,
     Later,
@@ -88,6 +89,8 @@ def later_sources(plan: ClusterPlan) -> dict[str, Source]:
         images[stream.later(IMAGE_ID).name] = Source(pull, "image_id", str)
         pinned = functools.partial(image.pinned_image, key=stream.key)
         images[stream.later(PINNED_IMAGE).name] = Source(pull, "image_id", pinned)
+        facts = names.image_facts_of(plan.head.name, stream.component)
+        images[stream.later(KV_BLOCK_SIZE).name] = Source(facts, "stdout", image.kv_block_size)
     watched = {
         later.name: Source(names.pull_of(container), "image_id", str)
         for container, _, _, later in monitoring_pulls(plan)

@@ -14,8 +14,8 @@ from stacks.fleet import MIN_AUTO_SHARE, SERVER_OVERHEAD_SHARE
 from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.fabric import fabric_flags
-from stacks.plan.later import WEIGHTS_COMMIT
-from stacks.plan.server_plan import ServerPlan, per_server, serving_container_names
+from stacks.plan.later import KV_BLOCK_SIZE, WEIGHTS_COMMIT
+from stacks.plan.server_plan import ServerPlan, per_server, servers_on, serving_container_names
 from stacks.plan.steps import StepSpec, Timeouts, script_call
 from stacks.plan.weights import filter_flags
 
@@ -43,8 +43,28 @@ AUTO_MIN_MARGIN_BYTES = 2 * GIB
 # running out freezes the host, so this errs high; a stack that knows better sets bytes.
 KV_CACHE_RESERVE_BYTES = 6 * GIB
 
+# The least /dev/shm a node running servers needs when docker.shmSizeMb is unset. The Ray and
+# vLLM containers run with --ipc=host, so Docker's --shm-size does not apply and they share the
+# host's tmpfs: vLLM's shared-memory message queues and Ray's object store live there, and a full
+# /dev/shm kills vLLM with SIGBUS (vllm PR #48879; Docker's own 64 MiB default is the usual
+# victim). 1 GiB is far above the queues and far below a stock /dev/shm (half the memory: about
+# 60 GiB on a Spark), so it catches only a host that mounts a small tmpfs there.
+SHM_FLOOR_MB = 1024
+
 FABRIC_LINK_PREFIX = "spark-vllm-fabric-link "
 MEMORY_SIZING_PREFIX = "spark-vllm-memory-sizing "
+
+
+def shm_need_bytes(plan: ClusterPlan, node: NodePlan) -> int:
+    """What the Ray and vLLM containers on `node` need of its /dev/shm together: with --ipc=host
+    they share the host's, so docker.shmSizeMb once per container; unset, SHM_FLOOR_MB."""
+    each = plan.config.docker.shm_size_mb
+    if each is None:
+        return SHM_FLOOR_MB * 1024**2
+    servers = servers_on(plan, node)
+    vllm = sum(1 for server in servers if not server.uses_ray or server.runs_server(node))
+    ray = 1 if any(server.uses_ray for server in servers) else 0
+    return (vllm + ray) * each * 1024**2
 
 
 def fabric_link(plan: ClusterPlan, worker: NodePlan) -> StepSpec:
@@ -155,6 +175,10 @@ def kv_cache_flags(plan: ServerPlan) -> dict[str, str | int]:
         "max_model_len": settings.max_model_len or 0,
         "kv_cache_dtype": extra_arg_value(settings.extra_args, "--kv-cache-dtype") or "auto",
         "reserve_bytes": KV_CACHE_RESERVE_BYTES,
+        # vLLM allocates whole blocks: extraArgs' --block-size, else the image's default (16,
+        # 64 from vLLM 0.34), known from the head's image facts.
+        "block_size": extra_arg_value(settings.extra_args, "--block-size")
+        or plan.image_stream.later(KV_BLOCK_SIZE).text,
         # Only when set: a stack without them plans the check it planned before.
         **load_format_flag(settings.extra_args),
         **filter_flags(served),

@@ -23,7 +23,7 @@ from stacks.plan.front import (
     front_config_digest,
     front_files,
 )
-from stacks.plan.hardware import GIB, memory_shares, shares_file
+from stacks.plan.hardware import GIB, memory_shares, shares_file, shm_need_bytes
 from stacks.plan.image import image_history_file
 from stacks.plan.known_bad import known_bad_flag
 from stacks.plan.server_plan import (
@@ -175,6 +175,7 @@ def preflight_flags(plan: ClusterPlan, node: NodePlan) -> dict[str, str | float]
         "rdma_hcas": ",".join(node.rdma_hcas),
         "known_bad": known_bad_flag(cfg),
         "allow_known_bad": "yes" if cfg.preflight.allow_known_bad else "no",
+        "min_shm_bytes": shm_need_bytes(plan, node),
     }
 
 

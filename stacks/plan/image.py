@@ -16,6 +16,7 @@ from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE, Later
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
+from stacks.vllm_versions import default_block_size, removed_env
 
 # Running the image once to list `vllm serve`'s flags imports vLLM (and torch): tens of seconds
 # on a real image; bounded so a wedged run cannot hold the deployment.
@@ -263,6 +264,7 @@ def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepS
     fleet = stream.models
     extra_args = [arg for model in fleet for arg in model.settings.extra_args]
     kv_cache = any(model.settings.kv_cache for model in fleet)
+    removed = removed_settings(fleet) if node.is_head else []
     return StepSpec(
         name=names.image_facts_of(node.name, stream.component),
         node=node,
@@ -277,11 +279,33 @@ def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepS
             check_flags="yes" if node.is_head else "no",
             executor=",".join(dict.fromkeys(m.settings.executor for m in fleet)) or "mp",
             timeout_seconds=IMAGE_FACTS_SECONDS,
+            enable_linger="yes" if plan.config.preflight.enable_linger else "no",
             # Only when set: a stack without it keeps the step's command as it was.
             **({"kv_cache": "yes"} if node.is_head and kv_cache else {}),
+            **({"removed": json.dumps(removed)} if removed else {}),
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
     )
+
+
+def removed_settings(fleet: tuple[ServedModel, ...]) -> list[dict[str, str]]:
+    """The variables the models set that some vLLM release removed (stacks/vllm_versions.py),
+    keyed as the user wrote them: image_facts.py refuses those its image's vLLM no longer has.
+    (Our own env sets none: tests/program/test_vllm_versions.py holds it to that.)"""
+    rows = []
+    for model in fleet:
+        for key in model.settings.env:
+            row = removed_env(key)
+            if row is not None:
+                rows.append(
+                    {
+                        "key": f"{model.settings_key}.env.{key}",
+                        "version": row.version,
+                        "what": row.what,
+                        "fix": f"{row.fix}; remove it from {model.settings_key}.env",
+                    }
+                )
+    return rows
 
 
 def compile_cache(plan: ClusterPlan, node: NodePlan) -> StepSpec:
@@ -353,6 +377,12 @@ def parse_retained(stdout: str) -> list[str]:
     if not lines:
         return []
     return [str(name) for name in json.loads(lines[-1].removeprefix(IMAGES_PREFIX))["kept"]]
+
+
+def kv_block_size(stdout: str) -> str:
+    """The KV cache's block size the image's vLLM uses by default, from its image facts (the
+    memory check's whole blocks: kv_sizing.py)."""
+    return str(default_block_size(parse_image_facts(stdout).get("vllm", "")))
 
 
 def parse_image_facts(stdout: str) -> dict[str, str]:

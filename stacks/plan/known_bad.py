@@ -6,20 +6,11 @@ from __future__ import annotations
 
 from stacks.config import KnownBadVersion, StackConfig
 
-SHIPPED: tuple[KnownBadVersion, ...] = (
-    KnownBadVersion(
-        kind="kernel",
-        version="7.0.0-1019-nvidia",
-        reason=(
-            "NCCL fails at init with ibv_reg_mr_iova2 ENOMEM over RoCE, and hosts wedge on "
-            "NV_ERR_NO_MEMORY (6.17.0-1032-nvidia works)"
-        ),
-        source=(
-            "eugr/spark-vllm-docker#389, MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#14, "
-            "NVIDIA/open-gpu-kernel-modules#1358"
-        ),
-    ),
-)
+# None today. Kernel 7.0's RDMA ENOMEM (7.0.0-1019-nvidia first, eugr/spark-vllm-docker#389) is
+# not one release: its cause is Kexec HandOver, on by default in the HWE 7.0 kernels
+# (NVIDIA/NV-Kernels#590, #591), so preflight refuses any 7.0-series kernel booted without
+# kho=off from its command line and KHO's state (components/scripts/host_rules.py).
+SHIPPED: tuple[KnownBadVersion, ...] = ()
 
 
 def known_bad(config: StackConfig) -> tuple[KnownBadVersion, ...]:

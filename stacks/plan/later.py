@@ -82,6 +82,8 @@ def _value(values: Mapping[str, str], name: str) -> str:
 # Every value a spec may wait for, and the resource that gives it.
 IMAGE_ID = Later("image.id")  # the head's pull (docker.RemoteImage imageId)
 PINNED_IMAGE = Later("image.pinned")  # its name on every node (stacks/plan/image.py)
+# The KV cache's default block size of the image's vLLM, from the head's image facts.
+KV_BLOCK_SIZE = Later("image.kv-block-size")
 FRONT_IMAGE_ID = Later("front.image-id")  # the front's pull
 # The head's fetch prints its snapshot's manifest, "commit files bytes".
 WEIGHTS_COMMIT = Later("weights.commit")

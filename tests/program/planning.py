@@ -31,6 +31,7 @@ MANIFEST = "c0ffee1234 7 123456"
 VALUES = {
     later.IMAGE_ID.name: IMAGE_ID,
     later.PINNED_IMAGE.name: image.pinned_image(IMAGE_ID),
+    later.KV_BLOCK_SIZE.name: "16",
     **weights.manifest_values(MANIFEST),
 }
 

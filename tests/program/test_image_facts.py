@@ -28,14 +28,18 @@ options:
 
 
 def fake_site(
-    tmp_path: Path, *, ray: str | None = "2.60.0", requires: str = "ray[cgraph]>=2.48.0"
+    tmp_path: Path,
+    *,
+    ray: str | None = "2.60.0",
+    requires: str = "ray[cgraph]>=2.48.0",
+    vllm: str = "0.16.0rc1",
 ) -> dict[str, str]:
     """A site with a `vllm` distribution (its console script, its Ray requirement) and Ray."""
     site, bin_dir = tmp_path / "site", tmp_path / "bin"
-    info = site / "vllm-0.16.0rc1.dist-info"
+    info = site / f"vllm-{vllm}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: 0.16.0rc1\nRequires-Dist: {requires}\n"
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm}\nRequires-Dist: {requires}\n"
         'Requires-Dist: ray>=9.9; extra == "never"\n'
     )
     (info / "entry_points.txt").write_text("[console_scripts]\nvllm = vllm.cli:main\n")
@@ -126,6 +130,7 @@ FAKE_DOCKER = """#!/bin/bash
 # docker image inspect --format ... ID | docker run --rm ... -v SRC:DST:ro ... IMAGE DST ARGS...
 case "$1" in
   image) [ -n "${FAKE_NO_IMAGE:-}" ] && exit 1; echo "${FAKE_ARCH}" ;;
+  info) echo "${FAKE_SECURITY:-[name=seccomp,profile=builtin]}" ;;
   run)
     shift; declare -A mounts
     while [ $# -gt 0 ]; do
@@ -143,14 +148,17 @@ esac
 """
 
 
-def facts_script(tmp_path: Path, arch: str, extra: list[str]) -> subprocess.CompletedProcess[str]:
+def facts_script(
+    tmp_path: Path, arch: str, extra: list[str], linger: str = "yes", **more_env: str
+) -> subprocess.CompletedProcess[str]:
     env = fake_site(tmp_path)
+    env.update(more_env)
     (tmp_path / "bin" / "docker").write_text(FAKE_DOCKER)
     (tmp_path / "bin" / "docker").chmod(0o755)
     env["FAKE_ARCH"] = arch
     flags = ["--image", "sha256:abc", "--ref", "example/vllm:1", "--extra-args"]
     flags += [json.dumps(extra), "--check-flags", "yes", "--executor", "ray"]
-    flags += ["--timeout-seconds", "60"]
+    flags += ["--timeout-seconds", "60", "--enable-linger", linger]
     return run("image-facts.sh", "--host", "spark1", *flags, env=env)
 
 
@@ -179,3 +187,54 @@ def test_the_script_names_the_bad_flag_host_and_step(tmp_path: Path) -> None:
     assert first.startswith("spark-vllm: spark1: image-facts: the image cannot serve this stack: ")
     assert "vllm.extraArgs[0]: --max-num-seq is not a flag" in first
     assert "did you mean --max-num-seqs?" in first
+
+
+FAKE_LOGINCTL = """#!/bin/bash
+echo "$*" >> "$LOGINCTL_CALLS"
+[ -z "${LOGINCTL_DENIED:-}" ] || { echo "Access denied" >&2; exit 1; }
+"""
+
+
+def linger_run(tmp_path: Path, root: Path, linger: str, denied: str
+               ) -> tuple[subprocess.CompletedProcess[str], list[str]]:  # fmt: skip
+    """image-facts.sh on rootless Docker (its root is the SSH user) with a stand-in loginctl;
+    what it asked loginctl."""
+    tmp_path.mkdir(exist_ok=True)
+    loginctl = tmp_path / "bin" / "loginctl"
+    loginctl.parent.mkdir(parents=True, exist_ok=True)
+    loginctl.write_text(FAKE_LOGINCTL)
+    loginctl.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"SPARK_VLLM_ROOT": str(root), "FAKE_SECURITY": "[name=seccomp name=rootless]",
+           "LOGINCTL_CALLS": str(calls), "LOGINCTL_DENIED": denied}  # fmt: skip
+    done = facts_script(tmp_path, HOST_ARCH, [], linger, **env)
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("linger", "denied", "refused"),
+    [("yes", "", False), ("no", "", True), ("yes", "1", True)],
+)
+def test_the_script_enables_linger_or_refuses_where_logout_would_stop_the_servers(
+    tmp_path: Path, linger: str, denied: str, refused: bool
+) -> None:
+    """Rootless Docker without linger: the SSH user's logout would stop the daemon and remove
+    the servers' shared memory."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    done, asked = linger_run(tmp_path / "first", root, linger, denied)
+    assert done.returncode == (1 if refused else 0), done.stderr
+    assert asked == ([] if linger == "no" else ["enable-linger"])
+    if refused:
+        first, second = done.stderr.strip().splitlines()[-2:]
+        assert first.startswith("spark-vllm: spark1: image-facts: Docker runs rootless as ")
+        assert "loginctl enable-linger " in second
+    else:
+        assert "enabled linger for" in done.stderr
+    # Lingering already: nothing to do.
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout
+    (root / "var/lib/systemd/linger").mkdir(parents=True)
+    (root / "var/lib/systemd/linger" / user.strip()).write_text("")
+    again, asked = linger_run(tmp_path / "again", root, linger, denied)
+    assert again.returncode == 0, again.stderr
+    assert asked == []

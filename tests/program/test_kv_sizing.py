@@ -89,7 +89,8 @@ def test_auto_gives_the_cache_what_the_weights_and_the_reserve_leave() -> None:
     assert result["kvCacheBytes"] == (100 - 70 - 6) * GIB
     per_token = 80 * 2 * 4 * 128 * 2
     assert result["bytesPerToken"] == per_token
-    assert result["tokens"] == 24 * GIB // per_token
+    # Whole blocks of 16 tokens (vLLM before 0.34): 157286 tokens' bytes hold 157280 in blocks.
+    assert result["tokens"] == 24 * GIB // (per_token * 16) * 16 == 157280
     assert result["fullLengthRequests"] == round(24 * GIB / (per_token * 32768), 1)
     assert (result["mode"], result["weightsPerGpuGib"], result["maxModelLen"]) == (
         "auto",
@@ -118,7 +119,10 @@ def test_a_cache_that_cannot_hold_one_full_request_is_refused_before_vllm_would(
     with pytest.raises(kv.Refused) as refused:
         size(budget_bytes=78 * GIB, max_model_len=131072)
     problem = refused.value.problem
-    assert "cannot hold one request of 131072 tokens (20.0 GiB); about 13107 tokens fit" in problem
+    assert (
+        "cannot hold one request of 131072 tokens (20.0 GiB in blocks of 16); about 13104 tokens "
+        "fit" in problem
+    )
     assert "set vllm.maxModelLen lower" in refused.value.cause
     # Weights that leave nothing at all: refused too, never a negative size.
     with pytest.raises(kv.Refused, match=r"the KV cache \(0\.0 GiB"):
@@ -173,3 +177,33 @@ def test_a_snapshot_that_cannot_be_sized_names_the_problem_and_its_cause(tmp_pat
     with pytest.raises(kv.Refused, match=r"cannot read the model's config\.json") as refused:
         size_snapshot(snap)
     assert "the snapshot is incomplete" in refused.value.cause
+
+
+BLOCKS = [
+    # (tokens, block size, tokens allocated): vLLM allocates whole blocks of the cache.
+    ("a whole number of blocks", 32768, 64, 32768),
+    ("one token over", 32769, 64, 32832),
+    ("one token over, old default", 32769, 16, 32784),
+    ("shorter than a block", 5, 64, 64),
+    ("per token (no blocks)", 32769, 1, 32769),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("tokens", "block", "allocated"), [c[1:] for c in BLOCKS],
+                         ids=[c[0] for c in BLOCKS])  # fmt: skip
+def test_a_request_takes_whole_blocks(tokens: int, block: int, allocated: int) -> None:
+    shape = kv.KvShape(full_bytes=10, sliding_bytes=3, window=100)
+    sliding = -(-min(tokens, 100) // block) * block
+    assert shape.for_request(tokens, block) == 10 * allocated + 3 * sliding
+
+
+def test_a_cache_that_holds_the_tokens_but_not_their_64_token_blocks_is_refused() -> None:
+    """vLLM 0.34's default block size: a length vLLM would refuse at start after loading."""
+    per_token = 80 * 2 * 4 * 128 * 2  # 160 KiB: a 64-token block is 10 MiB
+    exact = str(per_token * 32800)  # 32800 tokens' bytes: 2050 blocks of 16, 512.5 of 64
+    assert size(requested=exact, max_model_len=32800, block_size=16)["tokens"] == 32800
+    with pytest.raises(kv.Refused) as refused:
+        size(requested=exact, max_model_len=32800, block_size=64)
+    assert "cannot hold one request of 32800 tokens" in refused.value.problem
+    assert "in blocks of 64); about 32768 tokens fit" in refused.value.problem
+    assert size(requested=exact, max_model_len=32768, block_size=64)["blockSize"] == 64

@@ -94,4 +94,4 @@ def test_every_step_resolves_to_a_command_without_placeholders(
         assert "@@" not in spec.create + (spec.delete or ""), spec.name
         assert all("@@" not in c for r in spec.receipts for c in r.checks), spec.name
     memory = hardware.memory_check(per_server(plan)[0])
-    assert create_consumes(memory) == ("image.pinned", "weights.commit")
+    assert create_consumes(memory) == ("image.pinned", "weights.commit", "image.kv-block-size")

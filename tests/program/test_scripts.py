@@ -263,7 +263,7 @@ def preflight(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[s
         "container-names": "spark-vllm-ray-head,spark-vllm-vllm", "deployment": "spark-vllm/dev",
         "rdma-hcas": "", "known-bad": entries_flag(SHIPPED),
         "allow-known-bad": "no", "guarded": "", "cluster-fabric-ips": "127.0.0.1",
-        "shared-fabric": "no",
+        "shared-fabric": "no", "min-shm-bytes": "1",
     }  # fmt: skip
     flags.update({k: v for k, v in overrides.items() if not k.isupper()})
     args = [word for key, value in flags.items() for word in (f"--{key}", value)]
@@ -405,6 +405,62 @@ def test_an_allowed_known_bad_kernel_is_reported_in_the_facts(tmp_path: Path) ->
     assert json.loads(done.stdout)["knownBad"] == (
         f"the kernel {KERNEL} is known to break this workload: bad"
     )
+
+
+def fake_kernel(root: Path, release: str, cmdline: str, kho: bool = False) -> dict[str, str]:
+    """A /proc (and /sys) with `release` booted with `cmdline`; KHO's debugfs when `kho`."""
+    (root / "proc/sys/kernel").mkdir(parents=True)
+    (root / "proc/sys/kernel/osrelease").write_text(f"{release}\n")
+    (root / "proc/cmdline").write_text(f"{cmdline}\n")
+    if kho:
+        (root / "sys/kernel/debug/kho/out").mkdir(parents=True)
+    return {"SPARK_VLLM_ROOT": str(root)}
+
+
+@pytest.mark.parametrize(
+    ("release", "cmdline", "kho", "refused"),
+    [
+        ("7.0.0-1019-nvidia", "BOOT_IMAGE=/vmlinuz ro quiet splash", False, True),
+        ("7.0.0-1031-nvidia", "ro quiet splash", False, True),  # any 7.0 release
+        ("7.0.0-1031-nvidia", "ro quiet splash kho=off", False, False),
+        ("7.0.0-1031-nvidia", "ro kho=off", True, True),  # KHO's interface says it is on
+        ("6.17.0-1032-nvidia", "ro quiet splash", False, False),
+    ],
+)  # fmt: skip
+def test_preflight_refuses_kexec_handover_on_a_70_kernel(
+    tmp_path: Path, release: str, cmdline: str, kho: bool, refused: bool
+) -> None:
+    done = preflight(tmp_path, **fake_kernel(tmp_path / "root", release, cmdline, kho))
+    assert done.returncode == (1 if refused else 0), done.stderr
+    if refused:
+        first, second = done.stderr.strip().splitlines()[-2:]
+        assert first.startswith(
+            f"spark-vllm: spark1: preflight: the kernel {release} runs Kexec HandOver"
+        )
+        assert "add kho=off to GRUB_CMDLINE_LINUX_DEFAULT" in second and "update-grub" in second
+    else:
+        assert json.loads(done.stdout)["kernel"] == release
+
+
+def test_an_allowed_kexec_handover_is_reported_in_the_facts(tmp_path: Path) -> None:
+    fake = fake_kernel(tmp_path / "root", "7.0.0-1019-nvidia", "ro quiet")
+    done = preflight(tmp_path, **fake, **{"allow-known-bad": "yes"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["knownBad"].startswith(
+        "the kernel 7.0.0-1019-nvidia runs Kexec HandOver (booted without kho=off)"
+    )
+
+
+def test_preflight_refuses_a_dev_shm_smaller_than_the_containers_need(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    done = preflight(tmp_path, SPARK_VLLM_SHM=str(shm), **{"min-shm-bytes": str(1 << 60)})
+    assert done.returncode == 1
+    first, second = done.stderr.strip().splitlines()[-2:]
+    assert first.startswith("spark-vllm: spark1: preflight: /dev/shm holds ")
+    assert "the servers on this node need 1099511627776 MiB" in first and "--ipc=host" in first
+    assert "docker.shmSizeMb" in second
+    assert preflight(tmp_path, SPARK_VLLM_SHM=str(shm)).returncode == 0
 
 
 def fake_hca(root: Path, name: str, *states: str) -> None:

@@ -258,6 +258,8 @@ def test_the_production_timeouts_stay_what_the_reference_says() -> None:
     assert defaults == {
         "rayJoinSeconds": 300,
         "vllmReadySeconds": 1800,
+        "vllmExecuteColdSeconds": 1800,
+        "vllmExecuteWarmSeconds": 600,
         "vllmProgressSeconds": 30,
         "copyProgressSeconds": 10,
         "copyStallSeconds": 180,
