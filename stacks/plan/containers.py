@@ -341,6 +341,8 @@ def memory_guard_container(
         "--deployment": plan.deployment_id,
         "--min-available": guard_floor(guard.min_available_gib),
         "--max-pressure-percent": f"{guard.max_pressure_percent:g}",
+        # A start the readiness wait gave up on is no longer the one it waits for.
+        "--start-window-seconds": str(plan.config.timeouts.vllm_ready_seconds),
     }
     labels = {**plan.labels, "spark-vllm.role": "memory-guard", "spark-vllm.node": node.name}
     return ContainerSpec(

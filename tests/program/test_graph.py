@@ -227,7 +227,8 @@ def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) ->
     ips = ",".join(f"10.241.0.{10 + i}" for i in range(1, n + 1))
     assert launcher_flags == ["--executor", "ray", "--expect-ips", ips, "--gpus", str(n),
                               "--wait-seconds", "300", "--scripts", "/spark-vllm/bin",
-                              "--key-file", "/run/spark-vllm/api-key"]  # fmt: skip
+                              "--key-file", "/run/spark-vllm/api-key",
+                              "--health-url", "http://127.0.0.1:8001/health"]  # fmt: skip
     assert command[0] == "Qwen/Qwen3.5-122B-A10B-FP8"
     flags = dict(zip(command[1::2], command[2::2], strict=False))
     assert flags["--served-model-name"] == "qwen"
