@@ -17,6 +17,9 @@ says so in one line and stops nothing.
         --max-pressure-percent P --start-window-seconds S [--interval-seconds S]
         [--docker-socket PATH]
 
+Its Docker socket is not Docker's: docker_filter.py, in its own container, forwards the calls
+below on this deployment's servers on the node, and no other call.
+
 Runs whole as its container's command (`python3 -c`): standard library only, no sibling
 imports. The decisions are pure functions (facts in, decision out), table-tested in
 tests/program/test_memory_guard.py; the loop at the bottom only reads and acts.
@@ -251,10 +254,12 @@ def ready_since(socket_path: str, container: str) -> float | None:
         connection.close()
 
 
-def running_servers(socket_path: str, deployment: str) -> list[Server]:
-    """This deployment's running servers on the node (its label), with their start times and
+def running_servers(socket_path: str, deployment: str, node: str) -> list[Server]:
+    """This deployment's running servers on the node (its labels: the filter in front of
+    Docker, docker_filter.py, answers this list and no other), with their start times and
     whether each start is ready."""
-    filters = json.dumps({"label": [f"spark-vllm.deployment={deployment}"], "status": ["running"]})
+    labels = [f"spark-vllm.deployment={deployment}", f"spark-vllm.node={node}"]
+    filters = json.dumps({"label": labels, "status": ["running"]})
     listed = docker(socket_path, "GET", "/containers/json?filters=" + urllib.parse.quote(filters))
     servers = []
     for entry in listed if isinstance(listed, list) else []:
@@ -316,7 +321,7 @@ def watch(flags: dict[str, str]) -> None:
             continue
         try:
             decision = decide(
-                running_servers(socket_path, deployment), frozenset(acted), now, window
+                running_servers(socket_path, deployment, node), frozenset(acted), now, window
             )
             server = decision.server
             if server is None:
