@@ -48,13 +48,14 @@ def scripts_bundle() -> ScriptsBundle:
 def entry_scripts() -> EntryScripts:
     """The scripts containers run as their entrypoint (`bash -c`): the server's launcher, the
     firewall gate before every Ray and vLLM process, and the firewall guard; (`sh -c`) the gate
-    before node_exporter; and (`python3 -c`) the memory guard."""
+    before node_exporter; and (`python3 -c`) the memory guard and its Docker filter."""
     return EntryScripts(
         launcher=(SCRIPTS_DIR / "vllm-launcher.sh").read_text(),
         gate=(SCRIPTS_DIR / "firewall-gate.sh").read_text(),
         guard=(SCRIPTS_DIR / "firewall.sh").read_text(),
         exporter_gate=(SCRIPTS_DIR / "exporter-gate.sh").read_text(),
         memory_guard=(SCRIPTS_DIR / "memory_guard.py").read_text(),
+        docker_filter=(SCRIPTS_DIR / "docker_filter.py").read_text(),
     )
 
 

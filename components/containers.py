@@ -71,13 +71,13 @@ def _container_args(spec: ContainerSpec, image_id: pulumi.Input[str]) -> dict[st
         "network_mode": spec.network,
         # No network: IPC Docker's default too (an unset ipc_mode is no diff: Optional+Computed).
         **({"ipc_mode": "host"} if spec.network == "host" else {}),
-        "init": True,
+        "init": spec.init,
         "restart": spec.restart,
         **({"pid_mode": "host"} if spec.host_pid else {}),
         "must_run": True,
         "mounts": [
             docker.ContainerMountArgs(
-                type="bind", source=m.source, target=m.target, read_only=m.read_only
+                type=m.kind, source=m.source, target=m.target, read_only=m.read_only
             )
             for m in spec.mounts
         ],
@@ -96,6 +96,12 @@ def _container_args(spec: ContainerSpec, image_id: pulumi.Input[str]) -> dict[st
             **({"adds": list(spec.capabilities)} if spec.capabilities else {}),
             **({"drops": list(spec.dropped)} if spec.dropped else {}),
         )
+    # Each only when set: `security_opts` is Optional+Computed (unset: Docker's value kept, no
+    # diff); `read_only` is read back always (false when unset, the zero value: no diff).
+    if spec.security_opts:
+        args["security_opts"] = list(spec.security_opts)
+    if spec.read_only_rootfs:
+        args["read_only"] = True
     if spec.gpus:
         args["gpus"] = "all"
     if spec.shm_size_mb is not None:

@@ -923,9 +923,10 @@ class MemoryGuardConfig(ConfigModel):
     enabled: bool | Literal["auto"] = Field(
         default="auto",
         description=(
-            "A guard on every node that stops this stack's newest server before the host runs "
-            "out of memory (on unified memory vLLM takes more than gpuMemoryUtilization while "
-            "it starts, and the host stops answering). auto: on when preflight.unifiedMemory."
+            "A guard on every node that stops this stack's server that is starting (never a "
+            "ready one) before the host runs out of memory (on unified memory vLLM takes more "
+            "than gpuMemoryUtilization while it starts, and the host stops answering). auto: "
+            "on when preflight.unifiedMemory."
         ),
     )
     min_available_gib: GuardFloor = Field(
@@ -1121,8 +1122,8 @@ class StackSchema(ConfigModel):
     memory_guard: MemoryGuardConfig = Field(
         default_factory=MemoryGuardConfig,
         description=(
-            "The memory guard on every node: it stops this stack's newest server before the "
-            "host runs out of memory, and the readiness wait says so."
+            "The memory guard on every node: it stops this stack's server that is starting "
+            "before the host runs out of memory, and the readiness wait says so."
         ),
     )
     timeouts: TimeoutsConfig = Field(

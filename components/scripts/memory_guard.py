@@ -1,12 +1,24 @@
 """The memory guard: on every node, in its own small container, it reads the host's available
 memory and memory pressure twice a second, and before the host runs so short that it stops
 answering (GB10's unified memory: vLLM takes more than gpu_memory_utilization while it starts,
-vllm#46307, and the host wedges), it stops this deployment's newest server on the node (the one
-starting, as the plan starts one server at a time) through the Docker API. SSH and the host
-stay alive; the stop is one line on its log, which the readiness wait reports.
+vllm#46307, and the host wedges), it stops this deployment's server that is starting on the node
+through the Docker API. SSH and the host stay alive; the stop is one line on its log, which the
+readiness wait reports.
+
+Only a server that is starting: a vllm or vllm-headless container inside its start window
+(`--start-window-seconds` since Docker's `State.StartedAt`: timeouts.vllmReadySeconds, past
+which the readiness wait has given up) without the launcher's ready marker of this start, and
+at most once per start (a start is the container's ID and StartedAt). Never a Ray container
+(it holds every model's workers on the node, and its restart policy would leave it down), never
+a ready server: memory that runs short beside ready servers is someone else's, and the guard
+says so in one line and stops nothing.
 
     python3 -c "$(cat memory_guard.py)" --node NAME --deployment ID --min-available auto|BYTES
-        --max-pressure-percent P [--interval-seconds S] [--docker-socket PATH]
+        --max-pressure-percent P --start-window-seconds S [--interval-seconds S]
+        [--docker-socket PATH]
+
+Its Docker socket is not Docker's: docker_filter.py, in its own container, forwards the calls
+below on this deployment's servers on the node, and no other call.
 
 Runs whole as its container's command (`python3 -c`): standard library only, no sibling
 imports. The decisions are pure functions (facts in, decision out), table-tested in
@@ -15,6 +27,7 @@ tests/program/test_memory_guard.py; the loop at the bottom only reads and acts.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import socket
@@ -33,8 +46,10 @@ GIB = 1073741824
 AUTO_FRACTION = 0.03
 AUTO_FLOOR_BYTES = GIB
 SERVER_ROLES = ("vllm", "vllm-headless")
-# With executor ray, vLLM's workers on a worker node run inside its Ray container.
-RAY_ROLES = ("ray-head", "ray-worker")
+# The launcher's ready marker (vllm-launcher.sh): written in the container's own filesystem
+# once the server answers /health, removed at the start of each attempt. Its mtime, newer than
+# the container's StartedAt, says this start is ready.
+READY_MARKER = "/var/tmp/spark-vllm-ready"
 STOP_LINE = "memory-guard: stopped"  # what the readiness wait looks for in the guard's log
 # After a stop, the kernel needs a moment to take the memory back: read again before acting.
 SETTLE_SECONDS = 5.0
@@ -55,12 +70,17 @@ class Limits:
 
 @dataclass(frozen=True)
 class Server:
-    """One of this deployment's server containers on the node, as Docker lists it."""
+    """One of this deployment's containers on the node, as Docker lists and inspects it."""
 
     id: str
     name: str
     role: str
-    started: float  # seconds since the epoch (`State.StartedAt`)
+    started: float  # seconds since the epoch (`State.StartedAt`): with `id`, this start
+    ready: bool  # the launcher's ready marker is newer than `started`
+
+    @property
+    def start(self) -> tuple[str, float]:
+        return (self.id, self.started)
 
 
 def parse_meminfo(text: str) -> Memory:
@@ -105,16 +125,43 @@ def breach(memory: Memory, pressure: float | None, limits: Limits) -> str | None
     return None
 
 
-def choose(servers: list[Server]) -> Server | None:
-    """The container to stop: the newest server (the plan starts one server after the other is
-    ready, so the newest is the one starting; after a reboot, the last Docker started); on a
-    node with none, its Ray container, where vLLM's Ray workers hold the memory. Ties: by
-    name."""
-    for roles in (SERVER_ROLES, RAY_ROLES):
-        candidates = [s for s in servers if s.role in roles]
-        if candidates:
-            return max(candidates, key=lambda s: (s.started, s.name))
-    return None
+@dataclass(frozen=True)
+class Decision:
+    """What the guard does on a breach: stop `server`, or nothing, saying `why_not`."""
+
+    server: Server | None
+    why_not: str = ""
+
+
+def decide(
+    servers: list[Server], acted: frozenset[tuple[str, float]], now: float, window: float
+) -> Decision:
+    """On a breach: the server to stop, the newest of those starting (a vllm or vllm-headless
+    container started less than `window` seconds before `now`, not ready, and not acted on in
+    this start: `acted` holds the starts already stopped). The plan starts one server after the
+    one before it is ready, so at most one is starting after an `up`; after a reboot, the last
+    Docker started. Ties: by name, so every run agrees. None, with the reason, when no server is
+    starting: Ray containers and ready servers are never stopped."""
+    starting = [
+        s
+        for s in servers
+        if s.role in SERVER_ROLES
+        and not s.ready
+        and 0 <= now - s.started < window
+        and s.start not in acted
+    ]
+    if starting:
+        return Decision(max(starting, key=lambda s: (s.started, s.name)))
+    servers_here = [s for s in servers if s.role in SERVER_ROLES]
+    if not servers_here:
+        return Decision(None, "no server of ours runs here: nothing stopped")
+    ready = sum(1 for s in servers_here if s.ready)
+    return Decision(
+        None,
+        f"no server of ours is starting here ({ready} ready, {len(servers_here) - ready} past "
+        f"their start window or already stopped once in this start): nothing stopped; the "
+        "memory is another process's",
+    )
 
 
 def stop_line(node: str, server: Server, why: str, pressure: float | None, now: float) -> str:
@@ -142,10 +189,25 @@ def stamp(epoch: float) -> str:
 
 
 def started_at(text: str) -> float:
-    """Docker's `State.StartedAt` (RFC 3339 with nanoseconds) as seconds since the epoch."""
-    head, _, fraction = text.rstrip("Z").partition(".")
-    seconds = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    """Docker's time stamps (`State.StartedAt`, a path stat's `mtime`: RFC 3339 with up to
+    nanoseconds, `Z` or an offset) as seconds since the epoch."""
+    offset = "+00:00"
+    if text.endswith("Z"):
+        text = text[:-1]
+    elif len(text) > 6 and text[-6] in "+-" and text[-3] == ":":
+        text, offset = text[:-6], text[-6:]
+    head, _, fraction = text.partition(".")
+    seconds = datetime.fromisoformat(head + offset).astimezone(UTC)
     return seconds.timestamp() + (float("0." + fraction[:6]) if fraction else 0.0)
+
+
+def marker_mtime(stat_header: str | None) -> float | None:
+    """The ready marker's mtime from Docker's `X-Docker-Container-Path-Stat` header (base64
+    JSON of the path's stat: `HEAD /containers/{id}/archive`); None without the marker."""
+    if not stat_header:
+        return None
+    stat = json.loads(base64.b64decode(stat_header))
+    return started_at(stat["mtime"])
 
 
 # -- acting: the Docker API on its unix socket ---------------------------------------------------
@@ -175,20 +237,42 @@ def docker(socket_path: str, method: str, path: str) -> object:
         connection.close()
 
 
-def running_servers(socket_path: str, deployment: str) -> list[Server]:
-    """This deployment's running servers and Ray containers on the node (its label), with their
-    start times."""
-    filters = json.dumps({"label": [f"spark-vllm.deployment={deployment}"], "status": ["running"]})
+def ready_since(socket_path: str, container: str) -> float | None:
+    """The ready marker's mtime in `container`, or None (`HEAD .../archive`: 404 without it)."""
+    connection = _UnixConnection(socket_path)
+    try:
+        path = f"/containers/{container}/archive?path=" + urllib.parse.quote(READY_MARKER)
+        connection.request("HEAD", path)
+        response = connection.getresponse()
+        response.read()
+        if response.status == 404:
+            return None
+        if response.status >= 300:
+            raise RuntimeError(f"Docker API HEAD {path}: {response.status}")
+        return marker_mtime(response.getheader("X-Docker-Container-Path-Stat"))
+    finally:
+        connection.close()
+
+
+def running_servers(socket_path: str, deployment: str, node: str) -> list[Server]:
+    """This deployment's running servers on the node (its labels: the filter in front of
+    Docker, docker_filter.py, answers this list and no other), with their start times and
+    whether each start is ready."""
+    labels = [f"spark-vllm.deployment={deployment}", f"spark-vllm.node={node}"]
+    filters = json.dumps({"label": labels, "status": ["running"]})
     listed = docker(socket_path, "GET", "/containers/json?filters=" + urllib.parse.quote(filters))
     servers = []
     for entry in listed if isinstance(listed, list) else []:
         role = (entry.get("Labels") or {}).get("spark-vllm.role", "")
-        if role not in SERVER_ROLES + RAY_ROLES:
+        if role not in SERVER_ROLES:
             continue
         inspect = docker(socket_path, "GET", f"/containers/{entry['Id']}/json")
         assert isinstance(inspect, dict)
         name = inspect["Name"].lstrip("/")
-        servers.append(Server(entry["Id"], name, role, started_at(inspect["State"]["StartedAt"])))
+        started = started_at(inspect["State"]["StartedAt"])
+        marked = ready_since(socket_path, entry["Id"])
+        ready = marked is not None and marked >= started
+        servers.append(Server(entry["Id"], name, role, started, ready))
     return servers
 
 
@@ -211,29 +295,43 @@ def watch(flags: dict[str, str]) -> None:
     node, deployment = flags["node"], flags["deployment"]
     socket_path = flags.get("docker_socket", "/var/run/docker.sock")
     interval = float(flags.get("interval_seconds", "0.5"))
+    window = float(flags["start_window_seconds"])
+    acted: set[tuple[str, float]] = set()
     total = parse_meminfo(read("/proc/meminfo")).total
     limits = limits_of(flags["min_available"], float(flags["max_pressure_percent"]), total)
     pressure_seen = parse_pressure(read("/proc/pressure/memory")) is not None
     print(
         f"spark-vllm: {node}: memory-guard: watching: acts below {gib(limits.min_available)} GiB "
         f"available of {gib(total)} GiB"
-        + (f" or at {limits.max_pressure:g}% memory pressure" if pressure_seen else " (no PSI)"),
+        + (f" or at {limits.max_pressure:g}% memory pressure" if pressure_seen else " (no PSI)")
+        + f", on a server of ours in the first {window:.0f}s of its start and not yet ready",
         flush=True,
     )
     quiet_until = 0.0
+    said = ""  # the last "nothing stopped" reason, said once while memory stays low
     while True:
         time.sleep(interval)
         memory = parse_meminfo(read("/proc/meminfo"))
         pressure = parse_pressure(read("/proc/pressure/memory"))
         why = breach(memory, pressure, limits)
         now = time.time()
+        if why is None:
+            said = ""
         if why is None or now < quiet_until:
             continue
         try:
-            server = choose(running_servers(socket_path, deployment))
+            decision = decide(
+                running_servers(socket_path, deployment, node), frozenset(acted), now, window
+            )
+            server = decision.server
             if server is None:
-                print(f"spark-vllm: {node}: memory-guard: {why}; no server of ours runs here")
+                if decision.why_not != said:
+                    print(
+                        f"spark-vllm: {node}: memory-guard: memory low: {why}; {decision.why_not}"
+                    )
+                said = decision.why_not
             else:
+                acted.add(server.start)
                 stop(socket_path, server)
                 print(stop_line(node, server, why, pressure, now))
                 print(f"  likely cause: {CAUSE}")
@@ -252,8 +350,8 @@ def main(argv: list[str]) -> int:
             print(f"memory-guard: unexpected argument {word!r}", file=sys.stderr)
             return 2
         flags[word[2:].replace("-", "_")] = words.pop(0)
-    missing = [f for f in ("node", "deployment", "min_available", "max_pressure_percent")
-               if f not in flags]  # fmt: skip
+    missing = [f for f in ("node", "deployment", "min_available", "max_pressure_percent",
+                           "start_window_seconds") if f not in flags]  # fmt: skip
     if missing:
         print(f"memory-guard: missing {missing}", file=sys.stderr)
         return 2

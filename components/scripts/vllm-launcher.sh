@@ -14,7 +14,10 @@
 #    attempt runs past Docker's 10 s reset, such as a model load that fails late).
 # 4. Ray: wait, bounded, until Ray has every configured node and GPU again (after a head restart
 #    the workers rejoin on their own), so the server never binds to a partial cluster.
-# 5. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server;
+# 5. The ready marker (/var/tmp/spark-vllm-ready, in the container's own filesystem): removed at
+#    every attempt, written by a small watcher once the server answers --health-url. The memory
+#    guard stops only a server without it (components/scripts/memory_guard.py).
+# 6. Read the key into VLLM_API_KEY (never in `docker inspect` or `ps`), then become the server;
 #    with executor mp, run it under mp_supervisor.py, which stops it when a node's ranks leave
 #    the rendezvous (vLLM does not notice that by itself), so every node restarts together.
 set -uo pipefail
@@ -78,6 +81,25 @@ if [ "$delay" -gt 0 ]; then
   sleep "$delay"
 fi
 echo "$(date +%s) $delay" > "$record"
+
+ready_marker=/var/tmp/spark-vllm-ready
+rm -f "$ready_marker"
+if [ -n "$health_url" ]; then
+  # Outlives the exec below as the server's sibling; goes with the container.
+  python3 -c '
+import sys, time, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+while True:
+    try:
+        with opener.open(sys.argv[1], timeout=3) as answer:
+            if answer.status == 200:
+                open(sys.argv[2], "w").close()
+                break
+    except OSError:
+        pass
+    time.sleep(2)
+' "$health_url" "$ready_marker" </dev/null >/dev/null 2>&1 &
+fi
 
 if [ "$executor" = ray ] && [ -n "$expect_ips" ]; then
   deadline=$(( SECONDS + wait_seconds ))

@@ -175,9 +175,9 @@ def vllm_launcher_args(
             "--peers",
             ",".join(f"{p.name}={p.fabric_ip}" for p in peers),
         ]
-        if plan.runs_server(node):
-            port = plan.server_port
-            flags += ["--health-url", f"http://{plan.server_address}:{port}/health"]
+    if plan.runs_server(node):
+        # mp: the supervisor's readiness; either executor: the launcher's ready marker.
+        flags += ["--health-url", f"http://{plan.server_address}:{plan.server_port}/health"]
     return [*flags, "--", *vllm_serve_args(plan, sizing, node)]
 
 

@@ -21,7 +21,9 @@ from stacks.known_hosts import find_host_key, is_rsa
 OWNER_FILE = ".spark-vllm-owner"
 
 # The containers of the cluster itself (a server's are its ServerPlan's: `vllm`, slot-named).
-ClusterContainer = Literal["ray-head", "ray-worker", "front", "firewall", "memory-guard"]
+ClusterContainer = Literal[
+    "ray-head", "ray-worker", "front", "firewall", "memory-guard", "docker-filter"
+]
 
 
 @dataclass(frozen=True)

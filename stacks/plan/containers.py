@@ -46,6 +46,7 @@ Role = Literal[
     "grafana",
     "node-exporter",
     "memory-guard",
+    "docker-filter",
 ]
 
 # Ray: `on-failure` restarts a crash, and, after a reboot, the exit the shutdown caused (a
@@ -69,6 +70,8 @@ RESTART_POLICY: dict[Role, str] = {
     "node-exporter": "unless-stopped",
     # As the firewall guard: back at boot even if stopped by hand, before the servers it watches.
     "memory-guard": "always",
+    # The guard's Docker socket: as the guard, which has no other.
+    "docker-filter": "always",
 }
 
 # The server's Ray driver finds its node's raylet among the processes it can see (Ray 2.x), so
@@ -167,9 +170,10 @@ def _ulimits(node: NodePlan) -> tuple[Ulimit, ...]:
 
 @dataclass(frozen=True)
 class Mount:
-    source: str
+    source: str  # a host path (bind), or a volume's name (volume: Docker creates it, root's)
     target: str
     read_only: bool = False
+    kind: Literal["bind", "volume"] = "bind"
 
 
 @dataclass(frozen=True)
@@ -193,10 +197,15 @@ class ContainerSpec:
     stop_seconds: int = 30
     user: str | None = None  # the image's own user when None
     capabilities: tuple[str, ...] = ()  # added to Docker's default set
-    # Taken from Docker's default set: DROPPED_CAPABILITIES unless the role needs one.
+    # Taken from Docker's default set: DROPPED_CAPABILITIES unless the role needs one (or "ALL").
     dropped: tuple[str, ...] = DROPPED_CAPABILITIES
     network: Literal["host", "none"] = "host"  # "none": no network, and IPC Docker's default
     memory_mb: int | None = None  # a hard limit, with no swap beside it
+    # Hardening; each unset is Docker's default and no input at all (no diff for a container
+    # deployed before these existed: tests/engine/container_read.py).
+    security_opts: tuple[str, ...] = ()  # e.g. "no-new-privileges:true"
+    read_only_rootfs: bool = False
+    init: bool = True  # Docker's init as PID 1; False: the entrypoint is its only process
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,7 @@ class EntryScripts:
     guard: str  # firewall.sh, the firewall container's
     exporter_gate: str  # exporter-gate.sh (POSIX sh), before node_exporter
     memory_guard: str  # memory_guard.py (`python3 -c`), the memory guard's
+    docker_filter: str  # docker_filter.py (`python3 -c`), the guard's filtered Docker socket
 
 
 def ray_container(
@@ -345,22 +355,41 @@ def firewall_container(
 
 
 # The memory guard's own bound: a Python loop reading two /proc files; measured at about 10 MiB.
+# The same for its Docker filter (one small request at a time).
 MEMORY_GUARD_MB = 64
+
+# Where the filter's socket is, in both containers: a Docker volume only these two mount (on
+# the host under /var/lib/docker, root's only), created by Docker as root's, mode 0755.
+FILTER_DIR = "/run/spark-vllm-docker"
+FILTER_SOCKET = f"{FILTER_DIR}/docker.sock"
+# No capability at all (the raw socket is the owner's, root's; the volume is root's), no gain
+# of any through an exec, nothing written outside the volume.
+HARDENED_CAP_DROP = ("ALL",)
+HARDENED_SECURITY_OPTS = ("no-new-privileges:true",)
+
+
+def filter_volume(plan: ClusterPlan) -> str:
+    """The volume holding the filter's socket (one per node's daemon)."""
+    return f"{plan.container_name('docker-filter')}-socket"
 
 
 def memory_guard_container(
     plan: ClusterPlan, node: NodePlan, scripts: EntryScripts
 ) -> ContainerSpec:
     """The memory guard on `node` (components/scripts/memory_guard.py, from the serving image):
-    no network, 64 MiB, and the host's Docker socket, through which it stops this deployment's
-    newest server on the node before the host runs out of memory. /proc/meminfo and
-    /proc/pressure/memory are the host's in any container (not namespaced)."""
+    no network, 64 MiB, no capability, and no Docker socket but the filter's
+    (`docker_filter_container`), through which it can only list, inspect and kill this
+    deployment's servers on the node. /proc/meminfo and /proc/pressure/memory are the host's in
+    any container (not namespaced)."""
     guard = plan.config.memory_guard
     command = {
         "--node": node.name,
         "--deployment": plan.deployment_id,
         "--min-available": guard_floor(guard.min_available_gib),
         "--max-pressure-percent": f"{guard.max_pressure_percent:g}",
+        # A start the readiness wait gave up on is no longer the one it waits for.
+        "--start-window-seconds": str(plan.config.timeouts.vllm_ready_seconds),
+        "--docker-socket": FILTER_SOCKET,
     }
     labels = {**plan.labels, "spark-vllm.role": "memory-guard", "spark-vllm.node": node.name}
     return ContainerSpec(
@@ -372,7 +401,7 @@ def memory_guard_container(
         env=(),
         restart=RESTART_POLICY["memory-guard"],
         host_pid=False,
-        mounts=(Mount(DOCKER_SOCKET, DOCKER_SOCKET),),
+        mounts=(Mount(filter_volume(plan), FILTER_DIR, read_only=True, kind="volume"),),
         labels=tuple(sorted(labels.items())),
         gpus=False,
         shm_size_mb=None,
@@ -382,6 +411,57 @@ def memory_guard_container(
         user="0:0",
         network="none",
         memory_mb=MEMORY_GUARD_MB,
+        dropped=HARDENED_CAP_DROP,
+        security_opts=HARDENED_SECURITY_OPTS,
+        read_only_rootfs=True,
+    )
+
+
+def docker_filter_container(
+    plan: ClusterPlan, node: NodePlan, scripts: EntryScripts
+) -> ContainerSpec:
+    """The guard's Docker socket on `node` (components/scripts/docker_filter.py, from the
+    serving image): the only container of the stack holding the host's Docker socket. It
+    forwards the guard's four calls on this deployment's servers on the node and refuses the
+    rest. Its own PID namespace (the host's is the head's Ray and server's, with executor ray),
+    no network, no capability, no exec that gains any, a read-only root, and no init: the
+    filter is its only process, and it marks itself non-dumpable, so no process sharing a PID
+    namespace with it reaches the raw socket through /proc/<pid>/root."""
+    command = {
+        "--deployment": plan.deployment_id,
+        "--node": node.name,
+        "--listen": FILTER_SOCKET,
+        "--docker": DOCKER_SOCKET,
+    }
+    labels = {**plan.labels, "spark-vllm.role": "docker-filter", "spark-vllm.node": node.name}
+    return ContainerSpec(
+        name=plan.container_name("docker-filter"),
+        node=node,
+        role="docker-filter",
+        # -I: no PYTHON* variable or user site of the image's; -S: no site, a shorter start
+        # before the filter is non-dumpable.
+        entrypoint=("python3", "-I", "-S", "-c", scripts.docker_filter),
+        command=tuple(word for pair in command.items() for word in pair),
+        env=(),
+        restart=RESTART_POLICY["docker-filter"],
+        host_pid=False,
+        mounts=(
+            Mount(DOCKER_SOCKET, DOCKER_SOCKET),
+            Mount(filter_volume(plan), FILTER_DIR, kind="volume"),
+        ),
+        labels=tuple(sorted(labels.items())),
+        gpus=False,
+        shm_size_mb=None,
+        ulimits=(),
+        devices=(),
+        stop_seconds=5,
+        user="0:0",
+        network="none",
+        memory_mb=MEMORY_GUARD_MB,
+        dropped=HARDENED_CAP_DROP,
+        security_opts=HARDENED_SECURITY_OPTS,
+        read_only_rootfs=True,
+        init=False,
     )
 
 

@@ -39,6 +39,7 @@ from stacks.plan.containers import (
     RAY_HEAD_ID_LABEL,
     ContainerSpec,
     EntryScripts,
+    docker_filter_container,
     firewall_container,
     front_container,
     headless_container,
@@ -529,6 +530,18 @@ def _memory_guard(
         return {}
     started: dict[str, str] = {}
     for node in plan.nodes:
+        # The guard's Docker socket first (the guard's calls fail until it listens).
+        docker_filter = names.docker_filter_of(node.name)
+        entries.append(
+            Planned(
+                docker_filter,
+                names.MEMORY_GUARD,
+                docker_filter_container(plan, node, facts.entry_scripts),
+                node.name,
+                after=(names.preflight_of(node.name), image_ready[node.name], check),
+                image=PINNED_IMAGE,
+            )
+        )
         name = names.memory_guard_of(node.name)
         entries.append(
             Planned(
@@ -536,7 +549,7 @@ def _memory_guard(
                 names.MEMORY_GUARD,
                 memory_guard_container(plan, node, facts.entry_scripts),
                 node.name,
-                after=(names.preflight_of(node.name), image_ready[node.name], check),
+                after=(names.preflight_of(node.name), image_ready[node.name], check, docker_filter),
                 image=PINNED_IMAGE,
             )
         )

@@ -173,6 +173,11 @@ def memory_guard_of(node: str) -> str:
     return f"{MEMORY_GUARD}-{node}"
 
 
+def docker_filter_of(node: str) -> str:
+    """The memory guard's filtered Docker socket on `node` (its component's)."""
+    return f"{MEMORY_GUARD}-docker-filter-{node}"
+
+
 def node_exporter_of(node: str) -> str:
     return f"{MONITORING}-node-exporter-{node}"
 

@@ -108,6 +108,12 @@ def read_container(inspect: Mapping[str, Any], inputs: Mapping[str, Any]) -> dic
     capabilities = _caps(inspect)
     if capabilities is not None or "capabilities" in inputs:
         state["capabilities"] = _as_set_of(capabilities, inputs.get("capabilities"))
+    if "securityOpts" in inputs:
+        # `security_opts` (`container.HostConfig.SecurityOpt`, as given at create): Optional and
+        # Computed, so an unset input keeps Docker's value and is no diff; a set one compares
+        # as a set.
+        read_opts = list(host.get("SecurityOpt") or [])
+        state["securityOpts"] = _same_set(read_opts, inputs["securityOpts"])
     state["mounts"] = _same_set(_mounts(inspect), inputs.get("mounts"))
     for key, (value_of, zero) in _PLAIN.items():
         value = value_of(inspect)

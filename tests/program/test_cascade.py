@@ -104,6 +104,8 @@ def test_a_new_ref_with_keep_on_destroy_false_stops_every_container_of_the_image
         "firewall-spark2-guard",
         "memory-guard-spark1",
         "memory-guard-spark2",
+        "memory-guard-docker-filter-spark1",
+        "memory-guard-docker-filter-spark2",
         "ray-head",
         "ray-spark2",
         "ray-joined",

@@ -92,3 +92,42 @@ def test_a_host_with_default_ulimits_reads_back_more_ulimits_than_the_program_ga
     assert planned({**PROGRAM, "ulimits": [stack]}, inspect) == "replace"
     assert planned({**PROGRAM, "ulimits": [nofile, stack]}, inspect) == "same"
     assert planned(PROGRAM, INSPECT) == "same"  # no ulimits given, none on the daemon
+
+
+def test_the_hardened_docker_filter_plans_nothing_after_a_read() -> None:
+    """What the memory guard's Docker filter sets (stacks/plan/containers.py
+    docker_filter_container) is read back as given: no replacement at every refresh."""
+    program = {
+        **PROGRAM,
+        "capabilities": {"drops": ["ALL"]},
+        "securityOpts": ["no-new-privileges:true"],
+        "readOnly": True,
+        "init": False,
+        "mounts": [
+            {"type": "bind", "source": "/var/run/docker.sock", "target": "/var/run/docker.sock",
+             "readOnly": False},
+            {"type": "volume", "source": "spark-vllm-docker-filter-socket",
+             "target": "/run/spark-vllm-docker", "readOnly": False},
+        ],
+    }  # fmt: skip
+    inspect = copy.deepcopy(INSPECT)
+    host = inspect["HostConfig"]
+    del host["CapAdd"]
+    host.update(CapDrop=["ALL"], SecurityOpt=["no-new-privileges:true"], ReadonlyRootfs=True)
+    host["Init"] = False
+    host["Mounts"] = [
+        {"Type": "bind", "Source": "/var/run/docker.sock", "Target": "/var/run/docker.sock"},
+        {"Type": "volume", "Source": "spark-vllm-docker-filter-socket",
+         "Target": "/run/spark-vllm-docker"},
+    ]  # fmt: skip
+    assert planned(program, inspect) == "same"
+    # Dropped by hand (a container recreated without them): the refresh replaces it.
+    host["SecurityOpt"] = []
+    assert planned(program, inspect) == "replace"
+
+
+def test_containers_deployed_before_the_hardening_fields_plan_nothing() -> None:
+    """An unset hardening field is no input at all: Docker's defaults read back as no diff."""
+    inspect = copy.deepcopy(INSPECT)
+    inspect["HostConfig"]["SecurityOpt"] = ["label=disable"]  # what an SELinux host may add
+    assert planned(PROGRAM, inspect) == "same"

@@ -95,8 +95,9 @@ def test_one_image_transfer_and_one_weights_copy_per_worker(evaluation: Evaluati
     pulls = {r.name: r.inputs["name"] for r in ev.by_type("docker:index/remoteImage:RemoteImage")}
     # Pulled on the head only: the serving image, and the front's.
     assert pulls == {"image-pull": "example/vllm-gb10:1.0", "front-pull": "haproxy:3.2"}
-    # Ray per node, vLLM, the front, and the firewall guard and memory guard per node.
-    assert len(ev.by_type("docker:index/container:Container")) == 3 * n + 2
+    # Ray per node, vLLM, the front, and the firewall guard, memory guard and its Docker filter
+    # per node.
+    assert len(ev.by_type("docker:index/container:Container")) == 4 * n + 2
 
 
 def test_connections_use_the_bastion_for_via_hosts_only(evaluation: Evaluation) -> None:
@@ -229,7 +230,8 @@ def test_vllm_serves_the_configured_model_through_ray(evaluation: Evaluation) ->
                               "--wait-seconds", "300", "--scripts", "/spark-vllm/bin",
                               "--compile-cache", "/spark-vllm/cache",
                               "--execute-seconds-cold", "1800", "--execute-seconds-warm", "600",
-                              "--key-file", "/run/spark-vllm/api-key"]  # fmt: skip
+                              "--key-file", "/run/spark-vllm/api-key",
+                              "--health-url", "http://127.0.0.1:8001/health"]  # fmt: skip
     assert command[0] == "Qwen/Qwen3.5-122B-A10B-FP8"
     flags = dict(zip(command[1::2], command[2::2], strict=False))
     assert flags["--served-model-name"] == "qwen"
@@ -359,6 +361,50 @@ def test_ray_ports_are_fixed_and_checked_by_preflight(make_config: ConfigFactory
         in ev.named("spark1-preflight").inputs["create"]
     )
     assert "--ports 6380,6381,6382" in ev.named("spark2-preflight").inputs["create"]
+
+
+def test_only_the_memory_guards_hardened_filter_holds_dockers_socket(
+    make_config: ConfigFactory,
+) -> None:
+    """Issue 50: the guard ran the serving image's python3 as root beside the raw socket, which
+    root in the head's server and Ray containers (the host's PID namespace, executor ray) could
+    reach through /proc/<pid>/root. Now only the filter holds it, in its own PID namespace."""
+    ev = evaluate(make_config(hosts=2, executor="ray"), SECRETS)
+    containers = {r.name: r.inputs for r in ev.by_type("docker:index/container:Container")}
+    raw = "/var/run/docker.sock"
+    holders = {n for n, i in containers.items() if any(m["source"] == raw for m in i["mounts"])}
+    assert holders == {"memory-guard-docker-filter-spark1", "memory-guard-docker-filter-spark2"}
+    assert {n for n, i in containers.items() if i.get("pidMode") == "host"} == {
+        "ray-head",
+        "vllm-container",
+    }  # the precondition of the threat: these two see every process of the host
+    for host in ("spark1", "spark2"):
+        filtering = containers[f"memory-guard-docker-filter-{host}"]
+        guard = containers[f"memory-guard-{host}"]
+        for inputs in (filtering, guard):
+            assert "pidMode" not in inputs and "ipcMode" not in inputs
+            assert inputs["networkMode"] == "none"
+            assert inputs["capabilities"] == {"drops": ["ALL"]}
+            assert inputs["securityOpts"] == ["no-new-privileges:true"]
+            assert inputs["readOnly"] is True
+            assert inputs["user"] == "0:0" and inputs["memory"] == 64
+            assert inputs["restart"] == "always"
+        assert filtering["init"] is False  # its only process, non-dumpable
+        assert filtering["entrypoints"][:4] == ["python3", "-I", "-S", "-c"]
+        socket_volume = {"type": "volume", "source": "spark-vllm-docker-filter-socket",
+                         "target": "/run/spark-vllm-docker"}  # fmt: skip
+        assert filtering["mounts"] == [
+            {"type": "bind", "source": raw, "target": raw, "readOnly": False},
+            {**socket_volume, "readOnly": False},
+        ]
+        assert guard["mounts"] == [{**socket_volume, "readOnly": True}]
+        words = guard["command"]
+        assert words[words.index("--docker-socket") + 1] == "/run/spark-vllm-docker/docker.sock"
+        words = filtering["command"]
+        assert words[words.index("--node") + 1] == host
+        assert words[words.index("--listen") + 1] == "/run/spark-vllm-docker/docker.sock"
+        # The guard waits for its socket's filter.
+        assert ev.depends_on(f"memory-guard-{host}", f"memory-guard-docker-filter-{host}")
 
 
 def test_the_default_firewall_guards_every_cluster_port_before_anything_listens(

@@ -4,6 +4,7 @@ guard against real Docker and a real runaway start: tests/lab/test_memory_faults
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 from pathlib import Path
@@ -79,34 +80,88 @@ def test_a_pressure_limit_of_zero_leaves_pressure_alone() -> None:
     assert guard.breach(memory, 100.0, guard.Limits(GIB, 0)) is None
 
 
-def server(name: str, role: str, started: float) -> object:
-    return guard.Server(f"{name}-id-0123456789", name, role, started)
+NOW = 10_000.0
+WINDOW = 1800.0  # timeouts.vllmReadySeconds
+
+
+def server(name: str, role: str, started: float, ready: bool = False) -> object:
+    return guard.Server(f"{name}-id-0123456789", name, role, NOW - started, ready)
+
+
+def acted_on(*servers: object) -> frozenset[tuple[str, float]]:
+    return frozenset(s.start for s in servers)  # type: ignore[attr-defined]
+
+
+M0_STARTING = server("m0", "vllm", 60)
 
 
 @pytest.mark.parametrize(
-    ("servers", "stopped"),
+    ("servers", "acted", "stopped", "said"),
     [
-        # The newest server is the one starting (one server starts after the other is ready).
-        ([server("m0", "vllm", 100), server("m1", "vllm", 200)], "m1"),
-        ([server("m0", "vllm-headless", 300), server("m1", "vllm", 200)], "m0"),
-        # A server before Ray, however new Ray is: the memory is the server's.
-        ([server("ray", "ray-head", 500), server("m0", "vllm", 100)], "m0"),
-        # A Ray worker node (executor ray): vLLM's workers run in its Ray container.
-        ([server("ray", "ray-worker", 500)], "ray"),
-        # Nothing of ours: nothing to stop (the front and the guards are never candidates).
-        ([server("front", "front", 900), server("guard", "memory-guard", 900)], None),
-        ([], None),
+        # A server in its first minute, not ready: the one starting, stopped.
+        ([M0_STARTING], frozenset(), "m0", ""),
+        # Beside a ready server, the one starting, not the newest by accident.
+        ([server("m0", "vllm", 900, ready=True), server("m1", "vllm", 60)], frozenset(), "m1", ""),
+        # The newest of two starting (a reboot starts both): the last Docker started.
+        ([server("m0", "vllm", 90), server("m1", "vllm-headless", 30)], frozenset(), "m1", ""),
         # A tie (a reboot starts several in one second): by name, so every run agrees.
-        ([server("a", "vllm", 100), server("b", "vllm", 100)], "b"),
+        ([server("a", "vllm", 100), server("b", "vllm", 100)], frozenset(), "b", ""),
+        # A hog beside a ready server: nothing stopped, said once why.
+        ([server("m0", "vllm", 60, ready=True)], frozenset(), None,
+         "no server of ours is starting here (1 ready, 0 past their start window or already "
+         "stopped once in this start): nothing stopped; the memory is another process's"),
+        # Past its start window (the readiness wait gave up on it): not the one starting.
+        ([server("m0", "vllm-headless", WINDOW + 1)], frozenset(), None,
+         "no server of ours is starting here (0 ready, 1 past their start window or already "
+         "stopped once in this start): nothing stopped; the memory is another process's"),
+        # At most once per start: the same start (ID and StartedAt) is not stopped again...
+        ([M0_STARTING], acted_on(M0_STARTING), None,
+         "no server of ours is starting here (0 ready, 1 past their start window or already "
+         "stopped once in this start): nothing stopped; the memory is another process's"),
+        # ...but its next start (same ID, a later StartedAt) is.
+        ([server("m0", "vllm", 10)], acted_on(M0_STARTING), "m0", ""),
+        # Ray containers never, however new (they hold every model's workers on the node).
+        ([server("ray", "ray-worker", 5)], frozenset(), None,
+         "no server of ours runs here: nothing stopped"),
+        ([server("ray", "ray-head", 5), server("m0", "vllm", 60, ready=True)], frozenset(),
+         None, "no server of ours is starting here (1 ready, 0 past their start window or "
+         "already stopped once in this start): nothing stopped; the memory is another "
+         "process's"),
+        # The front and the guards are never candidates.
+        ([server("front", "front", 5), server("guard", "memory-guard", 5)], frozenset(), None,
+         "no server of ours runs here: nothing stopped"),
+        ([], frozenset(), None, "no server of ours runs here: nothing stopped"),
     ],
-)
-def test_it_stops_the_newest_server(servers: list[object], stopped: str | None) -> None:
-    chosen = guard.choose(servers)
-    assert (chosen.name if chosen else None) == stopped
+)  # fmt: skip
+def test_it_stops_only_a_server_that_is_starting_and_once_per_start(
+    servers: list[object], acted: frozenset[tuple[str, float]], stopped: str | None, said: str
+) -> None:
+    decision = guard.decide(servers, acted, NOW, WINDOW)
+    assert (decision.server.name if decision.server else None, decision.why_not) == (stopped, said)
+
+
+@pytest.mark.parametrize(
+    ("header", "ready_since"),
+    [
+        (None, None),  # 404: no marker in this container
+        # Docker's stat of the path: its mtime in the daemon's zone, to the nanosecond.
+        ('{"name":"spark-vllm-ready","size":0,"mode":420,"mtime":"1970-01-01T01:16:40.5+01:00"}',
+         1000.5),
+        ('{"name":"spark-vllm-ready","size":0,"mode":420,"mtime":"1970-01-01T00:16:40.25Z"}',
+         1000.25),
+    ],
+)  # fmt: skip
+def test_the_ready_marker_is_read_from_dockers_stat_of_it(
+    header: str | None, ready_since: float | None
+) -> None:
+    encoded = base64.b64encode(header.encode()).decode() if header else None
+    assert guard.marker_mtime(encoded) == ready_since
 
 
 def test_its_line_names_the_node_the_container_and_the_figures() -> None:
-    stopped = guard.Server("4f2a9c1b7d3e" + "0" * 52, "spark-vllm-vllm", "vllm-headless", 1000.0)
+    stopped = guard.Server(
+        "4f2a9c1b7d3e" + "0" * 52, "spark-vllm-vllm", "vllm-headless", 1000.0, ready=False
+    )
     line = guard.stop_line("spark2", stopped, "0.9 GiB of 23.4 GiB available", 12.0, 1042.0)
     assert line == (
         "spark-vllm: spark2: memory-guard: stopped spark-vllm-vllm (id 4f2a9c1b7d3e, "

@@ -46,6 +46,9 @@ def test_changing_the_image_replaces_ray_and_the_server(make_config: ConfigFacto
         # So does the memory guard: replaced, stopped for a few seconds, before the servers.
         "memory-guard-spark1": "replace",
         "memory-guard-spark2": "replace",
+        # And its Docker filter, from the same image.
+        "memory-guard-docker-filter-spark1": "replace",
+        "memory-guard-docker-filter-spark2": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",  # a new cluster is waited for again

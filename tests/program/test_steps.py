@@ -29,6 +29,7 @@ SCRIPTS = EntryScripts(
     guard="echo guard",
     exporter_gate="echo gate",
     memory_guard="print('memory guard')",
+    docker_filter="print('docker filter')",
 )
 
 
