@@ -30,6 +30,7 @@ PREFIX = "spark-vllm"
 # The lab stack's own directory on each host: <stateDir>/<project>.<stack>
 # (stacks/plan/cluster.py state_leaf)
 STATE = "/root/.spark-vllm/spark-vllm.lab"
+HF_CACHE = "/root/.cache/huggingface"  # the lab stack's model.cacheDir (lab/stack.py)
 IMAGE_LAYERS = load("image_layers")
 # A server that exits at start, as users see it: the Docker provider's create neither waits
 # nor fails (tests/lab/realmocks.py), so the readiness wait reports it, Docker restarting it.

@@ -31,6 +31,7 @@ from tests.lab import attacker
 from tests.lab.day_two import Stack, deployed, next_up
 from tests.lab.deploying import (
     EXITED_AT_START,
+    HF_CACHE,
     PREFIX,
     REPO,
     STATE,
@@ -95,7 +96,9 @@ def assert_hosts_hold_the_deployment(stack: Stack) -> None:
     assert int(pins) >= 1
     assert host_sh(lab, "spark1", f"stat -c %a {STATE}/secrets/api-key") == "600"
     for host in ("spark1", "spark2"):  # every receipt's checks hold: the next up plans nothing
-        facts = host_sh(lab, host, f"bash -s -- {STATE} <<'FACTS'\n{facts_script()}\nFACTS")
+        facts = host_sh(
+            lab, host, f"bash -s -- {STATE} {HF_CACHE} <<'FACTS'\n{facts_script()}\nFACTS"
+        )
         assert facts.startswith(FACTS_HEADER) and " - " not in facts, f"{host}: {facts}"
 
 
