@@ -86,10 +86,11 @@ def assert_hosts_hold_the_deployment(stack: Stack) -> None:
         pinned = pinned_image(stack.outputs["imageId"])
         assert image_identity(lab, host, pinned) == head_identity, f"{host}: the image is missing"
     running = host_sh(lab, "spark1", "docker ps --format '{{.Names}}' | sort").split()
-    ours = ("firewall", "front", "memory-guard", "ray-head", "vllm")
+    ours = ("docker-filter", "firewall", "front", "memory-guard", "ray-head", "vllm")
     assert running == [f"{PREFIX}-{name}" for name in ours]
     running = host_sh(lab, "spark2", "docker ps --format '{{.Names}}' | sort").split()
-    assert running == [f"{PREFIX}-{name}" for name in ("firewall", "memory-guard", "ray-worker")]
+    worker = ("docker-filter", "firewall", "memory-guard", "ray-worker")
+    assert running == [f"{PREFIX}-{name}" for name in worker]
     assert host_sh(lab, "spark1", f"test -f {STATE}/fabric_ed25519 && echo ok") == "ok"
     assert host_sh(lab, "spark2", "grep -c spark-vllm-fabric /root/.ssh/authorized_keys") == "1"
     pins = host_sh(lab, "spark1", f"wc -l < {STATE}/fabric_known_hosts")
@@ -287,6 +288,8 @@ def test_a_new_image_replaces_ray_and_the_server(stack: Stack) -> None:
         "firewall-spark2-guard": "replace",
         "memory-guard-spark1": "replace",
         "memory-guard-spark2": "replace",
+        "memory-guard-docker-filter-spark1": "replace",
+        "memory-guard-docker-filter-spark2": "replace",
         "ray-head": "replace",
         "ray-spark2": "replace",
         "ray-joined": "replace",
@@ -458,6 +461,7 @@ def test_a_new_ref_with_keep_on_destroy_false_stops_what_runs_the_old_image_firs
     changed = run.changed()
     for name in ("image-pull", "firewall-spark1-guard", "firewall-spark2-guard", "ray-head",
                  "memory-guard-spark1", "memory-guard-spark2",
+                 "memory-guard-docker-filter-spark1", "memory-guard-docker-filter-spark2",
                  "ray-spark2", "ray-joined", "vllm-container", "vllm-ready"):  # fmt: skip
         assert changed.get(name) == "replace", (name, changed)
     assert "front-container" not in changed, changed
@@ -623,7 +627,8 @@ def test_drift_a_worker_image_pruned_is_repaired_by_up_refresh(stack: Stack) -> 
     image are gone. Refresh reads the containers gone (pulumi-docker drops them from the
     state); the facts show the image gone, so its copy alone runs again; the recreated worker
     makes a new cluster, so a new server."""
-    stopped = f"{PREFIX}-ray-worker {PREFIX}-firewall {PREFIX}-memory-guard"
+    stopped = (f"{PREFIX}-ray-worker {PREFIX}-firewall {PREFIX}-memory-guard "
+               f"{PREFIX}-docker-filter")  # fmt: skip
     stack.lab.sh("spark2", f"docker stop {stopped} >/dev/null; docker system prune -af")
     run = next_up(stack, "drift: a worker's image pruned (up --refresh)", stack.config,
                   refresh=True)  # fmt: skip
@@ -631,6 +636,7 @@ def test_drift_a_worker_image_pruned_is_repaired_by_up_refresh(stack: Stack) -> 
         "image-spark2-sync": "update",
         "firewall-spark2-guard": "create",
         "memory-guard-spark2": "create",
+        "memory-guard-docker-filter-spark2": "create",
         "ray-spark2": "create",
         "ray-joined": "replace",
         "vllm-container": "replace",

@@ -104,7 +104,8 @@ def test_every_node_serves_the_model_without_ray(stack: Stack) -> None:
     # The stand-in's text names every rank's node: both took part.
     fabric = [lab.spec.host_fabric_ip(i) for i in range(2)]
     assert reply["choices"][0]["text"].startswith(f"ranks={','.join(fabric)} "), reply
-    head, worker = ["firewall", "front", "memory-guard"], ["firewall", "memory-guard"]
+    worker = ["docker-filter", "firewall", "memory-guard"]
+    head = [*worker, "front"]
     for host, others in (("spark1", head), (WORKER, worker)):
         running = host_sh(lab, host, "docker ps --format '{{.Names}}' | sort").split()
         assert running == sorted(f"{PREFIX}-{name}" for name in [*others, "vllm"]), running
@@ -274,7 +275,8 @@ def test_switching_executors_on_the_running_stack_is_a_clean_plan_both_ways(stac
     for host in ("spark1", WORKER):
         assert host_sh(lab, host, "pgrep -x 'raylet|gcs_server' || true") == "", host
         running = set(host_sh(lab, host, "docker ps --format '{{.Names}}'").split())
-        ours = {"vllm", "firewall", "memory-guard"} | ({"front"} if host == "spark1" else set())
+        ours = {"vllm", "firewall", "memory-guard", "docker-filter"}
+        ours |= {"front"} if host == "spark1" else set()
         assert running == {f"{PREFIX}-{name}" for name in ours}, (host, running)
 
 

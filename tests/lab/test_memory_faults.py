@@ -9,6 +9,7 @@ another lab's work between the refusal and the sizing."""
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -163,10 +164,9 @@ def container_id(lab: Lab, host: str, container: str) -> str:
 
 
 class Watch:
-    """Beside an `up`: once the worker's Ray container runs and the head's server is a new one
-    (not `old_server`, `ID status`), `script` starts in the former, where vLLM's Ray workers
-    run; meanwhile the lowest MemAvailable, and SSH to the worker (through the bastion, as a
-    user) every second."""
+    """Beside an `up`: once the head's server is a new one (not `old_server`, `ID status`) and
+    runs (loading, not yet ready), `script` starts in it; meanwhile the lowest MemAvailable,
+    and SSH to the worker (through the bastion, as a user) every second."""
 
     def __init__(self, lab: Lab, old_server: str, script: str) -> None:
         self.lab, self.old_server, self.script = lab, old_server, script
@@ -177,14 +177,8 @@ class Watch:
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _ready_to_run_away(self) -> bool:
-        worker = container_id(self.lab, WORKER, f"{PREFIX}-ray-worker")
         server = container_id(self.lab, "spark1", f"{PREFIX}-vllm")
-        old = self.old_server.split()[:1]
-        return (
-            worker.endswith(" running")
-            and server.endswith(" running")
-            and server.split()[:1] != old
-        )
+        return server.endswith(" running") and server.split()[:1] != self.old_server.split()[:1]
 
     def _watch(self) -> None:
         try:
@@ -210,7 +204,7 @@ class Watch:
                 return
             time.sleep(0.5)
         script = self.script.replace("'", "'\\''")
-        host_sh(self.lab, WORKER, f"docker exec -d {PREFIX}-ray-worker python3 -c '{script}'")
+        host_sh(self.lab, "spark1", f"docker exec -d {PREFIX}-vllm python3 -c '{script}'")
         self.started.set()
         ssh_at = 0.0
         while not self.done.is_set():
@@ -228,11 +222,12 @@ class Watch:
 def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
     lab: Lab, stack: list[RealMocks]
 ) -> None:
-    """The next `up` restarts the server slowly (a large model's load); meanwhile the worker's
-    share of it runs away. The worker's guard stops that container (SIGKILL through Docker,
-    which then leaves it stopped) before the host runs out; the readiness wait fails at once
-    with the guard's line: the node, the container, the figures, the likely cause. The `up`
-    after it serves.
+    """The next `up` restarts the server slowly (a large model's load); meanwhile that start runs
+    away. The head's guard stops the starting server (SIGKILL through Docker, which then
+    leaves it stopped) before the host runs out; the readiness wait fails at once with the
+    guard's line: the node, the container, the figures, the likely cause. The worker's guard,
+    with nothing of ours starting there (executor ray: its Ray container, which the guard never
+    stops), stops nothing and says so once. The `up` after it serves.
 
     The guard's floor here is what is available less 2.5 GiB, not its default (1 GiB on this
     machine): the runaway then takes 2.5 GiB, not all of this machine's memory (about 20 GiB,
@@ -258,29 +253,28 @@ def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
         watch.done.set()
         watch.thread.join(timeout=60)
     assert watch.started.is_set(), (error, watch.explain())
-    # The lab's hosts share this machine's memory, so both guards act: each stops its own
-    # node's newest (the head's new server; the worker's Ray container, where the runaway ran).
-    # The wait names the first it finds in its nodes' order (the worker's, unless the head's
-    # stop reached it first): either names its node, container and figures.
+    # The lab's hosts share this machine's memory, so both guards see it low: the head's stops
+    # its starting server, the worker's has nothing of ours starting and stops nothing.
     found = re.search(
-        r"spark-vllm: spark1: vllm-ready: (spark2: memory-guard: stopped spark-vllm-ray-worker "
-        r"\(id \w{12}, ray-worker|spark1: memory-guard: stopped spark-vllm-vllm \(id \w{12}, "
-        r"vllm), started \d+s before\) at [\dT:Z-]+: ([\d.]+) GiB of ([\d.]+) GiB available, "
-        r"below the guard's ([\d.]+) GiB",
+        r"spark-vllm: spark1: vllm-ready: spark1: memory-guard: stopped spark-vllm-vllm \(id "
+        r"\w{12}, vllm, started \d+s before\) at [\dT:Z-]+: ([\d.]+) GiB of ([\d.]+) GiB "
+        r"available, below the guard's ([\d.]+) GiB",
         error,
     )
     assert found, error
     assert "likely cause: the server takes more memory than this node has while it starts" in error
-    acted_at, total, guard_floor = (float(v) for v in found.groups()[1:])
+    acted_at, total, guard_floor = (float(v) for v in found.groups())
     # Below the floor when it acted (both shown to a tenth of a GiB: equal is below, rounded).
     assert guard_floor == floor and acted_at <= floor, found.group(0)
-    # The worker's guard stopped the runaway's container, whichever the wait quoted.
     said = host_sh(lab, WORKER, f"docker logs {PREFIX}-memory-guard 2>&1")
-    assert f"spark2: memory-guard: stopped {PREFIX}-ray-worker" in said, said
+    assert "memory-guard: stopped" not in said, said
+    assert f"{WORKER}: memory-guard: memory low:" in said and "nothing stopped" in said, said
+    assert host_sh(lab, WORKER, f"docker inspect --format '{{{{.State.Status}}}}' "
+                                f"{PREFIX}-ray-worker") == "running"  # fmt: skip
     # Stopped by hand as far as Docker knows: its restart policy leaves it down.
-    state = host_sh(lab, WORKER, f"docker inspect --format '{{{{.State.Status}}}} "
-                                 f"{{{{.RestartCount}}}}' {PREFIX}-ray-worker")  # fmt: skip
-    assert state == "exited 0", state
+    state = host_sh(lab, "spark1", f"docker inspect --format '{{{{.State.Status}}}} "
+                                   f"{{{{.RestartCount}}}}' {PREFIX}-vllm")  # fmt: skip
+    assert state.startswith("exited ") and state.endswith(" 0"), state
     # The host never ran out: SSH answered every second, and the runaway (512 MiB/s, the guard
     # reading twice a second) took at most 0.75 GiB past the floor.
     assert watch.ssh_failed == 0 and watch.ssh_ok >= 1, (watch.ssh_ok, watch.ssh_failed)
@@ -297,10 +291,45 @@ def test_the_memory_guard_stops_a_runaway_start_before_the_host_runs_out(
         f"{guard_mib:.0f} MiB",
     )
     # The next `up`, the runaway gone with its container and the stack as it was: refresh reads
-    # the stopped Ray container (pulumi-docker sets must_run false) and the up starts it.
+    # the stopped server (pulumi-docker sets must_run false) and the up starts it.
     outputs = successful_up(lab, stack, lab_config(lab))
     assert "ready after" in outputs["readiness"]
     # That `up` said first what the guard had stopped and was stopped still (its facts).
     log = stack[-1].program_log
     warned = [line for line in log if "it is stopped still" in line]
-    assert any(f"spark2: memory-guard: stopped {PREFIX}-ray-worker" in w for w in warned), log
+    assert any(f"spark1: memory-guard: stopped {PREFIX}-vllm" in w for w in warned), log
+
+
+def test_a_hog_outside_the_stack_beside_a_ready_server_stops_nothing(
+    lab: Lab, stack: list[RealMocks], memory_hog: int
+) -> None:
+    """Another user's allocation (the hog, 4 GiB) with the guard's floor above what is left:
+    the servers are ready, so the guard stops none of them, nor the Ray containers, and says
+    once per node that memory is low and none of ours is starting."""
+    before = {host: container_id(lab, host, name) for host, name in SERVING}
+    floor = round((mem_available(lab) + 1.5 * GIB) / GIB, 1)
+    config = lab_config(lab)
+    config[f"{PROJECT}:memoryGuard"] = {**config[f"{PROJECT}:memoryGuard"],
+                                        "minAvailableGib": floor}  # fmt: skip
+    outputs = successful_up(lab, stack, config)  # the guards' new floor; the servers stay
+    assert "ready after" in outputs["readiness"]
+    assert {host: container_id(lab, host, name) for host, name in SERVING} == before
+
+    def said_low(host: str) -> str:
+        return host_sh(lab, host, f"docker logs {PREFIX}-memory-guard 2>&1")
+
+    def saw_low(host: str) -> bool:
+        return "memory low:" in said_low(host)
+
+    for host in lab.spec.host_names:
+        wait_for(functools.partial(saw_low, host), 60, f"{host}'s guard seeing it")
+    time.sleep(6)  # a guard that would act does within a look or two (every 0.5 s)
+    for host in lab.spec.host_names:
+        said = said_low(host)
+        assert "memory-guard: stopped" not in said, said
+        assert said.count("memory low:") == 1, said
+    assert {host: container_id(lab, host, name) for host, name in SERVING} == before
+
+
+SERVING = (("spark1", f"{PREFIX}-vllm"), ("spark1", f"{PREFIX}-ray-head"),
+           ("spark2", f"{PREFIX}-ray-worker"))  # fmt: skip

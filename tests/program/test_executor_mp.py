@@ -172,14 +172,20 @@ def test_every_rank_keeps_its_compile_caches_on_the_host_and_vllm_never_gives_up
     assert "--image spark-vllm.invalid/image:sha256-" in step["delete"]
 
 
-def test_our_wait_changes_no_container(make_config: ConfigFactory) -> None:
+def test_our_wait_changes_no_serving_container(make_config: ConfigFactory) -> None:
     """vLLM's own engine-ready wait is the ceiling of ours, a constant: raising
-    timeouts.vllmReadySeconds updates the wait and replaces nothing."""
+    timeouts.vllmReadySeconds updates the wait and replaces no server nor Ray container. The
+    memory guards are replaced: the wait is their start window (a server not ready within it
+    is no longer one starting, memory_guard.py), and no server's memory is theirs."""
     from tests.program.previews import plan
 
     before = make_config(hosts=2, executor=None)
     after = make_config(hosts=2, executor=None, timeouts={"vllmReadySeconds": 2400})
-    assert plan(before, after) == {"vllm-ready": "update"}
+    assert plan(before, after) == {
+        "vllm-ready": "update",
+        "memory-guard-spark1": "replace",
+        "memory-guard-spark2": "replace",
+    }
 
 
 @pytest.mark.parametrize(

@@ -512,6 +512,9 @@ def test_the_readiness_answer_becomes_figures() -> None:
     }  # fmt: skip
 
 
+HARDENED_ROLES = ("memory-guard", "docker-filter")
+
+
 @pytest.mark.parametrize("executor", ["ray", "mp"])
 def test_no_container_but_the_firewall_guard_keeps_net_raw(
     make_config: ConfigFactory, executor: str
@@ -532,6 +535,8 @@ def test_no_container_but_the_firewall_guard_keeps_net_raw(
         caps = container.inputs.get("capabilities")
         if role == "firewall":
             assert caps == {"adds": ["CAP_NET_ADMIN", "CAP_NET_RAW"]}, container.name
+        elif role in HARDENED_ROLES:  # the memory guard and its Docker filter: none at all
+            assert caps == {"drops": ["ALL"]}, (container.name, caps)
         else:
             assert caps == {"drops": ["CAP_NET_RAW"]}, (container.name, caps)
     assert {"front", "vllm", "firewall", "memory-guard", "grafana", "prometheus"} <= roles
