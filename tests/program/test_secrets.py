@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from tests.cli import CliError
 from tests.program.conftest import PRIVATE_KEY, SECRETS, ConfigFactory
 from tests.program.harness import Evaluation, evaluate, is_secret
+from tests.program.scripting import SCRIPTS, run
 
 SECRET_VALUES = [*SECRETS.values(), "test-private-key-material"]
 
@@ -117,3 +120,45 @@ def test_an_hf_token_in_plain_text_is_refused(make_config: ConfigFactory) -> Non
     with pytest.raises(Exception, match="hfToken: is stored in plain text") as caught:
         evaluate(config, {"apiKey": SECRETS["apiKey"]})
     assert type(caught.value).__name__ == "RunError"
+
+
+# --- what a failed step prints -----------------------------------------------------------------
+# pulumi-command's error for a failed command carries the whole command and all of its output,
+# whatever `logging` says (remote `run`: "%w: running %q:\n%s"). The secrets travel on stdin;
+# the scripts that read them must never print them, on success or failure.
+
+KEY = "sk-never-printed-7f3a91"
+NAMED = "user-key-never-printed-52c0"
+
+
+def _script_runs(tmp_path: Path) -> list[tuple[str, tuple[str, ...], str]]:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a directory under a regular file cannot be made: the write fails
+    runs = []
+    for where in (tmp_path / "ok", blocked / "no"):
+        runs += [
+            ("api-key-file.sh", ("write", "--host", "spark1", "--file", f"{where}/api-key"),
+             f"{KEY}\n"),
+            ("front-keys-file.sh", ("write", "--host", "spark1", "--file", f"{where}/keys.map"),
+             f"{KEY}\n{NAMED} alice\n"),
+        ]  # fmt: skip
+    return runs
+
+
+def test_no_script_given_a_secret_prints_it_whether_it_succeeds_or_fails(tmp_path: Path) -> None:
+    outcomes = set()
+    for script, args, stdin in _script_runs(tmp_path):
+        done = run(script, *args, stdin=stdin)
+        outcomes.add((script, done.returncode == 0))
+        for secret in (KEY, NAMED):
+            assert secret not in done.stdout + done.stderr, (script, args, done)
+    # Both scripts both ways: the failures are real failures.
+    assert outcomes == {(s, ok) for s in ("api-key-file.sh", "front-keys-file.sh")
+                        for ok in (True, False)}  # fmt: skip
+
+
+def test_no_host_script_traces_its_commands() -> None:
+    """`set -x` would print every expanded word, a secret read from stdin included."""
+    for script in sorted(SCRIPTS.glob("*.sh")):
+        text = script.read_text()
+        assert not re.search(r"^\s*set\s+(-\w*x|-o\s+xtrace)", text, re.M), script.name
