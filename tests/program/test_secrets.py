@@ -134,7 +134,7 @@ NAMED = "user-key-never-printed-52c0"
 def _script_runs(tmp_path: Path) -> list[tuple[str, tuple[str, ...], str]]:
     blocked = tmp_path / "a-file"
     blocked.write_text("")  # a directory under a regular file cannot be made: the write fails
-    runs = []
+    runs: list[tuple[str, tuple[str, ...], str]] = []
     for where in (tmp_path / "ok", blocked / "no"):
         runs += [
             ("api-key-file.sh", ("write", "--host", "spark1", "--file", f"{where}/api-key"),
