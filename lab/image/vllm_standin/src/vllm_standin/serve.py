@@ -163,7 +163,14 @@ def check_kv_cache_like_vllm(config: ServeConfig, snapshot_path: str, max_model_
             "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
             "initializing the engine."
         )
-    log_kv_cache_size(kv_bytes // per_token, max_model_len)
+    # The cache is whole blocks (v1/core/kv_cache_utils.py: num_blocks = available // the
+    # block's bytes), and vLLM reports num_blocks x block_size tokens.
+    blocks = kv_bytes // (per_token * KV_BLOCK_TOKENS)
+    log_kv_cache_size(blocks * KV_BLOCK_TOKENS, max_model_len)
+
+
+# vLLM's default block size before 0.34 (the stand-in's version is older than any release).
+KV_BLOCK_TOKENS = 16
 
 
 def log_kv_cache_size(tokens: int, max_model_len: int) -> None:
