@@ -120,6 +120,21 @@ DEADLINE_GRACE_SECONDS = 30
 DEADLINE_START = "t0=$(date +%s); "
 # What a step left unread of its stdin is read for at most this long after it (deadline_wrapper).
 DRAIN_SECONDS = 60
+# Every step's stdout and stderr made valid UTF-8 as they stream (invalid bytes become U+FFFD):
+# pulumi-command returns them as proto3 strings, and one invalid byte (a tool's Latin-1 message,
+# a binary file's line) fails the create's response with "grpc: error while marshaling: string
+# field contains invalid UTF-8" after the command ran, so the step is not recorded. The hosts'
+# own python3 (facts refuse a host without it); without it, or if it fails, the bytes pass as
+# they are. Read in chunks, written at once: the live log stays live.
+UTF8_FILTER = (
+    "import sys,codecs\n"
+    "r,w=sys.stdin.buffer.raw,sys.stdout.buffer\n"
+    'd=codecs.getincrementaldecoder("utf-8")("replace")\n'
+    "while b:=r.read(65536):\n"
+    " w.write(d.decode(b).encode());w.flush()\n"
+    'w.write(d.decode(b"",True).encode())'
+)
+UTF8_OUTPUT = f"u(){{ python3 -c '{UTF8_FILTER}' 2>/dev/null || cat; }}; exec > >(u) 2> >(u >&2); "
 
 
 def with_deadline(
@@ -140,7 +155,8 @@ def with_deadline(
 
 def deadline_wrapper(command: str, seconds: int, said: str, *, drain_stdin: bool = False) -> str:
     """`command` under timeout(1) for `seconds`, `said` on stderr when that stopped it (124 after
-    TERM; 137 after the grace's KILL, once the time is up), its exit status kept.
+    TERM; 137 after the grace's KILL, once the time is up), its exit status kept, its output
+    made valid UTF-8 (UTF8_OUTPUT).
 
     `drain_stdin`: what the command left unread of its stdin is read after it, bounded: the
     provider writes all of it, and a command that ends with success before reading it all (a
@@ -150,7 +166,7 @@ def deadline_wrapper(command: str, seconds: int, said: str, *, drain_stdin: bool
     # POSIX sh around it (the SSH user's login shell runs it, dash or bash): no $SECONDS.
     return (
         f"{DEADLINE_START}timeout -k {DEADLINE_GRACE_SECONDS} {seconds} "
-        f"bash -c {shlex.quote(command)}; rc=$?; {drain}"
+        f"bash -c {shlex.quote(UTF8_OUTPUT + command)}; rc=$?; {drain}"
         f'if [ "$rc" = 124 ] || {{ [ "$rc" = 137 ] && [ "$(($(date +%s) - t0))" -ge {seconds} ]; '
         f'}}; then echo {shlex.quote(said)} >&2; fi; exit "$rc"'
     )

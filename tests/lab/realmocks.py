@@ -255,6 +255,9 @@ class RemoteResult:
     exit_code: int
     stdout: str
     stderr: str
+    # Bytes that are not UTF-8 in either stream (shown here as U+FFFD): pulumi-command's
+    # response carries both as proto3 strings, whose marshaling then fails.
+    invalid_utf8: bool = False
 
     @property
     def is_ssh_failure(self) -> bool:
@@ -289,7 +292,16 @@ def run_process(
         completed.returncode,
         completed.stdout.decode(errors="replace"),
         completed.stderr.decode(errors="replace"),
+        invalid_utf8=not (is_utf8(completed.stdout) and is_utf8(completed.stderr)),
     )
+
+
+def is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def run_over_ssh(
@@ -996,6 +1008,12 @@ class RealMocks(pulumi.runtime.Mocks):
             result = run_over_ssh(connection, command, stdin, self.command_timeout_s, warnings)
         finally:
             self._warn(what, warnings)
+        if result.invalid_utf8:
+            # As the real provider's response fails (the command has run; nothing is recorded).
+            raise RuntimeError(
+                f"{what}: rpc error: code = Internal desc = grpc: error while marshaling: "
+                "string field contains invalid UTF-8"
+            )
         if result.exit_code != 0:
             raise command_failure(connection, command, result, what, logging_mode)
         return result

@@ -656,3 +656,19 @@ def test_secrets_unwrap_at_any_depth() -> None:
     assert connection.target.port == 2222
     assert connection.proxy is not None and connection.proxy.port == 22
     assert "privateKey" not in repr(connection) and "'k'" not in repr(connection)
+
+
+def test_a_command_printing_invalid_utf8_fails_as_the_providers_response_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pulumi-command hands stdout and stderr back as proto3 strings: an invalid byte fails
+    the response's marshaling after the command ran. The stand-in fails the same way, so a
+    step whose output the wrapper did not make valid (stacks/plan/steps.py UTF8_OUTPUT) fails
+    here too, where the lab can see it."""
+    printed = realmocks.run_process(["printf", r"ok \377\n"], None, 10)
+    assert printed.invalid_utf8 and printed.exit_code == 0
+    assert not realmocks.run_process(["printf", "caf\u00e9\n"], None, 10).invalid_utf8
+    monkeypatch.setattr(realmocks, "run_over_ssh", lambda *args: printed)
+    connection = realmocks.connection_from_inputs({"host": "h"}, "step")
+    with pytest.raises(RuntimeError, match="string field contains invalid UTF-8"):
+        RealMocks()._run_command(connection, "true", None, "step", None)

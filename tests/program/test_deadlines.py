@@ -5,8 +5,11 @@ the committed stacks wrapped with its own minutes."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from stacks.plan.steps import DEADLINE_START, DRAIN_SECONDS, deadline_wrapper
 from tests.program.conftest import SECRETS, ConfigFactory
@@ -92,3 +95,53 @@ def test_a_step_that_succeeds_without_reading_its_stdin_still_takes_all_of_it() 
             written = False
         assert shell.wait(timeout=60) == 0
         assert written == drain
+
+
+def run_bytes(
+    command: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["sh", "-c", command], capture_output=True, timeout=60, env=env)
+
+
+def test_a_step_that_prints_invalid_utf8_gives_the_provider_valid_utf8_on_both_streams() -> None:
+    """pulumi-command returns stdout and stderr as proto3 strings: one invalid byte fails the
+    create's response after the command ran (the step is then never recorded). A Latin-1 word,
+    a stray 0xff, a multi-byte character cut by a read's boundary: replaced, never dropped, the
+    rest kept as it is and the exit status kept."""
+    step = (
+        r"printf 'caf\351 \377ok \342\202\254\n'; printf 'r\351sum\351\n' >&2; "
+        # A valid character split across two writes stays whole.
+        r"printf '\342\202'; sleep 0.2; printf '\254 end\n'; exit 5"
+    )
+    raw = run_bytes(step)
+    assert b"\xff" in raw.stdout  # what the provider would be handed without the filter
+    done = run_bytes(deadline_wrapper(step, 60, "stopped"))
+    assert done.returncode == 5
+    assert done.stdout.decode() == "caf\ufffd \ufffdok \u20ac\n\u20ac end\n"
+    assert done.stderr.decode() == "r\ufffdsum\ufffd\n"
+
+
+def test_without_python3_on_the_host_the_output_passes_as_it_is() -> None:
+    """The facts refuse a host without python3, and say so on a step's output: that message
+    must reach the user through the same wrapper."""
+    bare = Path(tempfile.mkdtemp())
+    for tool in ("bash", "timeout", "date", "cat", "printf", "sh"):
+        (bare / tool).symlink_to(shutil.which(tool) or tool)
+    done = run_bytes(
+        deadline_wrapper(r"printf 'no python3 \377\n'; echo err >&2", 60, "stopped"),
+        env={"PATH": str(bare)},
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"no python3 \xff\n", b"err\n")
+
+
+def test_the_output_streams_while_the_step_runs() -> None:
+    """The live log stays live: a line is forwarded when it is written, not when the step ends."""
+    shell = subprocess.Popen(
+        ["sh", "-c", deadline_wrapper("echo first; sleep 3; echo second", 60, "stopped")],
+        stdout=subprocess.PIPE,
+    )
+    assert shell.stdout is not None
+    started = time.monotonic()
+    assert shell.stdout.readline() == b"first\n"
+    assert time.monotonic() - started < 2
+    assert shell.wait(timeout=30) == 0
