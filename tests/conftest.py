@@ -46,7 +46,7 @@ MODULE_COST: dict[str, float] = {
     "tests/lab/test_several_models.py": 437,
     "tests/standin/test_conformance.py": 333,
     "tests/lab/test_e2e.py": 322,
-    "tests/lab/test_executor_mp.py": 406,  # the real CLI: the lifecycle, day two, destroy
+    "tests/lab/test_executor_mp.py": 240,  # the real CLI: the lifecycle, day two, destroy
     "tests/lab/test_bench.py": 260,
     "tests/lab/test_day_two_grow.py": 183,
     "tests/lab/test_hardware_faults.py": 160,

@@ -25,7 +25,6 @@ from tests.lab.cli_stack import (
     cli_next_up,
     counts,
     documented_counts,
-    init_stack,
     plain_settings,
 )
 from tests.lab.deploying import (
@@ -38,7 +37,7 @@ from tests.lab.deploying import (
     lab_config,
 )
 from tests.lab.faulting import JOIN_FAULT_SECONDS, wait_for
-from tests.lab.realcli import PLUGINS, REPO, PulumiFailed, RealPulumi, pulumi_binary
+from tests.lab.realcli import PLUGINS, REPO, PulumiFailed, pulumi_binary
 from tests.lab.timings import record_figure, record_timing
 from tests.program.previews import up_then_preview
 
@@ -48,7 +47,6 @@ pytestmark = pytest.mark.lab
 
 WORKER = "spark2"
 MASTER_PORT = 29501
-LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
 
 
 def mp_config(lab: Lab, **timeouts: int) -> dict[str, Any]:
@@ -308,37 +306,3 @@ def test_destroy_leaves_only_what_the_docs_keep(stack: Stack) -> None:
         assert "spark-vllm-fabric:" not in host_sh(lab, host, "cat ~/.ssh/authorized_keys")
     weights = host_sh(lab, WORKER, "ls /root/.cache/huggingface/hub")
     assert "models--" in weights, weights
-
-
-def test_time_to_ready_with_each_executor_side_by_side(
-    stack: Stack, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """`pulumi up` of a new stack on hosts that hold the image and the weights already (kept
-    on destroy), until the first completion: Ray's cluster first, or vLLM's own rendezvous.
-    The server loads for 12 s as in the e2e (the stand-in's load time), so the difference is
-    what each executor adds. Same lab, same config but the executor, one after the other, once
-    each: the suite runs beside other tests, so this is a figure, not a benchmark."""
-    lab = stack.lab
-    seconds: dict[str, float] = {}
-    for executor in ("ray", "mp"):
-        config = lab_config(lab) if executor == "ray" else mp_config(lab)
-        config[f"{PROJECT}:vllm"] = {**config[f"{PROJECT}:vllm"], "env": {LOAD_ENV: "12"}}
-        cli = RealPulumi.for_project(tmp_path_factory.mktemp(f"ready-{executor}"))
-        init_stack(cli, "lab", config)
-        started = time.monotonic()
-        try:
-            cli.run("up", "--yes", "--skip-preview")
-            took = time.monotonic() - started
-            outputs = cli.outputs()
-        finally:
-            cli.run("destroy", "--yes", "--skip-preview")
-        assert outputs["executor"] == executor and "ready after" in outputs["readiness"]
-        seconds[executor] = took
-    record_figure(
-        "time to ready from `pulumi up` (real CLI), image and weights in place (one each, "
-        "beside other tests)",
-        f"executor ray {seconds['ray']:.1f} s, executor mp {seconds['mp']:.1f} s "
-        f"(mp/ray {seconds['mp'] / seconds['ray']:.2f}x)",
-    )
-    for host in lab.spec.host_names:
-        assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
