@@ -4,8 +4,9 @@ tests/program/test_host_rules.py). Standard library only: it runs with the hosts
 
   host_rules.py kho --host H --root DIR --allow yes|no
       Kexec HandOver on a 7.0-series kernel: refused (or, with --allow yes, a warning on stdout).
-  host_rules.py shm --host H --path DIR --need-bytes N
-      /dev/shm (the containers share the host's, --ipc=host) smaller than the servers need.
+  host_rules.py shm --host H --path DIR --need-bytes N [--use-bytes N --memory-fraction F]
+      /dev/shm (the containers share the host's, --ipc=host) smaller than the servers need; or,
+      on unified memory, what they may put there more than the servers' fraction leaves.
   host_rules.py ipc --host H --root DIR --user U --uid N --image-uid N --rootless yes|no
                     --enable-linger yes|no
       systemd-logind's RemoveIPC deleting the servers' shared memory when the SSH user's last
@@ -136,10 +137,47 @@ def shm_problem(size_bytes: int, need_bytes: int) -> tuple[str, str] | None:
     )
 
 
+def shm_beside_servers_problem(
+    use_bytes: int, total_bytes: int, fraction: float
+) -> tuple[str, str] | None:
+    """On unified memory, /dev/shm's pages are the GPU's memory too: what the containers may put
+    there (docker.shmSizeMb for each, and Ray's object store) must fit in what the servers'
+    fraction leaves of the node, or a full /dev/shm takes the memory vLLM was sized for and the
+    host wedges (users report it with a 64 GB shm_size on a Spark). None when it fits, or when
+    the fraction is decided later (auto, several servers: fraction 0)."""
+    if fraction <= 0:
+        return None
+    left = int(total_bytes * (1 - fraction))
+    if use_bytes <= left:
+        return None
+    return (
+        f"the containers may put {use_bytes / GIB:.1f} GiB in /dev/shm (docker.shmSizeMb for "
+        f"each Ray and vLLM container, and Ray's object store), but on this unified-memory node "
+        f"the servers take {fraction:g} of {total_bytes / GIB:.1f} GiB, which leaves "
+        f"{left / GIB:.1f} GiB: shared memory beyond that is taken from the GPU's, and the host "
+        "freezes",
+        "lower docker.shmSizeMb (vLLM's queues need well under 1 GiB; unset is 1024) or "
+        "ray.objectStoreMemoryBytes, or lower vllm.gpuMemoryUtilization",
+    )
+
+
+def mem_total_bytes(meminfo: str) -> int:
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError("no MemTotal in /proc/meminfo")
+
+
 def check_shm(flags: dict[str, str]) -> None:
     require(flags, "path", "need-bytes")
     stat = os.statvfs(flags["path"])
     problem = shm_problem(stat.f_blocks * stat.f_frsize, int(flags["need_bytes"]))
+    if problem is None and flags.get("use_bytes"):
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            total = mem_total_bytes(meminfo.read())
+        problem = shm_beside_servers_problem(
+            int(flags["use_bytes"]), total, float(flags.get("memory_fraction") or 0)
+        )
     if problem is not None:
         raise StepFailed(*problem)
 

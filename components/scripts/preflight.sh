@@ -6,7 +6,7 @@ parse_flags "$@"
 require host role fabric-interface fabric-ip head-fabric-ip ports guarded cluster-fabric-ips \
   shared-fabric min-free-memory-bytes \
   memory-fraction min-free-disk-bytes disk-paths require-gpus require-nvidia-runtime \
-  container-names deployment rdma-hcas known-bad allow-known-bad min-shm-bytes
+  container-names deployment rdma-hcas known-bad allow-known-bad min-shm-bytes shm-use-bytes
 SYSFS="${SPARK_VLLM_SYSFS:-/sys}"  # the tests point it at a fake RDMA tree
 ROOT="${SPARK_VLLM_ROOT:-/}"  # and at a fake /proc and /sys for the kernel's command line
 SHM="${SPARK_VLLM_SHM:-/dev/shm}"
@@ -82,7 +82,8 @@ fi
 
 # --- shared memory: the containers use the host's /dev/shm (--ipc=host) ----------------------
 python3 "$SPARK_BIN/host_rules.py" shm --host "$ARG_HOST" --path "$SHM" \
-  --need-bytes "$ARG_MIN_SHM_BYTES" || exit 1
+  --need-bytes "$ARG_MIN_SHM_BYTES" --use-bytes "$ARG_SHM_USE_BYTES" \
+  --memory-fraction "$ARG_MEMORY_FRACTION" || exit 1
 
 # --- disk -------------------------------------------------------------------------------------
 existing_parent() {

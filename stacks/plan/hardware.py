@@ -67,6 +67,15 @@ def shm_need_bytes(plan: ClusterPlan, node: NodePlan) -> int:
     return (vllm + ray) * each * 1024**2
 
 
+def shm_use_bytes(plan: ClusterPlan, node: NodePlan) -> int:
+    """What the containers on `node` may put in the host's /dev/shm together: their needs
+    (shm_need_bytes) and, where Ray runs, its object store (Ray keeps it in /dev/shm when it
+    fits). On unified memory preflight holds it to what the servers' fraction leaves."""
+    ray = any(server.uses_ray for server in servers_on(plan, node))
+    store = plan.config.ray.object_store_memory_bytes if ray else 0
+    return shm_need_bytes(plan, node) + store
+
+
 def fabric_link(plan: ClusterPlan, worker: NodePlan) -> StepSpec:
     """On the head, before anything is copied to `worker`: the same (or fabric.mtu's) MTU on
     both ends, and TCP throughput at least fabric.minLinkGbps (fabric-link.sh)."""

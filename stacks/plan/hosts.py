@@ -23,7 +23,13 @@ from stacks.plan.front import (
     front_config_digest,
     front_files,
 )
-from stacks.plan.hardware import GIB, memory_shares, shares_file, shm_need_bytes
+from stacks.plan.hardware import (
+    GIB,
+    memory_shares,
+    shares_file,
+    shm_need_bytes,
+    shm_use_bytes,
+)
 from stacks.plan.image import image_history_file
 from stacks.plan.known_bad import known_bad_flag
 from stacks.plan.server_plan import (
@@ -176,6 +182,7 @@ def preflight_flags(plan: ClusterPlan, node: NodePlan) -> dict[str, str | float]
         "known_bad": known_bad_flag(cfg),
         "allow_known_bad": "yes" if cfg.preflight.allow_known_bad else "no",
         "min_shm_bytes": shm_need_bytes(plan, node),
+        "shm_use_bytes": shm_use_bytes(plan, node),
     }
 
 

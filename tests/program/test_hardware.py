@@ -278,3 +278,8 @@ def test_preflight_asks_for_the_shm_the_nodes_containers_share(
     plan = plan_of(make_config(hosts=2, executor=executor, docker=docker))
     assert preflight_flags(plan, plan.head)["min_shm_bytes"] == head * 1024**2
     assert preflight_flags(plan, plan.workers[0])["min_shm_bytes"] == worker * 1024**2
+    # What they may put there, held to what the servers leave of unified memory: with Ray,
+    # its object store too, on every node.
+    store = plan.config.ray.object_store_memory_bytes if executor == "ray" else 0
+    for node, need in ((plan.head, head), (plan.workers[0], worker)):
+        assert preflight_flags(plan, node)["shm_use_bytes"] == need * 1024**2 + store

@@ -73,6 +73,37 @@ def test_shm_smaller_than_the_need_is_refused(size: int, need: int, refused: boo
         assert "docker.shmSizeMb" in problem[1]
 
 
+SPARK_MEMORY = 119 << 30  # a GB10's MemTotal, about
+
+
+@pytest.mark.parametrize(
+    ("use", "fraction", "refused"),
+    [
+        (5 << 30, 0.8, False),  # the defaults with Ray: 1 GiB and its 4 GiB object store
+        (64 << 30, 0.8, True),  # the reports' 64 GB shm_size beside a server at 0.8
+        (64 << 30, 0.4, False),  # what 0.4 leaves holds it
+        (64 << 30, 0, False),  # auto or several servers: the fraction is decided later
+        (int(SPARK_MEMORY * 0.2), 0.8, False),  # exactly what is left
+    ],
+)
+def test_shm_beyond_what_the_servers_leave_of_unified_memory_is_refused(
+    use: int, fraction: float, refused: bool
+) -> None:
+    problem = rules.shm_beside_servers_problem(use, SPARK_MEMORY, fraction)
+    assert (problem is not None) == refused
+    if problem:
+        assert problem[0].startswith(f"the containers may put {use / 2**30:.1f} GiB in /dev/shm")
+        assert f"take {fraction:g} of 119.0 GiB, which leaves 23.8 GiB" in problem[0]
+        assert "docker.shmSizeMb" in problem[1] and "ray.objectStoreMemoryBytes" in problem[1]
+
+
+def test_mem_total_is_read_from_meminfo() -> None:
+    meminfo = "MemTotal:       124759712 kB\nMemFree:         1000 kB\n"
+    assert rules.mem_total_bytes(meminfo) == 124759712 * 1024
+    with pytest.raises(ValueError):
+        rules.mem_total_bytes("MemFree: 1 kB\n")
+
+
 @pytest.mark.parametrize(
     ("texts", "removes"),
     [

@@ -263,11 +263,27 @@ def preflight(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[s
         "container-names": "spark-vllm-ray-head,spark-vllm-vllm", "deployment": "spark-vllm/dev",
         "rdma-hcas": "", "known-bad": entries_flag(SHIPPED),
         "allow-known-bad": "no", "guarded": "", "cluster-fabric-ips": "127.0.0.1",
-        "shared-fabric": "no", "min-shm-bytes": "1",
+        "shared-fabric": "no", "min-shm-bytes": "1", "shm-use-bytes": "1",
     }  # fmt: skip
     flags.update({k: v for k, v in overrides.items() if not k.isupper()})
     args = [word for key, value in flags.items() for word in (f"--{key}", value)]
     return run("preflight.sh", "--host", "spark1", *args, env=env)
+
+
+def test_preflight_refuses_shared_memory_beyond_what_the_servers_leave(tmp_path: Path) -> None:
+    """On unified memory, /dev/shm is the GPU's memory too: what the containers may put there
+    is held to what the servers' fraction leaves of this machine's MemTotal."""
+    total = next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    fits = preflight(tmp_path, **{"memory-fraction": "0.05", "shm-use-bytes": str(total // 2)})
+    assert fits.returncode == 0, fits.stderr
+    done = preflight(tmp_path, **{"memory-fraction": "0.05", "shm-use-bytes": str(total)})
+    assert done.returncode != 0
+    assert "preflight: the containers may put" in done.stderr
+    assert "servers take 0.05 of" in done.stderr and "docker.shmSizeMb" in done.stderr
 
 
 LISTENER = """
