@@ -37,7 +37,7 @@ from stacks.plan.cluster import (
 )
 from stacks.plan.cold_start import cold_start, cold_start_steps, cold_start_table
 from stacks.plan.graph import DeploymentGraph, GraphFacts, plan_graph
-from stacks.plan.nccl import missing_host_nccl, nccl_output, with_host_nccl
+from stacks.plan.nccl import host_nccl_problems, nccl_output, with_host_nccl
 from stacks.plan.server_plan import ServerPlan, per_server
 from stacks.plan.steps import Stdin
 from stacks.settings import Settings
@@ -299,10 +299,10 @@ def _warn_hardware(hosts: dict[str, Host]) -> None:
 
 
 def _with_host_nccl(plan: ClusterPlan, facts: dict[str, HostFacts]) -> ClusterPlan:
-    """vllm.hostNccl: each node's own NCCL from its facts, or every host without one refused
-    before anything is declared."""
+    """vllm.hostNccl: each node's own NCCL from its facts, or every host without one (or with a
+    known-bad release) refused before anything is declared."""
     found = {name: node_facts.nccl for name, node_facts in facts.items()}
-    problems = missing_host_nccl(plan, found)
+    problems = host_nccl_problems(plan, found)
     if problems:
         raise pulumi.RunError("invalid spark-vllm configuration:\n" + "\n".join(problems))
     return with_host_nccl(plan, found)

@@ -62,3 +62,24 @@ def neutralised(envs: Iterable[Mapping[str, str]]) -> dict[str, str]:
         if all(env.get(key) == value for env in envs):
             found[key] = value
     return found
+
+
+def known_bad(version: str, env: Mapping[str, str]) -> KnownBadNccl | None:
+    """The row that lists `version`, unless `env` sets its neutraliser."""
+    for row in KNOWN_BAD_NCCL:
+        if row.version != version:
+            continue
+        if row.neutraliser is not None and env.get(row.neutraliser[0]) == row.neutraliser[1]:
+            return None
+        return row
+    return None
+
+
+def refusal(row: KnownBadNccl, where: str, other: str) -> str:
+    """The message for a listed release found at `where`, with the fixes (as image_facts.py
+    words it for the image's)."""
+    fixes = ""
+    if row.neutraliser is not None:
+        key, value = row.neutraliser
+        fixes = f'set {key}: "{value}" in vllm.env (or each models[].env), or '
+    return f"{where} is known to break this workload: {row.what} ({row.source}): {fixes}{other}"

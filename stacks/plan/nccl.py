@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from stacks.nccl_versions import known_bad, neutralised, refusal
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_HOST_NCCL
 
@@ -56,27 +57,40 @@ def nccl_file_version(path: str) -> str:
     return found.group(1) if found else ""
 
 
-def missing_host_nccl(plan: ClusterPlan, found: Mapping[str, HostNccl | None]) -> list[str]:
-    """With vllm.hostNccl, each host that has no NCCL of its own, keyed, with the fix."""
+def host_nccl_problems(plan: ClusterPlan, found: Mapping[str, HostNccl | None]) -> list[str]:
+    """With vllm.hostNccl, each host that has no NCCL of its own, or one of a known-bad release
+    the models do not neutralise (read on every run: an `apt upgrade` is seen by the next `up`),
+    keyed, with the fix."""
     if not plan.config.vllm.host_nccl:
         return []
-    return [
-        f"vllm.hostNccl: {node.name} has no NCCL of its own (no libnccl.so.2 in its loader "
-        f"cache, `ldconfig -p`): install it there (`{INSTALL_HINT}`, NVIDIA's CUDA repository "
-        "on DGX OS), or set vllm.hostNccl: false to use the image's"
-        for node in plan.nodes
-        if found.get(node.name) is None
-    ]
+    # Every model loads the host's: a neutraliser counts when all of them set it.
+    env = neutralised(slot.model.settings.env for slot in plan.servers)
+    problems = []
+    for node in plan.nodes:
+        library = found.get(node.name)
+        if library is None:
+            problems.append(
+                f"vllm.hostNccl: {node.name} has no NCCL of its own (no libnccl.so.2 in its "
+                f"loader cache, `ldconfig -p`): install it there (`{INSTALL_HINT}`, NVIDIA's "
+                "CUDA repository on DGX OS), or set vllm.hostNccl: false to use the image's"
+            )
+            continue
+        row = known_bad(library.version, env)
+        if row is not None:
+            where = f"vllm.hostNccl: {node.name}'s NCCL {row.version} ({library.path})"
+            other = "install another libnccl2 release there, or set vllm.hostNccl: false"
+            problems.append(refusal(row, where, other))
+    return problems
 
 
 def with_host_nccl(plan: ClusterPlan, found: Mapping[str, HostNccl | None]) -> ClusterPlan:
-    """`plan` with each node's host library, when vllm.hostNccl (missing_host_nccl first)."""
+    """`plan` with each node's host library, when vllm.hostNccl (host_nccl_problems first)."""
     if not plan.config.vllm.host_nccl:
         return plan
     nodes = []
     for node in plan.nodes:
         library = found.get(node.name)
-        assert library is not None, f"{node.name}: refused by missing_host_nccl"
+        assert library is not None, f"{node.name}: refused by host_nccl_problems"
         nodes.append(replace(node, host_nccl=library.path))
     return replace(plan, nodes=tuple(nodes))
 

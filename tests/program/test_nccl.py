@@ -329,17 +329,18 @@ def test_host_facts_name_the_hosts_nccl_and_its_release(host_tmp: Path) -> None:
 
 
 class HostsWithNccl(FakeHosts):
-    """Hosts whose facts list their own NCCL: those of `having` (their addresses)."""
+    """Hosts whose facts list their own NCCL (libnccl2 `version`): those of `having` (their
+    addresses)."""
 
-    def __init__(self, having: set[str]) -> None:
+    def __init__(self, having: set[str], version: str = "2.28.9") -> None:
         super().__init__()
-        self.having = having
+        self.having, self.version = having, version
 
     def call(self, args):  # type: ignore[no-untyped-def]
         answer, failures = super().call(args)
         command = args.args["command"]
         if any(f"@{address} " in command for address in self.having):
-            resolved = "/usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9"
+            resolved = f"/usr/lib/aarch64-linux-gnu/libnccl.so.{self.version}"
             answer["stdout"] += f"nccl {HOST} {resolved}\n"
         return answer, failures
 
@@ -365,6 +366,25 @@ def test_host_nccl_refuses_a_host_without_its_own_naming_the_fix(
         "libnccl2`, NVIDIA's CUDA repository on DGX OS), or set vllm.hostNccl: false to use the "
         "image's"
     )
+
+
+def test_host_nccl_refuses_a_hosts_known_bad_release_unless_the_models_neutralise_it(
+    make_config: ConfigFactory,
+) -> None:
+    """Read from the host's facts on every run: an `apt upgrade` to it is refused by the next
+    `up`, before anything is declared."""
+    config = host_nccl_config(make_config)
+    with pytest.raises(Exception) as caught:
+        evaluate(config, SECRETS, mocks=HostsWithNccl(EVERY_HOST, BAD))
+    assert str(caught.value).splitlines()[1:] == [
+        f"vllm.hostNccl: {node}'s NCCL {BAD} ({HOST}) is known to break this workload: its NVLS "
+        "path hangs collectives silently on Sparks (no NVLink), with no error logged "
+        '(NVIDIA/nccl#2167): set NCCL_NVLS_ENABLE: "0" in vllm.env (or each models[].env), or '
+        "install another libnccl2 release there, or set vllm.hostNccl: false"
+        for node in ("spark1", "spark2")
+    ]
+    config["vllm"]["env"] = {"NCCL_NVLS_ENABLE": "0"}
+    evaluate(config, SECRETS, mocks=HostsWithNccl(EVERY_HOST, BAD))  # neutralised: planned
 
 
 @pytest.mark.parametrize("executor", ["ray", "mp"])
