@@ -38,6 +38,7 @@ if [ -n "${ARG_HOST_NCCL:-}" ]; then
   nccl_run=(-v "$ARG_HOST_NCCL:$ARG_NCCL_TARGET:ro" -e "VLLM_NCCL_SO_PATH=$ARG_NCCL_TARGET"
     -e "LD_PRELOAD=$ARG_NCCL_TARGET")
 fi
+# The bundle's list (components/bundle.py); the scripts' source directory, as tests run it, has none.
 known_bad_nccl="$(cat "$SPARK_BIN/nccl-known-bad.json" 2>/dev/null || echo '[]')"
 set +e
 output="$(timeout "$ARG_TIMEOUT_SECONDS" docker run --rm --network none \
