@@ -7,11 +7,13 @@ import base64
 import gzip
 import hashlib
 import io
+import json
 import tarfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from stacks.nccl_versions import known_bad_rows
 from stacks.plan.containers import EntryScripts
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
@@ -23,18 +25,31 @@ class ScriptsBundle:
     digest: str
 
 
+# The known-bad NCCL releases (stacks/nccl_versions.py) as image-facts.sh reads them: in the
+# bundle, so a change of the list is an update of each host's scripts, not of its steps.
+NCCL_KNOWN_BAD_FILE = "nccl-known-bad.json"
+
+
+def bundle_files() -> dict[str, bytes]:
+    """Each file of the bundle by name: the step scripts, and the data they read."""
+    files = {
+        path.name: path.read_bytes()
+        for path in sorted(SCRIPTS_DIR.iterdir())
+        if path.is_file() and not path.name.startswith(".")
+    }
+    files[NCCL_KNOWN_BAD_FILE] = (json.dumps(known_bad_rows(), indent=1) + "\n").encode()
+    return files
+
+
 @cache
 def scripts_bundle() -> ScriptsBundle:
     """The step scripts as one reproducible archive: same files, same bytes, no spurious diff."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(SCRIPTS_DIR.iterdir()):
-            if not path.is_file() or path.name.startswith("."):
-                continue
-            data = path.read_bytes()
-            info = tarfile.TarInfo(path.name)
+        for name, data in sorted(bundle_files().items()):
+            info = tarfile.TarInfo(name)
             info.size = len(data)
-            info.mode = 0o755 if path.suffix == ".sh" else 0o644
+            info.mode = 0o755 if name.endswith(".sh") else 0o644
             info.mtime = 0
             tar.addfile(info, io.BytesIO(data))
     packed = gzip.compress(raw.getvalue(), mtime=0)

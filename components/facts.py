@@ -34,6 +34,7 @@ from components.connection import docker_ssh_opts
 from stacks.credentials import SshAuth
 from stacks.plan.cluster import NodePlan
 from stacks.plan.containers import Ulimit, daemon_default_ulimits
+from stacks.plan.nccl import HostNccl, parse_host_nccl
 
 FACTS_HEADER = "spark-vllm-facts 1"
 MISSING = "-"
@@ -42,6 +43,7 @@ GUARD_LINE = "guard"  # "guard LINE": the memory guard's stop of a container sto
 DOCKERD_ARG_LINE = "dockerd-arg"  # "dockerd-arg --default-ulimit=V": the running daemon's flag
 DAEMON_JSON_LINE = "daemon-json"  # "daemon-json JSON": its config file, on one line
 UNSAFE_LINE = "unsafe"  # "unsafe WHY": another user could change the state or the cache
+NCCL_LINE = "nccl"  # "nccl PATH RESOLVED": the host's own libnccl.so.2 (vllm.hostNccl)
 
 
 @dataclass
@@ -59,6 +61,8 @@ class HostFacts:
     # Why another local user could change what is in the state directory or the cache
     # (dir_safety.py); facts.sh reads no receipt then.
     unsafe: list[str] = field(default_factory=list)
+    # The host's own NCCL, as its loader cache lists it; None: it has none.
+    nccl: HostNccl | None = None
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -76,8 +80,9 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt, then
     `slot K KEY` per server's recorded slot, then `guard LINE` per server the memory guard
     stopped that is stopped still, then the running dockerd's `--default-ulimit` flags and its
-    daemon.json; or, instead of all these, `unsafe WHY` for each reason the state directory or
-    the cache could be changed by another user."""
+    daemon.json, then `nccl PATH RESOLVED` when the host has its own NCCL; or, instead of all
+    these, `unsafe WHY` for each reason the state directory or the cache could be changed by
+    another user."""
     lines = stdout.splitlines()
     if FACTS_HEADER not in lines:
         raise ValueError(f"no facts in the answer: {stdout.strip()[-300:] or 'nothing'}")
@@ -88,8 +93,12 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     dockerd_args: list[str] = []
     daemon_json = ""
     unsafe: list[str] = []
+    nccl: HostNccl | None = None
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
+        if step == NCCL_LINE:
+            nccl = parse_host_nccl(rest)
+            continue
         if step == UNSAFE_LINE:
             unsafe.append(rest)
             continue
@@ -120,6 +129,7 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
         guard_stops,
         daemon_ulimits=daemon_default_ulimits(daemon_json, dockerd_args),
         unsafe=unsafe,
+        nccl=nccl,
     )
 
 

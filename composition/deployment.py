@@ -37,6 +37,7 @@ from stacks.plan.cluster import (
 )
 from stacks.plan.cold_start import cold_start, cold_start_steps, cold_start_table
 from stacks.plan.graph import DeploymentGraph, GraphFacts, plan_graph
+from stacks.plan.nccl import host_nccl_problems, nccl_output, with_host_nccl
 from stacks.plan.server_plan import ServerPlan, per_server
 from stacks.plan.steps import Stdin
 from stacks.settings import Settings
@@ -78,6 +79,8 @@ class Deployment:
             "frontImageDigest": self.front.image_digest,
             "vllmVersion": self.image.facts.apply(lambda facts: facts.get("vllm", "")),
             "rayVersion": self.image.facts.apply(lambda facts: facts.get("ray", "")),
+            # The NCCL the head's server loads (release, path, why that one) and the host's own.
+            "nccl": self.image.facts.apply(nccl_output),
             "executor": first_model.settings.executor,
             "readiness": first.readiness.stdout.apply(lambda out: out.strip()),
             # Per model: what it is, where it runs, its memory share and what it showed once
@@ -169,6 +172,7 @@ def build_deployment(settings: Settings) -> Deployment:
         plan = placed(plan, facts[plan.head.name].slots)
     except ConfigError as error:  # a slot left by removals whose ports collide
         raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
+    plan = _with_host_nccl(plan, facts)
     bundle = scripts_bundle()
     mounts_tokens = {name: facts[name].token(names.mounts_of(name)) for name in facts}
     graph = plan_graph(plan, GraphFacts(bundle.digest, entry_scripts(), mounts_tokens))
@@ -292,6 +296,16 @@ def _warn_hardware(hosts: dict[str, Host]) -> None:
             pulumi.log.warn(warning)
 
     facts.apply(warn)
+
+
+def _with_host_nccl(plan: ClusterPlan, facts: dict[str, HostFacts]) -> ClusterPlan:
+    """vllm.hostNccl: each node's own NCCL from its facts, or every host without one (or with a
+    known-bad release) refused before anything is declared."""
+    found = {name: node_facts.nccl for name, node_facts in facts.items()}
+    problems = host_nccl_problems(plan, found)
+    if problems:
+        raise pulumi.RunError("invalid spark-vllm configuration:\n" + "\n".join(problems))
+    return with_host_nccl(plan, found)
 
 
 def _warn_guard_stops(facts: dict[str, HostFacts]) -> None:

@@ -452,6 +452,25 @@ def _ssh_ports_apart(
     return None
 
 
+# What vllm.hostNccl sets in every Ray and vLLM container (stacks/plan/nccl.py).
+HOST_NCCL_ENV_KEYS = ("VLLM_NCCL_SO_PATH", "LD_PRELOAD")
+
+
+def _host_nccl_owns_its_variables(cfg: StackSchema) -> str | None:
+    """vllm.hostNccl points vLLM and torch at the host's NCCL: env may not point them elsewhere."""
+    if not cfg.vllm.host_nccl:
+        return None
+    for model in fleet_of(cfg):
+        for key in HOST_NCCL_ENV_KEYS:
+            if key in model.settings.env:
+                return (
+                    f"{model.settings_key}.env.{key}: vllm.hostNccl sets it (to the host's NCCL, "
+                    f"mounted in every container); remove it from {model.settings_key}.env, or "
+                    "set vllm.hostNccl: false"
+                )
+    return None
+
+
 def _no_user_overrides(cfg: StackSchema) -> str | None:
     for model in fleet_of(cfg):
         problem = _no_user_overrides_of(model.settings, model.settings_key)
@@ -597,7 +616,7 @@ RULES: tuple[Rule, ...] = (
         "The models are named once: `model.id` and `vllm.tensorParallelSize` (one model on "
         "every host), or `models`; with `models`, `model` keeps only `cacheDir` and `vllm` only "
         "its stack-wide keys (`port`, `listen`, `serverPort`, `masterPort`, `compileCache`, "
-        "`benchmark`).",
+        "`benchmark`, `hostNccl`).",
     ),
     Rule(_model_hosts_exist, "Each of `models[].hosts` names a host, once."),
     Rule(
@@ -628,6 +647,11 @@ RULES: tuple[Rule, ...] = (
         "no `--nnodes`-like flag with executor ray; no flag spark-vllm sets (`--api-key`, "
         "`--port`, `-tp`, ...) nor `--config`, in any spelling vLLM's parser reads; and no "
         "`--kv-cache-memory-bytes` beside `kvCache`.",
+    ),
+    Rule(
+        _host_nccl_owns_its_variables,
+        "With `vllm.hostNccl`, no `env` sets `VLLM_NCCL_SO_PATH` or `LD_PRELOAD` (it points "
+        "them at the host's NCCL).",
     ),
     Rule(
         _cache_apart_from_state,

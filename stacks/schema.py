@@ -622,6 +622,16 @@ class VllmConfig(ServerSettings):
             "each further model takes masterPort + 33 x its slot."
         ),
     )
+    host_nccl: bool = Field(
+        default=False,
+        description=(
+            "true: every Ray and vLLM container loads the host's own NCCL (`libnccl.so.2` of "
+            "the host's libnccl2 package, mounted read-only) instead of the image's; each host "
+            "must have it (`sudo apt install libnccl2`). A pip-bundled NCCL wedged TP=2 on two "
+            "Sparks where the host's build of the same version did not (vllm#42354). false: "
+            "the image's."
+        ),
+    )
 
 
 class ServedModelConfig(ServerSettings):

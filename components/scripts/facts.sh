@@ -10,7 +10,8 @@
 # Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots),
 # "guard LINE" for each container the memory guard stopped that is stopped still, then what
 # the running dockerd gives every container: "dockerd-arg --default-ulimit=V" per such flag and
-# "daemon-json JSON", its config file on one line (JSON strings hold no raw newline).
+# "daemon-json JSON", its config file on one line (JSON strings hold no raw newline); then, when
+# the host has its own NCCL, "nccl PATH RESOLVED".
 set -uo pipefail
 state_dir="$1"
 cache_dir="$2"
@@ -107,4 +108,10 @@ if [ -n "$dockerd_pid" ] && [ -r "/proc/$dockerd_pid/cmdline" ]; then
   done < "/proc/$dockerd_pid/cmdline"
 fi
 [ -r "$daemon_json" ] && echo "daemon-json $(tr -d '\n\r' < "$daemon_json")"
+# The host's own NCCL (vllm.hostNccl mounts it): the loader cache's libnccl.so.2 (Debian's and
+# Ubuntu's libnccl2 put it in /usr/lib/<arch>-linux-gnu) and the file it resolves to, whose name
+# carries the release (stacks/plan/nccl.py reads it).
+nccl="$(PATH="$PATH:/sbin:/usr/sbin" timeout 10 ldconfig -p 2>/dev/null \
+  | awk '$1 == "libnccl.so.2" { print $NF; exit }')"
+[ -n "$nccl" ] && echo "nccl $nccl $(readlink -f "$nccl" 2>/dev/null || echo "$nccl")"
 exit 0

@@ -15,6 +15,7 @@ from stacks.plan.container_paths import (
     CONTAINER_HF_HOME,
     CONTAINER_SCRIPTS_DIR,
 )
+from stacks.plan.nccl import host_nccl_env
 from stacks.plan.server_plan import ServerPlan
 from stacks.plan.sizing import ServerSizing
 
@@ -39,6 +40,7 @@ def node_env(plan: ServerPlan, node: NodePlan) -> dict[str, str]:
         }
     )
     env.update(compile_cache_env())
+    env.update(host_nccl_env(node))  # vllm.hostNccl only
     # vLLM's own wait for its engine core (vllm/envs.py, 0.14.0 on; 600 s by default): never
     # shorter than ours, whatever timeouts.vllmReadySeconds is (its ceiling: a constant, so a
     # change of our wait replaces no container). It bounds the API server's handshake with the

@@ -52,6 +52,9 @@ class NodePlan:
     rdma_hcas: tuple[str, ...]
     gpus: int
     state_dir: str
+    # vllm.hostNccl: the host's libnccl.so.2 as its loader cache lists it (its facts,
+    # stacks/plan/nccl.py with_host_nccl); empty: the containers load the image's NCCL.
+    host_nccl: str = ""
 
     @property
     def is_head(self) -> bool:

@@ -18,6 +18,7 @@ from stacks.plan.container_paths import (
     CONTAINER_API_KEY_DIR,
     CONTAINER_COMPILE_CACHE,
     CONTAINER_HF_HOME,
+    CONTAINER_HOST_NCCL,
     CONTAINER_RAY_DIR,
     CONTAINER_SCRIPTS_DIR,
 )
@@ -515,6 +516,10 @@ def _service(
     if cfg.fabric.firewall:
         labels[FIREWALLED_LABEL] = chain_name(plan.cluster)
         gate = (Mount(firewall_dir(node), CONTAINER_FIREWALL_DIR, read_only=True),)
+    # vllm.hostNccl: the host's NCCL, which node_env points vLLM and torch at.
+    host_nccl = (
+        (Mount(node.host_nccl, CONTAINER_HOST_NCCL, read_only=True),) if node.host_nccl else ()
+    )
     return ContainerSpec(
         name=_service_name(plan, role),
         node=node,
@@ -530,6 +535,7 @@ def _service(
             Mount(node.bin_dir, CONTAINER_SCRIPTS_DIR, read_only=True),
             Mount(node.compile_cache_dir, CONTAINER_COMPILE_CACHE),
             *gate,
+            *host_nccl,
         ),
         labels=tuple(sorted(labels.items())),
         gpus=cfg.docker.request_gpus,

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 from stacks.config import ImageConfig
 from stacks.fleet import ServedModel, ServerSlot
+from stacks.nccl_versions import neutralised
 from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
+from stacks.plan.container_paths import CONTAINER_HOST_NCCL
 from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE, Later
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
@@ -265,6 +267,12 @@ def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepS
     extra_args = [arg for model in fleet for arg in model.settings.extra_args]
     kv_cache = any(model.settings.kv_cache for model in fleet)
     removed = removed_settings(fleet) if node.is_head else []
+    # The known-bad NCCL rows travel in the scripts bundle; the neutralisers every model of
+    # this image sets, and (vllm.hostNccl) the host library to load, only when there are any.
+    neutralisers = neutralised(model.settings.env for model in fleet)
+    host_nccl = (
+        {"host_nccl": node.host_nccl, "nccl_target": CONTAINER_HOST_NCCL} if node.host_nccl else {}
+    )
     return StepSpec(
         name=names.image_facts_of(node.name, stream.component),
         node=node,
@@ -283,6 +291,8 @@ def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepS
             # Only when set: a stack without it keeps the step's command as it was.
             **({"kv_cache": "yes"} if node.is_head and kv_cache else {}),
             **({"removed": json.dumps(removed)} if removed else {}),
+            **({"nccl_env": json.dumps(neutralisers, sort_keys=True)} if neutralisers else {}),
+            **host_nccl,
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),
     )

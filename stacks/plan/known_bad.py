@@ -1,6 +1,7 @@
 """Kernel and NVIDIA driver releases users reported broken for multi-node vLLM on GB10, each with
 its source; preflight refuses a host running one (or warns, with preflight.allowKnownBad).
-A stack adds its own with preflight.knownBad."""
+A stack adds its own with preflight.knownBad. Known-bad NCCL releases are stacks/nccl_versions.py's:
+which NCCL a server loads is known only once the image ran (the image check holds it there)."""
 
 from __future__ import annotations
 

@@ -128,6 +128,7 @@ def test_requirements_under_extras_do_not_count() -> None:
 
 FAKE_DOCKER = """#!/bin/bash
 # docker image inspect --format ... ID | docker run --rm ... -v SRC:DST:ro ... IMAGE DST ARGS...
+# A variable naming a mount's destination (`-e KEY=DST`) is given its source: no mount here.
 case "$1" in
   image) [ -n "${FAKE_NO_IMAGE:-}" ] && exit 1; echo "${FAKE_ARCH}" ;;
   info) echo "${FAKE_SECURITY:-[name=seccomp,profile=builtin]}" ;;
@@ -136,6 +137,7 @@ case "$1" in
     while [ $# -gt 0 ]; do
       case "$1" in
         -v) IFS=: read -r src dst _ <<<"$2"; mounts[$dst]="$src"; shift 2 ;;
+        -e) value="${2#*=}"; export "${2%%=*}=${mounts[$value]:-$value}"; shift 2 ;;
         --entrypoint|--network) shift 2 ;;
         --*) shift ;;
         *) break ;;

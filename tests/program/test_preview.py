@@ -21,6 +21,7 @@ CREATED_OUTPUTS = {
     "frontImageDigest",
     "vllmVersion",
     "rayVersion",
+    "nccl",
     "fabricTransport",
 }
 
