@@ -40,10 +40,12 @@ holds() {
     known-host)
       ssh-keygen -F "$3" -f "$2" >/dev/null 2>&1 || { echo "$2 no longer pins $3"; return 1; } ;;
     authorized)
-      # The key's comment (its last field) is the marker, whole: spark1's is not spark10's.
-      awk -v marker="$2" '$NF == marker { found = 1 } END { exit !found }' \
-        "$HOME/.ssh/authorized_keys" 2>/dev/null \
-        || { echo "the key marked $2 is no longer authorized"; return 1; } ;;
+      # The key's comment (its last field) is the marker, whole: spark1's is not spark10's; with
+      # a third field, the line's first is `from="<it>"` (authorize-key.sh).
+      MARKER="$2" FROM="${3:-}" awk '$NF == ENVIRON["MARKER"] \
+          && (ENVIRON["FROM"] == "" || $1 == "from=\"" ENVIRON["FROM"] "\"") { found = 1 }
+        END { exit !found }' "$HOME/.ssh/authorized_keys" 2>/dev/null \
+        || { echo "the key marked $2 is no longer authorized${3:+ from $3 alone}"; return 1; } ;;
     *) echo "unknown check $1"; return 1 ;;
   esac
 }

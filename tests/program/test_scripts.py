@@ -182,9 +182,11 @@ def test_authorizing_the_head_key_is_idempotent_and_reversible(tmp_path: Path) -
     auth.parent.mkdir()
     auth.write_text("ssh-ed25519 AAAAoperator operator@laptop\n")
     for _ in range(2):
-        run("authorize-key.sh", "add", "--host", "w", "--marker", MARKER,
+        run("authorize-key.sh", "add", "--host", "w", "--marker", MARKER, "--from", "10.0.0.1",
             stdin=HEAD_KEY + "\n", env=env, check=True)  # fmt: skip
-    assert auth.read_text() == f"ssh-ed25519 AAAAoperator operator@laptop\n{HEAD_KEY}\n"
+    assert auth.read_text() == (
+        f'ssh-ed25519 AAAAoperator operator@laptop\nfrom="10.0.0.1" {HEAD_KEY}\n'
+    )
     assert oct(auth.stat().st_mode & 0o777) == "0o600"
     run("authorize-key.sh", "remove", "--host", "w", "--marker", MARKER, env=env, check=True)
     assert auth.read_text() == "ssh-ed25519 AAAAoperator operator@laptop\n"
@@ -664,6 +666,27 @@ def test_receipts_hold_until_what_they_check_changes(host_tmp: Path) -> None:
     assert found["s-mounts"] == f"- {bound} was removed or recreated"
     assert found["s-key"] == "t3"
     assert found["s-fetch"] == f"- model org/tiny: {COMMIT} 1 2 (was {COMMIT} 2 66)"
+
+
+def test_the_fabric_key_receipt_holds_only_while_its_from_is_there(
+    host_tmp: Path, tmp_path: Path
+) -> None:
+    """The authorize step's check (stacks/plan/fabric.py): its line, with `from=` the plan's
+    addresses; the same key authorized from anywhere (an older release's line) is drift."""
+    auth = tmp_path / ".ssh" / "authorized_keys"
+    auth.parent.mkdir()
+    state = host_tmp / "state"
+    receipt(state, "s-authorize", "t1", f"authorized|{MARKER}|10.0.0.1,10.0.0.3")
+    receipt(state, "s-older", "t2", f"authorized|{MARKER}")
+    home = {"HOME": str(tmp_path)}
+    auth.write_text(f'from="10.0.0.1,10.0.0.3" {HEAD_KEY}\n')
+    assert facts(state, env=home) == {"s-authorize": "t1", "s-older": "t2"}
+    auth.write_text(f"{HEAD_KEY}\n")
+    assert facts(state, env=home) == {
+        "s-authorize": f"- the key marked {MARKER} is no longer authorized "
+        "from 10.0.0.1,10.0.0.3 alone",
+        "s-older": "t2",
+    }
 
 
 def test_a_removed_state_dir_has_no_receipts(host_tmp: Path) -> None:
