@@ -163,6 +163,22 @@ def test_manifest_rejects_dangling_links(tmp_path: Path) -> None:
     assert "dangling links" in done.stderr and "likely cause: an interrupted" in done.stderr
 
 
+@pytest.mark.parametrize("planted", ["../../../elsewhere", f"{COMMIT}/../x", COMMIT.upper(), ""])
+def test_manifest_refuses_a_refs_file_that_is_no_commit(tmp_path: Path, planted: str) -> None:
+    """refs/<revision> would be joined to snapshots/ as is: a planted `../..` names another
+    directory, which would then be counted, recorded and copied as the model's snapshot."""
+    snapshot = make_snapshot(tmp_path, {"config.json": b"{}", "model.safetensors": b"x"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.safetensors").write_bytes(b"not the model")
+    ref = snapshot.parents[1] / "refs" / "main"
+    ref.write_text(planted)
+    done = manifest(tmp_path)
+    assert done.returncode == 1
+    assert f"hf-manifest: {ref} holds '{planted}', not a commit" in done.stderr
+    assert "likely cause: something other than the hub client wrote the refs file" in done.stderr
+
+
 def test_manifest_names_a_missing_snapshot(tmp_path: Path) -> None:
     done = manifest(tmp_path)
     assert done.returncode == 1
