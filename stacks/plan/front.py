@@ -96,6 +96,14 @@ H1_ONLY = "proto h1"
 # (the 401 comes once its headers are in) holds a connection that long at most.
 IDLE_SECONDS = 3600
 HEADERS_SECONDS = 10
+# A reload (a key added, changed or revoked) leaves the previous workers serving what they hold:
+# a request in flight, a stream, and then its connection, checked against the keys they loaded.
+# HAProxy closes their idle kept-alive connections at once, and a busy one once its request is
+# answered (configuration manual 2.6, `close-spread-time` unset), but a stream runs on for as
+# long as it lasts, its key revoked or not. `hard-stop-after` ends the previous workers, and
+# every connection they still hold, this long after the reload: a revoked key's last stream ends
+# within it, and so does any other stream longer than that which is under way at a reload.
+RELOAD_DRAIN_SECONDS = 300
 
 
 def front_bind(plan: ClusterPlan) -> str:
@@ -215,6 +223,7 @@ def router_config(
     handover: str | None = None,
     body_lua: str | None = None,
     handover_cert: str | None = None,
+    drain_seconds: int = RELOAD_DRAIN_SECONDS,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -230,7 +239,8 @@ def router_config(
     local peer's address) and `handover_cert` (its key pair), a reload keeps the keys'
     table, over TLS (HANDOVER_PEERS). Several routes need `body_lua`
     (front_body.BODY_LUA's path): a body whose `model` the front and vLLM could
-    read differently is refused before it is routed. HTTP/1.1 only (H1_ONLY)."""
+    read differently is refused before it is routed. HTTP/1.1 only (H1_ONLY). A reload ends
+    the previous workers' connections within `drain_seconds` (RELOAD_DRAIN_SECONDS)."""
     unauthorized = haproxy_string(UNAUTHORIZED_BODY)
     unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
         "MODEL", "%[var(txn.model),json(utf8s)]"
@@ -261,6 +271,7 @@ def router_config(
         "    uid 65534",
         "    gid 65534",
         "    log stdout format raw local0 notice",
+        f"    hard-stop-after {drain_seconds}s",
         "defaults",
         "    mode http",
         "    log global",

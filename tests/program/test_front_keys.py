@@ -29,6 +29,7 @@ from stacks.plan.front import (
     HANDOVER_CERT_NAME,
     HANDOVER_PEERS,
     KEY_METRICS_PATH,
+    RELOAD_DRAIN_SECONDS,
     Key,
     Route,
     handover_address,
@@ -158,7 +159,22 @@ def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
     assert "peer" not in bare
 
 
+def test_a_reload_bounds_what_the_previous_workers_hold() -> None:
+    """`hard-stop-after` in `global`, for every front, keys or not: a reload for any change
+    (a key revoked among them) ends the previous workers within RELOAD_DRAIN_SECONDS."""
+    for keys in ((), KEYS):
+        lines = config(keys).splitlines()
+        bound = lines.index(f"    hard-stop-after {RELOAD_DRAIN_SECONDS}s")
+        assert lines.index("global") < bound < lines.index("defaults")
+
+
 # --- the real HAProxy -------------------------------------------------------------------------
+
+
+# A reload's bound on the previous workers in these tests (RELOAD_DRAIN_SECONDS in a stack), and
+# how long a stand-in's stream would run without it.
+DRAIN_SECONDS = 2
+STREAM_SECONDS = 30
 
 
 def model_server(name: str) -> ThreadingHTTPServer:
@@ -173,14 +189,35 @@ def model_server(name: str) -> ThreadingHTTPServer:
 
         def answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(length)
+            asked = self.rfile.read(length)
             admitted = self.headers.get("Authorization") == f"Bearer {OPERATOR}"
+            if admitted and b'"stream": true' in asked:
+                self.stream()
+                return
             body = json.dumps({"served_by": name} if admitted else {"error": "vLLM's 401"})
             self.send_response(200 if admitted else 401)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body.encode())
+
+        def stream(self) -> None:
+            """A generation that goes on (an event every 0.2 s, for STREAM_SECONDS at most)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            event = f"data: {name}\n\n".encode()
+            chunk = f"{len(event):x}\r\n".encode() + event + b"\r\n"
+            deadline = time.monotonic() + STREAM_SECONDS
+            try:
+                while time.monotonic() < deadline:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                pass  # the front closed it
 
         do_GET = do_POST = answer
 
@@ -264,6 +301,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
                 handover=handover_address(metrics),
                 body_lua=str(files / BODY_LUA_NAME),
                 handover_cert=str(secrets / HANDOVER_CERT_NAME),
+                drain_seconds=DRAIN_SECONDS,
             )
         )
         # -dW: any warning fails the check (on 3.2, the Lua one the conditional block avoids).
@@ -406,6 +444,64 @@ def test_a_key_revoked_by_a_reload_is_refused_and_no_other_request_fails(front: 
     for client in clients:
         client.join(timeout=10)
     assert failures == [] and served[0] > 10
+
+
+def keyed_connection(front: Front, key: str, stream: bool) -> socket.socket:
+    """A kept-alive connection that made one request with `key`: answered whole (idle now), or
+    with `stream`, a stream under way (its first event read)."""
+    host, port = urllib.parse.urlsplit(front.url).netloc.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    body = json.dumps({"model": "beta", "prompt": "hi", "stream": stream}).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: front\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    seen = b""
+    while b"served_by" not in seen and b"data: beta" not in seen:
+        got = sock.recv(65536)
+        assert got, f"the front closed the connection: {seen!r}"
+        seen += got
+    assert seen.startswith(b"HTTP/1.1 200"), seen
+    return sock
+
+
+def seconds_until_closed(sock: socket.socket, within: float) -> float:
+    """How long until the front closes `sock` (what it sends meanwhile is read and dropped);
+    fails past `within` seconds."""
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - started < within:
+        try:
+            if sock.recv(65536) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except OSError:  # reset: closed too
+            return time.monotonic() - started
+    raise AssertionError(f"the connection is still open {within} s after the reload")
+
+
+def test_a_revoked_keys_open_connections_end_within_the_reloads_bound(front: Front) -> None:
+    """After a reload that revokes alice, the previous workers still hold her connections,
+    checked against the keys they loaded: an idle kept-alive one is closed at once, and a
+    stream under way ends within the bound (`hard-stop-after`), not when it finishes."""
+    with (
+        keyed_connection(front, VALUES["alice"], stream=False) as idle,
+        keyed_connection(front, OPERATOR, stream=True) as streaming,
+    ):
+        # The stand-in streams for the operator's key (vLLM's own check): alice's stream is
+        # one the front admitted with her key, carried on with the operator's.
+        with keyed_connection(front, VALUES["alice"], stream=True) as hers:
+            kept = tuple(key for key in KEYS if key.name != "alice")
+            front.write(kept, VALUES)
+            front.master.send_signal(signal.SIGUSR2)  # what front-reload.sh sends the container
+            assert seconds_until_closed(idle, within=2) < 2
+            ended = seconds_until_closed(hers, within=DRAIN_SECONDS + 3)
+            assert ended >= DRAIN_SECONDS - 1, ended  # the stream ran on until the bound
+        # The bound is the previous workers': every stream they held ends with it.
+        assert seconds_until_closed(streaming, within=2) < 2
+    assert call(front.url, VALUES["alice"], "beta").status == 401
 
 
 def master_cli(front: Front, command: str) -> str:
