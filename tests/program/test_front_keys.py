@@ -28,6 +28,7 @@ from stacks.plan import monitoring
 from stacks.plan.front import (
     HANDOVER_CERT_NAME,
     HANDOVER_PEERS,
+    KEY_ENTRY_LENGTH,
     KEY_METRICS_PATH,
     RELOAD_DRAIN_SECONDS,
     Key,
@@ -40,6 +41,7 @@ from stacks.plan.front import (
     router_config,
 )
 from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME
+from stacks.settings import key_entry, keys_map
 from tests.program.conftest import ConfigFactory
 from tests.program.planning import plan_of
 from tests.program.ports import free_port
@@ -115,7 +117,7 @@ def test_the_configuration_names_keys_never_their_values() -> None:
         text
     )
     assert "unless has_key || named_key" in text
-    assert "acl key_1 var(txn.key) -m str bob" in text
+    assert "acl key_1 var(txn.key) -m beg bob." in text  # its entry: name, then its tag
     assert "hdr retry-after 60" in text and "sc_http_req_rate(1) gt 3" in text
     assert text.count("status 429") == 1  # bob alone has a limit
     assert "file /f/models-alice.json if METH_GET { path /v1/models } key_0" in text
@@ -144,7 +146,7 @@ def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
     assert lines[section + 2] == f"    default-server {tls}"
     assert lines[section + 3] == "    server front"
     assert lines[section + 4] == "backend keys"
-    assert lines[section + 5].startswith("    stick-table type string len 32 ")
+    assert lines[section + 5].startswith("    stick-table type string len 48 ")
     assert lines[section + 5].endswith(" peers handover")
     with pytest.raises(ValueError, match="TLS only"):
         router_config(
@@ -157,6 +159,19 @@ def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
         body_lua="/f/body.lua",
     )  # fmt: skip
     assert "peer" not in bare
+
+
+def test_a_keys_entry_is_its_name_and_a_tag_of_its_value() -> None:
+    """What the table counts a key under (stacks/settings.py key_entry): a new value under the
+    same name is a new entry; the same value, the same entry; the longest name's entry fits
+    the table's entries (KEY_ENTRY_LENGTH); the map holds it beside the value."""
+    alice = key_entry("alice", VALUES["alice"])
+    assert alice.startswith("alice.") and VALUES["alice"] not in alice
+    assert key_entry("alice", VALUES["alice"]) == alice
+    assert key_entry("alice", "alice-key-reissued-9d2f4b6a8c0e1f3a") != alice
+    assert key_entry("alice", VALUES["bob"]).split(".")[1] == key_entry("bob", VALUES["bob"])[4:]
+    assert len(key_entry("a" * 32, VALUES["alice"])) <= KEY_ENTRY_LENGTH
+    assert keys_map([("alice", VALUES["alice"])]) == f"{VALUES['alice']} {alice}\n"
 
 
 def test_a_reload_bounds_what_the_previous_workers_hold() -> None:
@@ -217,7 +232,7 @@ def model_server(name: str) -> ThreadingHTTPServer:
                     time.sleep(0.2)
                 self.wfile.write(b"0\r\n\r\n")
             except OSError:
-                pass  # the front closed it
+                self.close_connection = True  # the front closed it: nothing more to read
 
         do_GET = do_POST = answer
 
@@ -275,12 +290,12 @@ def front(tmp_path: Path) -> Iterator[Front]:
 
     def write(keys: tuple[Key, ...], values: dict[str, str]) -> None:
         # The maps and the handover's key pair as the head's step writes them.
-        text = "".join(f"{values[k.name]} {k.name}\n" for k in keys)
+        text = keys_map([(k.name, values[k.name]) for k in keys])
         run(
             "front-keys-file.sh", "write", "--host", "h", "--file", str(secrets / "keys.map"),
             stdin=f"{OPERATOR}\n{text}", check=True,
         )  # fmt: skip
-        (files / "keys.lua").write_text(keys_lua(keys))
+        (files / "keys.lua").write_text(keys_lua(keys, str(secrets / "keys.map")))
         (files / BODY_LUA_NAME).write_text(BODY_LUA)
         (files / "models.json").write_text(models_document(served))
         for key in keys:
@@ -575,6 +590,30 @@ def test_a_keys_counters_and_its_refusals_survive_a_reload(front: Front) -> None
     assert refused.status == 429 and refused.headers["retry-after"] == "60"
     assert key_metrics(front)[("spark_vllm_key_requests_total", "bob")] == 5
     assert call(front.url, carol, "alpha").status == 200
+
+
+def test_a_new_key_under_a_revoked_keys_name_starts_at_zero(front: Front) -> None:
+    """bob is past his rate; his key is revoked, then the name given to a new key: the table
+    (handed over at each reload) still holds the old key's entry, but the new key counts under
+    an entry of its own (stacks/settings.py key_entry): no 429 it never earned, no requests it
+    never made in the metrics. The old key, given again, is refused."""
+    old_bob = VALUES["bob"]
+    assert [call(front.url, old_bob, "alpha").status for _ in range(4)] == [200, 200, 200, 429]
+    wait_until_it_can_hand_over(front)
+    without_bob = tuple(key for key in KEYS if key.name != "bob")
+    front.write(without_bob, VALUES)
+    front.master.send_signal(signal.SIGUSR2)
+    wait_until_reloaded(front, 1)
+    assert call(front.url, old_bob, "alpha").status == 401
+    wait_until_it_can_hand_over(front)
+    new_bob = "bob-key-reissued-2c8f0e4a6d1b3f7e9a5c"
+    front.write(KEYS, {**VALUES, "bob": new_bob})
+    front.master.send_signal(signal.SIGUSR2)
+    wait_until_reloaded(front, 2)
+    assert [call(front.url, new_bob, "alpha").status for _ in range(3)] == [200, 200, 200]
+    assert key_metrics(front)[("spark_vllm_key_requests_total", "bob")] == 3
+    assert call(front.url, new_bob, "alpha").status == 429  # his own rate, counted afresh
+    assert call(front.url, old_bob, "alpha").status == 401
 
 
 def test_prometheus_reads_each_keys_counters_with_the_planned_job(
