@@ -42,6 +42,9 @@ GUARD_LINE = "guard"  # "guard LINE": the memory guard's stop of a container sto
 DOCKERD_ARG_LINE = "dockerd-arg"  # "dockerd-arg --default-ulimit=V": the running daemon's flag
 DAEMON_JSON_LINE = "daemon-json"  # "daemon-json JSON": its config file, on one line
 UNSAFE_LINE = "unsafe"  # "unsafe WHY": another user could change the state or the cache
+# "key-label NAME VALUE": a container's API_KEY_HASH_LABEL (stacks/plan/containers.py
+# secret_label keeps an earlier release's value while the key is the same)
+KEY_LABEL_LINE = "key-label"
 
 
 @dataclass
@@ -59,6 +62,8 @@ class HostFacts:
     # Why another local user could change what is in the state directory or the cache
     # (dir_safety.py); facts.sh reads no receipt then.
     unsafe: list[str] = field(default_factory=list)
+    # Each container's key label on the host (container name -> the label's value).
+    key_labels: dict[str, str] = field(default_factory=dict)
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -75,9 +80,10 @@ class HostFacts:
 def parse_facts(host: str, stdout: str) -> HostFacts:
     """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt, then
     `slot K KEY` per server's recorded slot, then `guard LINE` per server the memory guard
-    stopped that is stopped still, then the running dockerd's `--default-ulimit` flags and its
-    daemon.json; or, instead of all these, `unsafe WHY` for each reason the state directory or
-    the cache could be changed by another user."""
+    stopped that is stopped still, then `key-label NAME VALUE` per container with a key label,
+    then the running dockerd's `--default-ulimit` flags and its daemon.json; or, instead of all
+    these, `unsafe WHY` for each reason the state directory or the cache could be changed by
+    another user."""
     lines = stdout.splitlines()
     if FACTS_HEADER not in lines:
         raise ValueError(f"no facts in the answer: {stdout.strip()[-300:] or 'nothing'}")
@@ -88,10 +94,16 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     dockerd_args: list[str] = []
     daemon_json = ""
     unsafe: list[str] = []
+    key_labels: dict[str, str] = {}
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
         if step == UNSAFE_LINE:
             unsafe.append(rest)
+            continue
+        if step == KEY_LABEL_LINE:
+            name, _, value = rest.partition(" ")
+            if name and value:
+                key_labels[name] = value
             continue
         if step == GUARD_LINE:
             guard_stops.append(rest)
@@ -120,6 +132,7 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
         guard_stops,
         daemon_ulimits=daemon_default_ulimits(daemon_json, dockerd_args),
         unsafe=unsafe,
+        key_labels=key_labels,
     )
 
 

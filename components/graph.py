@@ -20,7 +20,7 @@ from pulumi_command import remote
 from components.containers import service_container
 from components.steps import StepHost, host_step
 from stacks.plan.cluster import ClusterPlan
-from stacks.plan.containers import ContainerSpec, with_daemon_ulimits
+from stacks.plan.containers import ContainerSpec, secret_label, with_daemon_ulimits
 from stacks.plan.graph import DeploymentGraph, Planned, Source, later_sources
 from stacks.plan.image import ImagePull, is_pinned, unpinned_warning
 from stacks.plan.later import Later, consumed
@@ -142,11 +142,18 @@ class Walk:
         id_labels: list[tuple[str, pulumi.Input[str]]] = [
             (label, self._ids(names)) for label, names in entry.id_labels
         ]
+        host = self.hosts[entry.node]
+        running = host.facts.key_labels.get(spec.name)
+        deployment = self.plan.deployment_id
         id_labels += [
-            (label, pulumi.Output.from_input(self._stdin[secret]).apply(_hash))
+            (
+                label,
+                pulumi.Output.from_input(self._stdin[secret]).apply(
+                    lambda value: secret_label(value, deployment, running)
+                ),
+            )
             for label, secret in entry.secret_labels
         ]
-        host = self.hosts[entry.node]
         # What the provider's read after the create will find: dockerd's defaults merged in.
         daemon_ulimits = with_daemon_ulimits(spec.ulimits, host.facts.daemon_ulimits)
         return service_container(
@@ -202,7 +209,7 @@ def _joined(ids: list[str]) -> str:
 
 
 def _hash(value: str) -> str:
-    """A secret's label: its hash, never the secret (still marked secret in the state)."""
+    """A secret's trigger: its hash, never the secret (marked secret in the state)."""
     return hashlib.sha256(value.encode()).hexdigest()[:16] if value else "none"
 
 

@@ -8,9 +8,10 @@
 # per receipt (receipt.sh): "STEP TOKEN" when every
 # check recorded with it still holds, "STEP - WHY" when one does not. Every check is bounded.
 # Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots),
-# "guard LINE" for each container the memory guard stopped that is stopped still, then what
-# the running dockerd gives every container: "dockerd-arg --default-ulimit=V" per such flag and
-# "daemon-json JSON", its config file on one line (JSON strings hold no raw newline).
+# "guard LINE" for each container the memory guard stopped that is stopped still,
+# "key-label NAME VALUE" for each container with a key label, then what the running dockerd
+# gives every container: "dockerd-arg --default-ulimit=V" per such flag and "daemon-json JSON",
+# its config file on one line (JSON strings hold no raw newline).
 set -uo pipefail
 state_dir="$1"
 cache_dir="$2"
@@ -94,6 +95,11 @@ if [ -n "$guard" ]; then
       [ "$running" = false ] && echo "guard $line"
     done
 fi
+# Each container's key label (stacks/plan/containers.py API_KEY_HASH_LABEL and secret_label: an
+# earlier release's value is kept while the key is the same, so an upgrade replaces nothing).
+timeout 10 docker ps -a --filter label=spark-vllm.api-key-sha256 \
+    --format '{{.Names}} {{.Label "spark-vllm.api-key-sha256"}}' 2>/dev/null \
+  | while read -r name value; do [ -n "$value" ] && echo "key-label $name $value"; done
 # What dockerd adds to every container (default-ulimits): its command line and its config file.
 dockerd_pid="$(cat /run/docker.pid 2>/dev/null || pgrep -xo dockerd 2>/dev/null)"
 daemon_json=/etc/docker/daemon.json
