@@ -45,6 +45,7 @@ UNSAFE_LINE = "unsafe"  # "unsafe WHY": another user could change the state or t
 # "key-label NAME VALUE": a container's API_KEY_HASH_LABEL (stacks/plan/containers.py
 # secret_label keeps an earlier release's value while the key is the same)
 KEY_LABEL_LINE = "key-label"
+KEY_LABEL_ERROR_LINE = "key-label-error"  # "key-label-error WHY": Docker did not list them
 
 
 @dataclass
@@ -64,6 +65,7 @@ class HostFacts:
     unsafe: list[str] = field(default_factory=list)
     # Each container's key label on the host (container name -> the label's value).
     key_labels: dict[str, str] = field(default_factory=dict)
+    key_labels_unread: str = ""  # why they could not be listed ("": they were)
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -95,10 +97,14 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     daemon_json = ""
     unsafe: list[str] = []
     key_labels: dict[str, str] = {}
+    key_labels_unread = ""
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
         if step == UNSAFE_LINE:
             unsafe.append(rest)
+            continue
+        if step == KEY_LABEL_ERROR_LINE:
+            key_labels_unread = rest
             continue
         if step == KEY_LABEL_LINE:
             name, _, value = rest.partition(" ")
@@ -133,6 +139,7 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
         daemon_ulimits=daemon_default_ulimits(daemon_json, dockerd_args),
         unsafe=unsafe,
         key_labels=key_labels,
+        key_labels_unread=key_labels_unread,
     )
 
 

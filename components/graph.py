@@ -143,6 +143,15 @@ class Walk:
             (label, self._ids(names)) for label, names in entry.id_labels
         ]
         host = self.hosts[entry.node]
+        if entry.secret_labels and host.facts.key_labels_unread:
+            # Without the running label an earlier release's would be replaced, and with it
+            # the container (secret_label).
+            raise pulumi.RunError(
+                f"spark-vllm: {entry.node}: facts: cannot list the containers' key labels "
+                f"({host.facts.key_labels_unread}), so {spec.name}'s could not be kept\n"
+                f"  likely cause: Docker on {entry.node} did not answer, or the SSH user is not "
+                "in the docker group; run pulumi again once `docker ps` answers there"
+            )
         running = host.facts.key_labels.get(spec.name)
         deployment = self.plan.deployment_id
         id_labels += [

@@ -97,9 +97,17 @@ if [ -n "$guard" ]; then
 fi
 # Each container's key label (stacks/plan/containers.py API_KEY_HASH_LABEL and secret_label: an
 # earlier release's value is kept while the key is the same, so an upgrade replaces nothing).
-timeout 10 docker ps -a --filter label=spark-vllm.api-key-sha256 \
-    --format '{{.Names}} {{.Label "spark-vllm.api-key-sha256"}}' 2>/dev/null \
-  | while read -r name value; do [ -n "$value" ] && echo "key-label $name $value"; done
+# A host without Docker has none; one whose Docker does not answer says why.
+if command -v docker >/dev/null; then
+  if listed="$(timeout 20 docker ps -a --filter label=spark-vllm.api-key-sha256 \
+      --format '{{.Names}} {{.Label "spark-vllm.api-key-sha256"}}' 2>&1)"; then
+    while read -r name value; do
+      [ -n "$value" ] && echo "key-label $name $value"
+    done <<<"$listed"
+  else
+    echo "key-label-error docker ps: $(tail -n 2 <<<"${listed:-no answer within 20 s}" | paste -sd ' ' -)"
+  fi
+fi
 # What dockerd adds to every container (default-ulimits): its command line and its config file.
 dockerd_pid="$(cat /run/docker.pid 2>/dev/null || pgrep -xo dockerd 2>/dev/null)"
 daemon_json=/etc/docker/daemon.json

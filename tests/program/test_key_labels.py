@@ -59,11 +59,11 @@ def test_two_deployments_with_one_key_have_labels_unlike() -> None:
 
 class EarlierRelease(FakeHosts):
     """Hosts where every container of `names` runs with the label `value` (facts.sh's
-    `key-label` lines)."""
+    `key-label` lines), or, with `lines`, that answer those."""
 
-    def __init__(self, names: list[str], value: str) -> None:
+    def __init__(self, names: list[str], value: str, lines: str = "") -> None:
         super().__init__()
-        self.lines = "".join(f"key-label {name} {value}\n" for name in names)
+        self.lines = lines or "".join(f"key-label {name} {value}\n" for name in names)
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
         answer, more = super().call(args)
@@ -118,3 +118,37 @@ def test_facts_read_each_containers_key_label(host_tmp: Path) -> None:
         "spark-vllm-front": "0123456789abcdef",
         "spark-vllm-vllm": "fedcba9876543210",
     }
+
+
+def test_labels_docker_could_not_list_stop_the_run(make_config: ConfigFactory) -> None:
+    """Not knowing the running label, the program would give a new one, and replace every
+    server of an earlier release: it stops, naming the host and why."""
+    unread = EarlierRelease([], "", lines="key-label-error docker ps: permission denied\n")
+    with pytest.raises(Exception, match="cannot list the containers' key labels") as caught:
+        evaluate(make_config(hosts=2), SECRETS, mocks=unread)
+    assert "(docker ps: permission denied)" in str(caught.value)
+    assert "likely cause: Docker on spark1 did not answer" in str(caught.value)
+
+
+FAILING_DOCKER_PS = """#!/usr/bin/env bash
+echo "permission denied while trying to connect to the Docker daemon socket" >&2
+exit 1
+"""
+
+
+def test_facts_say_why_docker_did_not_list_them(host_tmp: Path) -> None:
+    env = fake_bin(host_tmp, docker=FAILING_DOCKER_PS)
+    done = subprocess.run(
+        ["bash", "-s", "--", str(host_tmp / "state"), str(host_tmp / "hf")],
+        input=facts_script(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0, done.stderr
+    found = parse_facts("spark1", done.stdout)
+    assert found.key_labels == {}
+    assert found.key_labels_unread == (
+        "docker ps: permission denied while trying to connect to the Docker daemon socket"
+    )

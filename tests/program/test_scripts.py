@@ -646,12 +646,13 @@ def facts(state_dir: Path, *guard: str, env: dict[str, str] | None = None) -> di
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "spark-vllm-facts 1"
-    # What this machine's own dockerd is given is for the test below, not these.
-    lines = [line for line in lines[1:] if not line.startswith(DOCKERD_LINES)]
+    # What this machine's own Docker holds and is given is for the tests of it, not these.
+    lines = [line for line in lines[1:] if not line.startswith((*DOCKERD_LINES, *LABEL_LINES))]
     return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in lines}
 
 
 DOCKERD_LINES = ("dockerd-arg ", "daemon-json ")
+LABEL_LINES = ("key-label ", "key-label-error ")  # tests/program/test_key_labels.py
 
 
 def receipt(state_dir: Path, step: str, token: str, *checks: str) -> None:
