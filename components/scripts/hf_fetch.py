@@ -57,7 +57,8 @@ def cached_ref(model: str, revision: str) -> str:
 
     ref = Path(HF_HUB_CACHE) / f"models--{model.replace('/', '--')}" / "refs" / revision
     try:
-        text = ref.read_bytes()[:200].decode(errors="replace")
+        with ref.open("rb") as file:
+            text = file.read(200).decode(errors="replace")
     except OSError:
         return ""
     return ref_commit(f"refs/{revision} of {model} in the HF cache", text)
