@@ -43,7 +43,9 @@ GUARD_LINE = "guard"  # "guard LINE": the memory guard's stop of a container sto
 DOCKERD_ARG_LINE = "dockerd-arg"  # "dockerd-arg --default-ulimit=V": the running daemon's flag
 DAEMON_JSON_LINE = "daemon-json"  # "daemon-json JSON": its config file, on one line
 UNSAFE_LINE = "unsafe"  # "unsafe WHY": another user could change the state or the cache
-NCCL_LINE = "nccl"  # "nccl PATH RESOLVED": the host's own libnccl.so.2 (vllm.hostNccl)
+    stopped that is stopped still, then `key-label NAME VALUE` per container with a key label,
+    then the running dockerd's `--default-ulimit` flags and its daemon.json, then
+    `nccl PATH RESOLVED` when the host has its own NCCL; or, instead of all
 
 
 @dataclass
@@ -63,6 +65,9 @@ class HostFacts:
     unsafe: list[str] = field(default_factory=list)
     # The host's own NCCL, as its loader cache lists it; None: it has none.
     nccl: HostNccl | None = None
+    # Each container's key label on the host (container name -> the label's value).
+    key_labels: dict[str, str] = field(default_factory=dict)
+    key_labels_unread: str = ""  # why they could not be listed ("": they were)
     _fresh: dict[str, str] = field(default_factory=dict)
 
     def token(self, step: str) -> str:
@@ -79,8 +84,9 @@ class HostFacts:
 def parse_facts(host: str, stdout: str) -> HostFacts:
     """facts.sh's answer: the header, then `STEP TOKEN` or `STEP - WHY` per receipt, then
     `slot K KEY` per server's recorded slot, then `guard LINE` per server the memory guard
-    stopped that is stopped still, then the running dockerd's `--default-ulimit` flags and its
-    daemon.json, then `nccl PATH RESOLVED` when the host has its own NCCL; or, instead of all
+    stopped that is stopped still, then `key-label NAME VALUE` per container with a key label,
+    then the running dockerd's `--default-ulimit` flags and its daemon.json, then
+    `nccl PATH RESOLVED` when the host has its own NCCL; or, instead of all
     these, `unsafe WHY` for each reason the state directory or the cache could be changed by
     another user."""
     lines = stdout.splitlines()
@@ -94,6 +100,8 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     daemon_json = ""
     unsafe: list[str] = []
     nccl: HostNccl | None = None
+    key_labels: dict[str, str] = {}
+    key_labels_unread = ""
     for line in lines[lines.index(FACTS_HEADER) + 1 :]:
         step, _, rest = line.partition(" ")
         if step == NCCL_LINE:
@@ -101,6 +109,14 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
             continue
         if step == UNSAFE_LINE:
             unsafe.append(rest)
+            continue
+        if step == KEY_LABEL_ERROR_LINE:
+            key_labels_unread = rest
+            continue
+        if step == KEY_LABEL_LINE:
+            name, _, value = rest.partition(" ")
+            if name and value:
+                key_labels[name] = value
             continue
         if step == GUARD_LINE:
             guard_stops.append(rest)
@@ -130,6 +146,8 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
         daemon_ulimits=daemon_default_ulimits(daemon_json, dockerd_args),
         unsafe=unsafe,
         nccl=nccl,
+        key_labels=key_labels,
+        key_labels_unread=key_labels_unread,
     )
 
 

@@ -20,7 +20,7 @@ from pulumi_command import remote
 from components.containers import service_container
 from components.steps import StepHost, host_step
 from stacks.plan.cluster import ClusterPlan
-from stacks.plan.containers import ContainerSpec, with_daemon_ulimits
+from stacks.plan.containers import ContainerSpec, secret_label, with_daemon_ulimits
 from stacks.plan.graph import DeploymentGraph, Planned, Source, later_sources
 from stacks.plan.image import ImagePull, is_pinned, unpinned_warning
 from stacks.plan.later import Later, consumed
@@ -142,11 +142,27 @@ class Walk:
         id_labels: list[tuple[str, pulumi.Input[str]]] = [
             (label, self._ids(names)) for label, names in entry.id_labels
         ]
+        host = self.hosts[entry.node]
+        if entry.secret_labels and host.facts.key_labels_unread:
+            # Without the running label an earlier release's would be replaced, and with it
+            # the container (secret_label).
+            raise pulumi.RunError(
+                f"spark-vllm: {entry.node}: facts: cannot list the containers' key labels "
+                f"({host.facts.key_labels_unread}), so {spec.name}'s could not be kept\n"
+                f"  likely cause: Docker on {entry.node} did not answer, or the SSH user is not "
+                "in the docker group; run pulumi again once `docker ps` answers there"
+            )
+        running = host.facts.key_labels.get(spec.name)
+        deployment = self.plan.deployment_id
         id_labels += [
-            (label, pulumi.Output.from_input(self._stdin[secret]).apply(_hash))
+            (
+                label,
+                pulumi.Output.from_input(self._stdin[secret]).apply(
+                    lambda value: secret_label(value, deployment, running)
+                ),
+            )
             for label, secret in entry.secret_labels
         ]
-        host = self.hosts[entry.node]
         # What the provider's read after the create will find: dockerd's defaults merged in.
         daemon_ulimits = with_daemon_ulimits(spec.ulimits, host.facts.daemon_ulimits)
         return service_container(
@@ -202,7 +218,7 @@ def _joined(ids: list[str]) -> str:
 
 
 def _hash(value: str) -> str:
-    """A secret's label: its hash, never the secret (still marked secret in the state)."""
+    """A secret's trigger: its hash, never the secret (marked secret in the state)."""
     return hashlib.sha256(value.encode()).hexdigest()[:16] if value else "none"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -29,7 +30,7 @@ class Settings:
     hf_token: pulumi.Output[str] | None  # None: not set (models that are not gated)
     api_key: pulumi.Output[str]
     # What the front-keys step reads: the operator's key on a line, then the named keys' map
-    # (stacks/plan/front.py KEYS_MAP_NAME: one `<key> <name>` line each). A secret.
+    # (stacks/plan/front.py KEYS_MAP_NAME: one `<key> <entry>` line each, keys_map). A secret.
     user_keys: pulumi.Output[str]
     ssh_auth: SshAuth
     known_hosts: Path | None  # ssh.knownHostsFile, expanded; it exists
@@ -108,10 +109,25 @@ def _user_keys(
     return found, problems
 
 
+# A named key's entry in the front's table is its name, this separator (no name holds it:
+# NAME_PATTERN) and KEY_TAG_DIGITS hex digits of its value's sha256 (key_entry).
+KEY_ENTRY_SEPARATOR = "."
+KEY_TAG_DIGITS = 12
+
+
+def key_entry(name: str, value: str) -> str:
+    """What the front counts a named key's requests under (stacks/plan/front.py KEYS_TABLE): its
+    name and a tag of its value, so that a new key given a revoked key's name starts at zero
+    rather than with the counters and the rate the table kept for the old one. The tag is
+    written only beside the value itself (the map file), and lives in the front's memory."""
+    tag = hashlib.sha256(value.encode()).hexdigest()[:KEY_TAG_DIGITS]
+    return f"{name}{KEY_ENTRY_SEPARATOR}{tag}"
+
+
 def keys_map(keys: list[tuple[str, str]]) -> str:
-    """HAProxy's map file of the named keys: `<key> <name>` per line (a map's key is its first
-    word: a bearer token has no space)."""
-    return "".join(f"{value} {name}\n" for name, value in keys)
+    """HAProxy's map file of the named keys: `<key> <entry>` per line (a map's key is its first
+    word: a bearer token has no space; the entry: key_entry)."""
+    return "".join(f"{value} {key_entry(name, value)}\n" for name, value in keys)
 
 
 def _known_hosts_file(ssh: SshConfig) -> Path | None:

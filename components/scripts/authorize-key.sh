@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # On a worker, over its own connection: authorize (or revoke) the head's fabric key.
-#   authorize-key.sh add|remove --host H --marker M      (add reads the public key line on stdin)
+#   authorize-key.sh add --host H --marker M --from IPS   (reads the public key line on stdin)
+#   authorize-key.sh remove --host H --marker M
 # Lines are found again by the marker, the key's comment: the line's last field, compared whole
-# (a marker ending in spark1 must not match spark10's line).
+# (a marker ending in spark1 must not match spark10's line). The key is authorized only from
+# IPS (`from="IPS"`, comma-separated IPv4 addresses: the fabric addresses that sign in with it),
+# so a copy of the head's private key is of no use anywhere else; a line of an older release,
+# without `from=`, is replaced by it.
 . "$(dirname "$0")/lib.sh"
 action="$1"; shift
 parse_flags "$@"
@@ -14,7 +18,7 @@ touch "$auth" && chmod 600 "$auth"
 # Every line but those whose last field is the marker (from the environment: awk -v would
 # interpret backslashes).
 without_marker() { MARKER="$ARG_MARKER" awk 'NF == 0 || $NF != ENVIRON["MARKER"]' "$auth"; }
-with_key() { without_marker && printf '%s\n' "$key_line"; }
+with_key() { without_marker && printf 'from="%s" %s\n' "$ARG_FROM" "$key_line"; }
 # rewrite FUNCTION: authorized_keys becomes FUNCTION's output, written to a private temp file
 # beside it and renamed over it, and only if FUNCTION succeeded (never a truncated file).
 rewrite() {
@@ -31,6 +35,11 @@ flock -w 30 9 || fail "another spark-vllm step held $HOME/.ssh/.spark-vllm.lock 
   "a stuck authorize-key.sh on this host: retry, or remove the lock's holder"
 case "$action" in
   add)
+    require from
+    # Addresses only: a quote or a space would end the option and let the line say more.
+    [[ "$ARG_FROM" =~ ^[0-9]+(\.[0-9]+){3}(,[0-9]+(\.[0-9]+){3})*$ ]] \
+      || fail "the addresses to authorize the key from are not IPv4 addresses: '$ARG_FROM'" \
+        "a bug in spark-vllm: please report it"
     key_line="$(head -n 1)"
     [ "$(awk '{ print $NF }' <<<"$key_line")" = "$ARG_MARKER" ] \
       || fail "the key to authorize lacks the marker $ARG_MARKER" "a bug in spark-vllm: please report it"

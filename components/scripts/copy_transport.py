@@ -84,7 +84,10 @@ class Fabric:
                 f"the head cannot SSH to {destination} over the fabric: {said or 'no answer'} "
                 f"(ssh exit {status})",
                 "the worker's sshd is down or not listening on its fabric IP, the fabric link is "
-                "down, or the fabric trust (key/known host) is missing",
+                "down, the fabric trust (key/known host) is missing, or (Permission denied) the "
+                "head reaches it from an address other than its fabricIp, the one address the "
+                "key is authorized from (`ip route get <worker fabricIp>` on the head must say "
+                "`src <head fabricIp>`)",
             )
 
     def close(self) -> None:

@@ -8,10 +8,11 @@
 # per receipt (receipt.sh): "STEP TOKEN" when every
 # check recorded with it still holds, "STEP - WHY" when one does not. Every check is bounded.
 # Then "slot K KEY" for each server's slot the head recorded (stacks/fleet.py assign_slots),
-# "guard LINE" for each container the memory guard stopped that is stopped still, then what
-# the running dockerd gives every container: "dockerd-arg --default-ulimit=V" per such flag and
-# "daemon-json JSON", its config file on one line (JSON strings hold no raw newline); then, when
-# the host has its own NCCL, "nccl PATH RESOLVED".
+# "guard LINE" for each container the memory guard stopped that is stopped still,
+# "key-label NAME VALUE" for each container with a key label, then what the running dockerd
+# gives every container: "dockerd-arg --default-ulimit=V" per such flag and "daemon-json JSON",
+# its config file on one line (JSON strings hold no raw newline); then, when the host has its
+# own NCCL, "nccl PATH RESOLVED".
 set -uo pipefail
 state_dir="$1"
 cache_dir="$2"
@@ -41,10 +42,12 @@ holds() {
     known-host)
       ssh-keygen -F "$3" -f "$2" >/dev/null 2>&1 || { echo "$2 no longer pins $3"; return 1; } ;;
     authorized)
-      # The key's comment (its last field) is the marker, whole: spark1's is not spark10's.
-      awk -v marker="$2" '$NF == marker { found = 1 } END { exit !found }' \
-        "$HOME/.ssh/authorized_keys" 2>/dev/null \
-        || { echo "the key marked $2 is no longer authorized"; return 1; } ;;
+      # The key's comment (its last field) is the marker, whole: spark1's is not spark10's; with
+      # a third field, the line's first is `from="<it>"` (authorize-key.sh).
+      MARKER="$2" FROM="${3:-}" awk '$NF == ENVIRON["MARKER"] \
+          && (ENVIRON["FROM"] == "" || $1 == "from=\"" ENVIRON["FROM"] "\"") { found = 1 }
+        END { exit !found }' "$HOME/.ssh/authorized_keys" 2>/dev/null \
+        || { echo "the key marked $2 is no longer authorized${3:+ from $3 alone}"; return 1; } ;;
     *) echo "unknown check $1"; return 1 ;;
   esac
 }
@@ -92,6 +95,19 @@ if [ -n "$guard" ]; then
       running="$(timeout 10 docker inspect --format '{{.State.Running}}' "$id" 2>/dev/null)"
       [ "$running" = false ] && echo "guard $line"
     done
+fi
+# Each container's key label (stacks/plan/containers.py API_KEY_HASH_LABEL and secret_label: an
+# earlier release's value is kept while the key is the same, so an upgrade replaces nothing).
+# A host without Docker has none; one whose Docker does not answer says why.
+if command -v docker >/dev/null; then
+  if listed="$(timeout 20 docker ps -a --filter label=spark-vllm.api-key-sha256 \
+      --format '{{.Names}} {{.Label "spark-vllm.api-key-sha256"}}' 2>&1)"; then
+    while read -r name value; do
+      [ -n "$value" ] && echo "key-label $name $value"
+    done <<<"$listed"
+  else
+    echo "key-label-error docker ps: $(tail -n 2 <<<"${listed:-no answer within 20 s}" | paste -sd ' ' -)"
+  fi
 fi
 # What dockerd adds to every container (default-ulimits): its command line and its config file.
 dockerd_pid="$(cat /run/docker.pid 2>/dev/null || pgrep -xo dockerd 2>/dev/null)"

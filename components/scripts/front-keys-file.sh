@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the head: the named keys' map file for the front (HAProxy's `map_str`: `<key> <name>` per
-# line) and, beside it, `upstream.map` (`operator Bearer <apiKey>`: what a named key's request
-# carries on to vLLM, which checks only the operator's key). Both from stdin, the operator's key
+# On the head: the named keys' map file for the front (HAProxy's `map_str`: `<key> <entry>` per
+# line, the entry its name and a tag of its value: stacks/settings.py key_entry) and, beside
+# it, `upstream.map` (`operator Bearer <apiKey>`: what a named key's request carries on to
+# vLLM, which checks only the operator's key). Both from stdin, the operator's key
 # on its first line; written whole into the front's secrets directory beside `bearer`, private
 # (the front reads them as root when it loads its configuration). Nothing of the keys is
 # printed.

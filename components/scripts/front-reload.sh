@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the head: the front takes a changed configuration without dropping what it serves. HAProxy's
 # master (-W) re-executes itself on SIGUSR2; the old workers stop listening and finish their
-# requests, streams included. A configuration HAProxy refuses is not loaded: the old one serves.
+# requests, streams included, within the configuration's `hard-stop-after` (front.py
+# RELOAD_DRAIN_SECONDS). A configuration HAProxy refuses is not loaded: the old one serves.
 # A front that started after the file was written runs it already (and one just started may not
 # handle the signal yet): nothing to do. The last configuration the front ran is kept beside the
 # file (`.good`): a refused one is replaced by it at once, so a restart of the front (a reboot,

@@ -14,6 +14,7 @@ if [ "${ARG_INCLUDE:-[]}" != "[]" ] || [ "${ARG_EXCLUDE:-[]}" != "[]" ]; then
 fi
 manifest="$(snapshot_manifest "$ARG_CACHE_DIR" "$ARG_MODEL" "$ARG_REVISION" "${filter[@]}")" || {
   case "$manifest" in
+    *"not a commit"*) fail "$manifest" "something other than the hub client wrote the refs file: remove it and run pulumi up again (the fetch resolves the revision anew)" ;;
     *dangling*) fail "$manifest" "an interrupted or symlink-unaware copy (blobs missing)" ;;
     *"is kept by"*) fail "$manifest" "the model's include/exclude leave none of its files" ;;
     *empty*) fail "$manifest" "an interrupted download or copy" ;;

@@ -36,15 +36,32 @@ def revision_to_fetch(model: str, revision: str, pin: str, cached: str) -> str:
     return revision
 
 
+class NotACommit(Exception):
+    """A refs file that names no commit: something other than the hub client wrote it."""
+
+
+def ref_commit(ref: str, text: str) -> str:
+    """The commit a refs file's `text` names ("" for an empty file, as a write cut short
+    leaves); anything else is refused: the hub client would join it to `snapshots/` as is, so
+    `../../x` would name a path outside the snapshots."""
+    text = text.strip()
+    if text and not COMMIT.fullmatch(text):
+        shown = "".join(c if c.isprintable() else "?" for c in text[:60])
+        raise NotACommit(f"{ref} holds {shown!r}, not a commit")
+    return text
+
+
 def cached_ref(model: str, revision: str) -> str:
     """The commit the HF cache's refs/<revision> names for `model` ("" when there is none)."""
     from huggingface_hub.constants import HF_HUB_CACHE
 
     ref = Path(HF_HUB_CACHE) / f"models--{model.replace('/', '--')}" / "refs" / revision
     try:
-        return ref.read_text().strip()
+        with ref.open("rb") as file:
+            text = file.read(200).decode(errors="replace")
     except OSError:
         return ""
+    return ref_commit(f"refs/{revision} of {model} in the HF cache", text)
 
 
 def record_ref(model: str, revision: str, commit: str) -> None:
@@ -78,7 +95,12 @@ def main() -> int:
     token = sys.stdin.read().strip() or None
     from huggingface_hub import snapshot_download
 
-    wanted = revision_to_fetch(model, revision, pin, cached_ref(model, revision))
+    try:
+        cached = cached_ref(model, revision)
+    except NotACommit as error:
+        print(error, file=sys.stderr)
+        return 1
+    wanted = revision_to_fetch(model, revision, pin, cached)
     if wanted != revision:
         print(f"{model}@{revision} is pinned to {wanted} here", file=sys.stderr)
     try:

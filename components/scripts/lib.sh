@@ -89,7 +89,7 @@ check_fabric_ssh() {
   if [ "$status" -ne 0 ]; then
     out="${out//$'\n'/ }"
     fail "the head cannot SSH to $1 over the fabric: ${out:-no answer} (ssh exit $status)" \
-      "the worker's sshd is down or not listening on its fabric IP, the fabric link is down, or the fabric trust (key/known host) is missing"
+      "the worker's sshd is down or not listening on its fabric IP, the fabric link is down, the fabric trust (key/known host) is missing, or (Permission denied) the head reaches it from an address other than its fabricIp, the one address the key is authorized from (\`ip route get <worker fabricIp>\` on the head must say \`src <head fabricIp>\`)"
   fi
 }
 

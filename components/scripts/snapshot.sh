@@ -3,14 +3,18 @@
 
 # snapshot_manifest CACHE_DIR MODEL REVISION_OR_COMMIT [FILTER_PY INCLUDE EXCLUDE]: print the
 # manifest; on failure print why (to stdout) and return 1. Missing, empty and dangling-link
-# snapshots fail (the "0 weights" trap). With the model's include/exclude patterns (JSON lists),
+# snapshots fail (the "0 weights" trap), and so does a refs file that holds no commit. With the model's include/exclude patterns (JSON lists),
 # only the files they keep count, matched by FILTER_PY (weights_filter.py, the host's python3)
 # as the hub client's fetch matched them: a fuller snapshot fetched earlier describes the same.
 snapshot_manifest() {
   local repo="$1/hub/models--${2//\//--}" commit="$3" snapshot dangling files bytes
   if ! [[ "$commit" =~ ^[0-9a-f]{40}$ ]]; then
     [ -f "$repo/refs/$3" ] || { echo "no snapshot of $2@$3 under $1"; return 1; }
-    commit="$(cat "$repo/refs/$3")"
+    commit="$(head -c 200 "$repo/refs/$3")"
+    # The hub client writes a commit there; anything else (`../../x`) would name another path.
+    [[ "$commit" =~ ^[0-9a-f]{40}$ ]] || {
+      commit="${commit:0:60}"; echo "$repo/refs/$3 holds '${commit//[^[:graph:] ]/?}', not a commit"
+      return 1; }
   fi
   snapshot="$repo/snapshots/$commit"
   [ -d "$snapshot" ] || { echo "snapshot $commit of $2 is missing under $1"; return 1; }

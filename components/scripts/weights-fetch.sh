@@ -29,6 +29,9 @@ if [ "$status" -ne 0 ]; then
   case "$output" in *"is pinned to"*)
     cause="$cause; or the commit $ARG_REVISION was pinned to here is no longer on the hub (its history rewritten): write the commit to serve as the revision" ;;
   esac
+  case "$output" in *"not a commit"*)
+    cause="something other than the hub client wrote that refs file (under $ARG_CACHE_DIR/hub): remove it and run pulumi up again (the fetch resolves the revision anew)" ;;
+  esac
   [ "$status" -eq 124 ] && cause="the download is slower than timeouts.weightsTransferMinutes=$ARG_TIMEOUT_MINUTES allows"
   fail "fetching $ARG_MODEL@$ARG_REVISION failed: $(tail -n 3 <<<"$output" | paste -sd ' ' -)" "$cause"
 fi

@@ -7,6 +7,8 @@ name other resources' IDs (a Ray head's, the cluster's), which exist only once t
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -89,6 +91,28 @@ RAY_HEAD_ID_LABEL = "spark-vllm.ray-head-id"  # a worker joined this head: a new
 RAY_CLUSTER_LABEL = "spark-vllm.ray-cluster"  # the server joined this cluster (ray-joined's ID)
 MP_NODES_LABEL = "spark-vllm.mp-nodes"  # mp: the headless containers the server meets
 API_KEY_HASH_LABEL = "spark-vllm.api-key-sha256"  # a new key restarts vLLM; only its hash shows
+
+
+def secret_label(value: str, deployment_id: str, running: str | None) -> str:
+    """A secret's label (API_KEY_HASH_LABEL), whose change replaces the container: an HMAC of
+    the deployment's name keyed with the secret, so that no two deployments' labels match and
+    no table made in advance of keys' hashes finds it (an earlier release put the secret's bare
+    sha256 there). `running`: the label of the container running under this name (facts), kept
+    while it is that earlier hash of this same secret, so the upgrade replaces nothing; a new
+    secret is labelled anew, as its container is replaced anyway."""
+    if not value:
+        return "none"
+    if running is not None and running == unsalted_label(value):
+        return running
+    message = f"spark-vllm label {deployment_id}".encode()
+    return hmac.new(value.encode(), message, hashlib.sha256).hexdigest()[:16]
+
+
+def unsalted_label(value: str) -> str:
+    """The secret's label as releases before issue 50's item 8 wrote it."""
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
 MOUNTS_LABEL = "spark-vllm.mounts"
 
 

@@ -46,10 +46,22 @@ def head_fabric_key(plan: ClusterPlan) -> StepSpec:
     )
 
 
+def fabric_sources(plan: ClusterPlan, worker: NodePlan) -> tuple[str, ...]:
+    """The addresses the head's fabric key signs in to `worker` from (its `from=` in
+    authorized_keys): the head's fabric IP and, where copies relay from worker to worker
+    (relay_leader), every other worker's, since any of them may be the hop before `worker` in
+    a chain (a model's workers, in their order)."""
+    relaying = relay_leader(plan, plan.workers) is not None
+    others = [w.fabric_ip for w in plan.workers if relaying and w.name != worker.name]
+    return (plan.head.fabric_ip, *others)
+
+
 def authorize_head_key(plan: ClusterPlan, worker: NodePlan) -> StepSpec:
-    """The head's public key (stdin) authorized on `worker`, over the worker's own connection;
-    it prints the worker's host keys, which the head then pins."""
+    """The head's public key (stdin) authorized on `worker` from the fabric addresses that use
+    it alone, over the worker's own connection; it prints the worker's host keys, which the
+    head then pins."""
     marker = fabric_marker(plan)
+    sources = ",".join(fabric_sources(plan, worker))
     return undoable(
         plan,
         names.authorize_of(worker.name),
@@ -57,7 +69,8 @@ def authorize_head_key(plan: ClusterPlan, worker: NodePlan) -> StepSpec:
         "authorize-key.sh",
         ("add", "remove"),
         {"marker": marker},
-        (check("authorized", marker),),
+        (check("authorized", marker, sources),),
+        create_flags={"from": sources},
         stdin="head-public-key",
         # ~/.ssh/authorized_keys, edited by the exact comment: a revocation must happen even
         # when the state leaf is gone.

@@ -11,10 +11,11 @@ the request body's `model` field and balance replicas when several models share 
 The configuration is a pure function of the plan; the key stays in the front's own secrets
 directory (ClusterPlan.front_secrets_dir, mounted into the front's container alone) as a
 pattern file (`Bearer <key>`, written by api-key-file.sh). The named keys (`keys`) are a map
-file beside it (`<key> <name>`, front-keys-file.sh): the configuration names the keys, never
-their values; a stick table counts each key's requests and bytes and bounds its rate, and a
-reload hands it over to the new workers (HANDOVER_PEERS), over TLS with a key pair of the
-deployment's own (HANDOVER_CERT_NAME).
+file beside it (`<key> <entry>`: the name and a tag of the value, stacks/settings.py key_entry;
+front-keys-file.sh): the configuration names the keys, never their values; a stick table
+counts each key's requests and bytes and bounds its rate, and a reload hands it over to the
+new workers (HANDOVER_PEERS), over TLS with a key pair of the deployment's own
+(HANDOVER_CERT_NAME).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from stacks.plan.client_routes import client_paths
 from stacks.plan.cluster import ClusterPlan
 from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME, BODY_REFUSALS, MODEL_CHECK_FETCH
 from stacks.plan.server_plan import ServerPlan, per_server
+from stacks.settings import KEY_ENTRY_SEPARATOR
 
 CONTAINER_FRONT_DIR = "/spark-vllm/front"  # the host's <state>/front, read-only
 # The host's <state>/front-secrets, read-only: no other container mounts it.
@@ -42,6 +44,8 @@ KEYS_MAP_NAME = "keys.map"  # `<key> <name>` per named key, beside `bearer` (fro
 # ever look this entry up.
 UPSTREAM_MAP_NAME = "upstream.map"
 KEYS_TABLE = "keys"  # the stick table that counts each named key's requests and bytes
+# Its entries' length: a name (32 characters at most) and its key's tag (key_entry).
+KEY_ENTRY_LENGTH = 48
 KEYS_LUA_NAME = "keys.lua"  # the per-key metrics (KEY_METRICS_PATH), read from that table
 KEY_METRICS_PATH = "/metrics/keys"
 # A key's rate is counted over a sliding minute: LLM services state their limits per minute
@@ -96,6 +100,14 @@ H1_ONLY = "proto h1"
 # (the 401 comes once its headers are in) holds a connection that long at most.
 IDLE_SECONDS = 3600
 HEADERS_SECONDS = 10
+# A reload (a key added, changed or revoked) leaves the previous workers serving what they hold:
+# a request in flight, a stream, and then its connection, checked against the keys they loaded.
+# HAProxy closes their idle kept-alive connections at once, and a busy one once its request is
+# answered (configuration manual 2.6, `close-spread-time` unset), but a stream runs on for as
+# long as it lasts, its key revoked or not. `hard-stop-after` ends the previous workers, and
+# every connection they still hold, this long after the reload: a revoked key's last stream ends
+# within it, and so does any other stream longer than that which is under way at a reload.
+RELOAD_DRAIN_SECONDS = 300
 
 
 def front_bind(plan: ClusterPlan) -> str:
@@ -215,6 +227,7 @@ def router_config(
     handover: str | None = None,
     body_lua: str | None = None,
     handover_cert: str | None = None,
+    drain_seconds: int = RELOAD_DRAIN_SECONDS,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -230,7 +243,8 @@ def router_config(
     local peer's address) and `handover_cert` (its key pair), a reload keeps the keys'
     table, over TLS (HANDOVER_PEERS). Several routes need `body_lua`
     (front_body.BODY_LUA's path): a body whose `model` the front and vLLM could
-    read differently is refused before it is routed. HTTP/1.1 only (H1_ONLY)."""
+    read differently is refused before it is routed. HTTP/1.1 only (H1_ONLY). A reload ends
+    the previous workers' connections within `drain_seconds` (RELOAD_DRAIN_SECONDS)."""
     unauthorized = haproxy_string(UNAUTHORIZED_BODY)
     unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
         "MODEL", "%[var(txn.model),json(utf8s)]"
@@ -261,6 +275,7 @@ def router_config(
         "    uid 65534",
         "    gid 65534",
         "    log stdout format raw local0 notice",
+        f"    hard-stop-after {drain_seconds}s",
         "defaults",
         "    mode http",
         "    log global",
@@ -431,7 +446,8 @@ def key_lines(keys: Sequence[Key], keys_map: str) -> list[str]:
         f"    http-request track-sc1 var(txn.key) table {KEYS_TABLE} if named_key",
     ]
     for index, key in enumerate(keys):
-        lines.append(f"    acl key_{index} var(txn.key) -m str {key.name}")
+        # The map gives the key's entry (stacks/settings.py key_entry): its name, then a tag.
+        lines.append(f"    acl key_{index} var(txn.key) -m beg {key.name}{KEY_ENTRY_SEPARATOR}")
         if key.requests_per_minute is not None:
             lines.append(
                 "    http-request return status 429 content-type application/json"
@@ -481,7 +497,8 @@ def forbidden_lines(keys: Sequence[Key], served: Sequence[str]) -> list[str]:
 def keys_table(
     keys: Sequence[Key], handover: str | None = None, cert: str | None = None
 ) -> list[str]:
-    """The named keys' stick table: per key, its requests (and their rate over
+    """The named keys' stick table: per key (its entry, stacks/settings.py key_entry: a new
+    key under a revoked key's name is a new entry), its requests (and their rate over
     KEY_WINDOW_SECONDS) and bytes in and out, since the front started; with `handover`, the
     local peer that carries it over a reload, over TLS with `cert` (HANDOVER_PEERS): the new
     workers listen with it and require it of whoever connects (`bind`), the old ones present it
@@ -504,7 +521,7 @@ def keys_table(
     return [
         *peers,
         f"backend {KEYS_TABLE}",
-        f"    stick-table type string len 32 size {size} store http_req_cnt,"
+        f"    stick-table type string len {KEY_ENTRY_LENGTH} size {size} store http_req_cnt,"
         f"http_req_rate({KEY_WINDOW_SECONDS}s),bytes_in_cnt,bytes_out_cnt"
         + (f" peers {HANDOVER_PEERS}" if handover else ""),
     ]
@@ -518,12 +535,24 @@ def key_models_file(models_file: str, name: str) -> str:
 # The per-key counters in Prometheus's text format: HAProxy's exporter shows a stick table's
 # size and use, not its entries, so a Lua service (Lua is built into Debian's HAProxy and the
 # official images) reads the entries. A key appears once it has made a request. Only the
-# configured keys' entries are printed, each under its label written here, already escaped:
-# the table can hold other entries (a peer that pushed one, a later configuration's key before
-# the reload that names it), and an entry's name printed as it is could close the label and
-# add a line of its own to what Prometheus stores.
+# configured keys' current entries are printed, each under its name's label written here,
+# already escaped: the table can hold other entries (a peer that pushed one, a later
+# configuration's key before the reload that names it, a revoked key's under a name now given
+# to a new key), and an entry's name printed as it is could close the label and add a line of
+# its own to what Prometheus stores. The current entries are the map's (`<key> <entry>`), read
+# when the configuration is loaded (as root, before HAProxy drops to `nobody`), their entries
+# kept and the keys dropped.
 KEYS_LUA = """\
 -- Written by spark-vllm (stacks/plan/front.py): the named keys' counters for Prometheus.
+local current = {}
+local map = io.open("MAP", "r")
+if map ~= nil then
+  for line in map:lines() do
+    local entry = line:match("^%S+%s+(%S+)$")
+    if entry ~= nil then current[entry] = true end
+  end
+  map:close()
+end
 local metrics = {
   {"spark_vllm_key_requests_total", "http_req_cnt", "Requests made with the key."},
   {"spark_vllm_key_bytes_in_total", "bytes_in_cnt", "Bytes received from clients with the key."},
@@ -535,8 +564,13 @@ LABELS}
 core.register_service("key_metrics", "http", function(applet)
   local entries = core.backends["TABLE"].stktable:dump()
   local names = {}
-  for name in pairs(entries) do
-    if labels[name] ~= nil then names[#names + 1] = name end
+  local named = {}
+  for entry in pairs(entries) do
+    local name = entry:match("^(.-)SEPARATOR")
+    if current[entry] and name ~= nil and labels[name] ~= nil then
+      names[#names + 1] = name
+      named[name] = entry
+    end
   end
   table.sort(names)
   local out = {}
@@ -544,7 +578,7 @@ core.register_service("key_metrics", "http", function(applet)
     out[#out + 1] = "# HELP " .. metric[1] .. " " .. metric[3]
     out[#out + 1] = "# TYPE " .. metric[1] .. " counter"
     for _, name in ipairs(names) do
-      local value = entries[name][metric[2]] or 0
+      local value = entries[named[name]][metric[2]] or 0
       out[#out + 1] = string.format('%s{key="%s"} %d', metric[1], labels[name], value)
     end
   end
@@ -555,7 +589,7 @@ core.register_service("key_metrics", "http", function(applet)
   applet:start_response()
   applet:send(body)
 end)
-""".replace("TABLE", KEYS_TABLE)
+""".replace("TABLE", KEYS_TABLE).replace("SEPARATOR", "%" + KEY_ENTRY_SEPARATOR)
 
 
 def prometheus_label_value(text: str) -> str:
@@ -578,13 +612,14 @@ def lua_string(text: str) -> str:
     )
 
 
-def keys_lua(keys: Sequence[Key]) -> str:
-    """KEYS_LUA for `keys`: their entries only, each under its escaped label."""
+def keys_lua(keys: Sequence[Key], keys_map: str) -> str:
+    """KEYS_LUA for `keys`: their current entries only (those of `keys_map`, the map's path
+    in the front), each under its name's escaped label."""
     labels = "".join(
         f"  [{lua_string(key.name)}] = {lua_string(prometheus_label_value(key.name))},\n"
         for key in keys
     )
-    return KEYS_LUA.replace("LABELS", labels)
+    return KEYS_LUA.replace("LABELS", labels).replace('"MAP"', lua_string(keys_map))
 
 
 def backend_lines(index: int, route: Route, named: bool) -> list[str]:
@@ -651,7 +686,8 @@ def front_files(plan: ClusterPlan) -> list[tuple[str, str]]:
     if len(routes) > 1:
         files.append((BODY_LUA_NAME, BODY_LUA))
     if plan.config.keys:
-        files.append((KEYS_LUA_NAME, keys_lua(keys_of(plan))))
+        keys_map = f"{CONTAINER_FRONT_SECRETS_DIR}/{KEYS_MAP_NAME}"
+        files.append((KEYS_LUA_NAME, keys_lua(keys_of(plan), keys_map)))
     return files
 
 

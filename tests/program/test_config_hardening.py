@@ -380,9 +380,13 @@ SPARK1 = "spark-vllm-fabric:spark-vllm/dev:spark1"
 SPARK10 = "spark-vllm-fabric:spark-vllm/dev:spark10"
 
 
-def authorize(home: Path, action: str, marker: str, key: str = "") -> subprocess.CompletedProcess:
+def authorize(
+    home: Path, action: str, marker: str, key: str = "", sources: str = "10.0.0.1"
+) -> subprocess.CompletedProcess:
+    command = ["bash", str(SCRIPTS / "authorize-key.sh"), action, "--host", "w", "--marker", marker]
+    only_from = ["--from", sources] if action == "add" else []
     return subprocess.run(
-        ["bash", str(SCRIPTS / "authorize-key.sh"), action, "--host", "w", "--marker", marker],
+        [*command, *only_from],
         input=key,
         capture_output=True,
         text=True,
@@ -400,10 +404,11 @@ def test_revoking_a_key_keeps_every_other_line(tmp_path: Path) -> None:
     for marker, key in ((SPARK10, head10), (SPARK1, head1), (SPARK1, head1)):
         done = authorize(tmp_path, "add", marker, key + "\n")  # adding twice leaves one line
         assert done.returncode == 0, done.stderr
-    assert auth.read_text() == f"{OTHERS}{head10}\n{head1}\n"
+    only = 'from="10.0.0.1"'
+    assert auth.read_text() == f"{OTHERS}{only} {head10}\n{only} {head1}\n"
     done = authorize(tmp_path, "remove", SPARK1)
     assert done.returncode == 0, done.stderr
-    assert auth.read_text() == f"{OTHERS}{head10}\n"
+    assert auth.read_text() == f"{OTHERS}{only} {head10}\n"
     assert oct(auth.stat().st_mode & 0o777) == "0o600"
     leftovers = sorted(p.name for p in auth.parent.iterdir())
     assert leftovers == [".spark-vllm.lock", "authorized_keys"]  # no temp file left behind
@@ -438,7 +443,41 @@ def test_a_held_lock_is_waited_for_not_ignored(tmp_path: Path) -> None:
         holder.wait(timeout=10)
     assert done.returncode == 0, done.stderr
     assert waited >= 0.8, waited
-    assert (ssh / "authorized_keys").read_text() == f"{OTHERS}ssh-ed25519 AAAAh {SPARK1}\n"
+    assert (ssh / "authorized_keys").read_text() == (
+        f'{OTHERS}from="10.0.0.1" ssh-ed25519 AAAAh {SPARK1}\n'
+    )
+
+
+def test_the_head_key_is_authorized_from_the_fabric_alone(tmp_path: Path) -> None:
+    """An older release's line (no `from=`) is replaced, not kept beside the new one; a second
+    add with other addresses replaces the first."""
+    auth = tmp_path / ".ssh" / "authorized_keys"
+    auth.parent.mkdir()
+    auth.write_text(f"{OTHERS}ssh-ed25519 AAAAold {SPARK1}\n")
+    key = f"ssh-ed25519 AAAAh {SPARK1}\n"
+    for sources in ("10.0.0.1,10.0.0.3", "10.0.0.1,10.0.0.3", "10.0.0.1"):
+        done = authorize(tmp_path, "add", SPARK1, key, sources)
+        assert done.returncode == 0, done.stderr
+        assert auth.read_text() == f'{OTHERS}from="{sources}" ssh-ed25519 AAAAh {SPARK1}\n'
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        '10.0.0.1" command="sh',  # a quote would end the option and let the line say more
+        "10.0.0.1 10.0.0.2",
+        "",
+        "10.0.0.*",  # a pattern, not the addresses the plan names
+    ],
+)
+def test_addresses_to_authorize_from_are_addresses(tmp_path: Path, sources: str) -> None:
+    auth = tmp_path / ".ssh" / "authorized_keys"
+    auth.parent.mkdir()
+    auth.write_text(OTHERS)
+    done = authorize(tmp_path, "add", SPARK1, f"ssh-ed25519 AAAAh {SPARK1}\n", sources)
+    assert done.returncode == 1
+    assert "the addresses to authorize the key from are not IPv4 addresses" in done.stderr
+    assert auth.read_text() == OTHERS
 
 
 # --- what the firewall could turn against the user (issue 36) -----------------------------------

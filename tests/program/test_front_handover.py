@@ -29,14 +29,20 @@ from stacks.plan.front import (
     prometheus_label_value,
     router_config,
 )
+from stacks.settings import key_entry, keys_map
 from tests.program.ports import free_port
 from tests.program.scripting import make_handover_pair
 
 HAPROXY = shutil.which("haproxy")
 needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="HAProxy is not installed")
 KEYS = (Key("alice"), Key("carol"))
-# Not a name the configuration admits (NAME_PATTERN): what the Lua must still print safely.
-ODD = 'o"dd\\na\nme'
+# Not a name the configuration admits (NAME_PATTERN): what the Lua must still print safely (a
+# line feed cannot be in the map's entry, so the Lua never prints one: prometheus_label_value's
+# table has it).
+ODD = 'o"dd\\na'
+ALICE = "alice-key-5f0c2d7e9b1a4c38e6d2"
+ODD_KEY = "odd-key-3e8c1f0a7d2b9e5c4a6f"
+KEYS_MAP = keys_map([("alice", ALICE), (ODD, ODD_KEY)])
 # An entry crafted to close the label and add a series of its own to what Prometheus stores.
 CRAFTED = 'x"} 9\nspark_vllm_key_requests_total{key="alice'
 
@@ -56,10 +62,11 @@ def test_a_label_value_is_escaped_as_prometheus_reads_it(name: str, label: str) 
 
 
 def test_the_lua_names_only_the_configured_keys() -> None:
-    text = keys_lua(KEYS)
+    text = keys_lua(KEYS, "/run/k/keys.map")
     assert '["alice"] = "alice",' in text and '["carol"] = "carol",' in text
-    assert "if labels[name] ~= nil then" in text
-    assert "bob" not in keys_lua(KEYS)
+    assert 'io.open("/run/k/keys.map", "r")' in text  # the current entries: the map's
+    assert "if current[entry] and name ~= nil and labels[name] ~= nil then" in text
+    assert "bob" not in text
 
 
 @pytest.fixture
@@ -70,9 +77,9 @@ def front_with_injector(tmp_path: Path) -> Iterator[tuple[str, str]]:
     assert HAPROXY is not None
     port, metrics, inject = free_port(), free_port(), free_port()
     (tmp_path / "bearer").write_text("Bearer operator-key-0c9e2b7d5a1f3e86\n")
-    (tmp_path / "keys.map").write_text("alice-key-5f0c2d7e9b1a4c38e6d2 alice\n")
+    (tmp_path / "keys.map").write_text(KEYS_MAP)
     (tmp_path / "upstream.map").write_text("operator Bearer operator-key-0c9e2b7d5a1f3e86\n")
-    (tmp_path / "keys.lua").write_text(keys_lua((*KEYS, Key(ODD))))
+    (tmp_path / "keys.lua").write_text(keys_lua((*KEYS, Key(ODD)), str(tmp_path / "keys.map")))
     config = router_config(
         f"127.0.0.1:{port}",
         str(tmp_path / "bearer"),
@@ -119,7 +126,11 @@ def test_only_configured_keys_reach_the_metrics_each_escaped(
     front_with_injector: tuple[str, str],
 ) -> None:
     inject, metrics = front_with_injector
-    for entry in ("alice", "mallory", CRAFTED, ODD):
+    # A configured name, bare or with an earlier key's tag (a revoked key's, its name now
+    # given to a new key), is not a current entry: only the map's are printed.
+    stale = key_entry("alice", "alice-key-of-before-0a1b2c3d4e5f")
+    entries = (key_entry("alice", ALICE), stale, stale, "alice", "mallory", CRAFTED)
+    for entry in (*entries, key_entry(ODD, ODD_KEY)):
         request = urllib.request.Request(inject, headers={"x-entry": urllib.parse.quote(entry)})
         urllib.request.urlopen(request, timeout=5).read()
     with urllib.request.urlopen(metrics, timeout=5) as response:
@@ -148,7 +159,7 @@ def handover_front(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     assert HAPROXY is not None
     port, metrics = free_port(), free_port()
     (tmp_path / "bearer").write_text("Bearer operator-key-0c9e2b7d5a1f3e86\n")
-    (tmp_path / "keys.map").write_text("alice-key-5f0c2d7e9b1a4c38e6d2 alice\n")
+    (tmp_path / "keys.map").write_text(KEYS_MAP)
     (tmp_path / "upstream.map").write_text("operator Bearer operator-key-0c9e2b7d5a1f3e86\n")
     pair = tmp_path / HANDOVER_CERT_NAME
     make_handover_pair(pair)

@@ -28,7 +28,9 @@ from stacks.plan import monitoring
 from stacks.plan.front import (
     HANDOVER_CERT_NAME,
     HANDOVER_PEERS,
+    KEY_ENTRY_LENGTH,
     KEY_METRICS_PATH,
+    RELOAD_DRAIN_SECONDS,
     Key,
     Route,
     handover_address,
@@ -39,6 +41,7 @@ from stacks.plan.front import (
     router_config,
 )
 from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME
+from stacks.settings import key_entry, keys_map
 from tests.program.conftest import ConfigFactory
 from tests.program.planning import plan_of
 from tests.program.ports import free_port
@@ -114,7 +117,7 @@ def test_the_configuration_names_keys_never_their_values() -> None:
         text
     )
     assert "unless has_key || named_key" in text
-    assert "acl key_1 var(txn.key) -m str bob" in text
+    assert "acl key_1 var(txn.key) -m beg bob." in text  # its entry: name, then its tag
     assert "hdr retry-after 60" in text and "sc_http_req_rate(1) gt 3" in text
     assert text.count("status 429") == 1  # bob alone has a limit
     assert "file /f/models-alice.json if METH_GET { path /v1/models } key_0" in text
@@ -143,7 +146,7 @@ def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
     assert lines[section + 2] == f"    default-server {tls}"
     assert lines[section + 3] == "    server front"
     assert lines[section + 4] == "backend keys"
-    assert lines[section + 5].startswith("    stick-table type string len 32 ")
+    assert lines[section + 5].startswith("    stick-table type string len 48 ")
     assert lines[section + 5].endswith(" peers handover")
     with pytest.raises(ValueError, match="TLS only"):
         router_config(
@@ -158,7 +161,35 @@ def test_a_reload_hands_the_keys_table_to_the_new_workers() -> None:
     assert "peer" not in bare
 
 
+def test_a_keys_entry_is_its_name_and_a_tag_of_its_value() -> None:
+    """What the table counts a key under (stacks/settings.py key_entry): a new value under the
+    same name is a new entry; the same value, the same entry; the longest name's entry fits
+    the table's entries (KEY_ENTRY_LENGTH); the map holds it beside the value."""
+    alice = key_entry("alice", VALUES["alice"])
+    assert alice.startswith("alice.") and VALUES["alice"] not in alice
+    assert key_entry("alice", VALUES["alice"]) == alice
+    assert key_entry("alice", "alice-key-reissued-9d2f4b6a8c0e1f3a") != alice
+    assert key_entry("alice", VALUES["bob"]).split(".")[1] == key_entry("bob", VALUES["bob"])[4:]
+    assert len(key_entry("a" * 32, VALUES["alice"])) <= KEY_ENTRY_LENGTH
+    assert keys_map([("alice", VALUES["alice"])]) == f"{VALUES['alice']} {alice}\n"
+
+
+def test_a_reload_bounds_what_the_previous_workers_hold() -> None:
+    """`hard-stop-after` in `global`, for every front, keys or not: a reload for any change
+    (a key revoked among them) ends the previous workers within RELOAD_DRAIN_SECONDS."""
+    for keys in ((), KEYS):
+        lines = config(keys).splitlines()
+        bound = lines.index(f"    hard-stop-after {RELOAD_DRAIN_SECONDS}s")
+        assert lines.index("global") < bound < lines.index("defaults")
+
+
 # --- the real HAProxy -------------------------------------------------------------------------
+
+
+# A reload's bound on the previous workers in these tests (RELOAD_DRAIN_SECONDS in a stack), and
+# how long a stand-in's stream would run without it.
+DRAIN_SECONDS = 2
+STREAM_SECONDS = 30
 
 
 def model_server(name: str) -> ThreadingHTTPServer:
@@ -173,14 +204,35 @@ def model_server(name: str) -> ThreadingHTTPServer:
 
         def answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(length)
+            asked = self.rfile.read(length)
             admitted = self.headers.get("Authorization") == f"Bearer {OPERATOR}"
+            if admitted and b'"stream": true' in asked:
+                self.stream()
+                return
             body = json.dumps({"served_by": name} if admitted else {"error": "vLLM's 401"})
             self.send_response(200 if admitted else 401)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body.encode())
+
+        def stream(self) -> None:
+            """A generation that goes on (an event every 0.2 s, for STREAM_SECONDS at most)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            event = f"data: {name}\n\n".encode()
+            chunk = f"{len(event):x}\r\n".encode() + event + b"\r\n"
+            deadline = time.monotonic() + STREAM_SECONDS
+            try:
+                while time.monotonic() < deadline:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                self.close_connection = True  # the front closed it: nothing more to read
 
         do_GET = do_POST = answer
 
@@ -238,12 +290,12 @@ def front(tmp_path: Path) -> Iterator[Front]:
 
     def write(keys: tuple[Key, ...], values: dict[str, str]) -> None:
         # The maps and the handover's key pair as the head's step writes them.
-        text = "".join(f"{values[k.name]} {k.name}\n" for k in keys)
+        text = keys_map([(k.name, values[k.name]) for k in keys])
         run(
             "front-keys-file.sh", "write", "--host", "h", "--file", str(secrets / "keys.map"),
             stdin=f"{OPERATOR}\n{text}", check=True,
         )  # fmt: skip
-        (files / "keys.lua").write_text(keys_lua(keys))
+        (files / "keys.lua").write_text(keys_lua(keys, str(secrets / "keys.map")))
         (files / BODY_LUA_NAME).write_text(BODY_LUA)
         (files / "models.json").write_text(models_document(served))
         for key in keys:
@@ -264,6 +316,7 @@ def front(tmp_path: Path) -> Iterator[Front]:
                 handover=handover_address(metrics),
                 body_lua=str(files / BODY_LUA_NAME),
                 handover_cert=str(secrets / HANDOVER_CERT_NAME),
+                drain_seconds=DRAIN_SECONDS,
             )
         )
         # -dW: any warning fails the check (on 3.2, the Lua one the conditional block avoids).
@@ -408,6 +461,64 @@ def test_a_key_revoked_by_a_reload_is_refused_and_no_other_request_fails(front: 
     assert failures == [] and served[0] > 10
 
 
+def keyed_connection(front: Front, key: str, stream: bool) -> socket.socket:
+    """A kept-alive connection that made one request with `key`: answered whole (idle now), or
+    with `stream`, a stream under way (its first event read)."""
+    host, port = urllib.parse.urlsplit(front.url).netloc.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    body = json.dumps({"model": "beta", "prompt": "hi", "stream": stream}).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: front\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    seen = b""
+    while b"served_by" not in seen and b"data: beta" not in seen:
+        got = sock.recv(65536)
+        assert got, f"the front closed the connection: {seen!r}"
+        seen += got
+    assert seen.startswith(b"HTTP/1.1 200"), seen
+    return sock
+
+
+def seconds_until_closed(sock: socket.socket, within: float) -> float:
+    """How long until the front closes `sock` (what it sends meanwhile is read and dropped);
+    fails past `within` seconds."""
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - started < within:
+        try:
+            if sock.recv(65536) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except OSError:  # reset: closed too
+            return time.monotonic() - started
+    raise AssertionError(f"the connection is still open {within} s after the reload")
+
+
+def test_a_revoked_keys_open_connections_end_within_the_reloads_bound(front: Front) -> None:
+    """After a reload that revokes alice, the previous workers still hold her connections,
+    checked against the keys they loaded: an idle kept-alive one is closed at once, and a
+    stream under way ends within the bound (`hard-stop-after`), not when it finishes."""
+    with (
+        keyed_connection(front, VALUES["alice"], stream=False) as idle,
+        keyed_connection(front, OPERATOR, stream=True) as streaming,
+    ):
+        # The stand-in streams for the operator's key (vLLM's own check): alice's stream is
+        # one the front admitted with her key, carried on with the operator's.
+        with keyed_connection(front, VALUES["alice"], stream=True) as hers:
+            kept = tuple(key for key in KEYS if key.name != "alice")
+            front.write(kept, VALUES)
+            front.master.send_signal(signal.SIGUSR2)  # what front-reload.sh sends the container
+            assert seconds_until_closed(idle, within=2) < 2
+            ended = seconds_until_closed(hers, within=DRAIN_SECONDS + 3)
+            assert ended >= DRAIN_SECONDS - 1, ended  # the stream ran on until the bound
+        # The bound is the previous workers': every stream they held ends with it.
+        assert seconds_until_closed(streaming, within=2) < 2
+    assert call(front.url, VALUES["alice"], "beta").status == 401
+
+
 def master_cli(front: Front, command: str) -> str:
     """One command on HAProxy's master CLI: the master's own, or the current worker's (`@1`)."""
     with socket.socket(socket.AF_UNIX) as sock:
@@ -479,6 +590,30 @@ def test_a_keys_counters_and_its_refusals_survive_a_reload(front: Front) -> None
     assert refused.status == 429 and refused.headers["retry-after"] == "60"
     assert key_metrics(front)[("spark_vllm_key_requests_total", "bob")] == 5
     assert call(front.url, carol, "alpha").status == 200
+
+
+def test_a_new_key_under_a_revoked_keys_name_starts_at_zero(front: Front) -> None:
+    """bob is past his rate; his key is revoked, then the name given to a new key: the table
+    (handed over at each reload) still holds the old key's entry, but the new key counts under
+    an entry of its own (stacks/settings.py key_entry): no 429 it never earned, no requests it
+    never made in the metrics. The old key, given again, is refused."""
+    old_bob = VALUES["bob"]
+    assert [call(front.url, old_bob, "alpha").status for _ in range(4)] == [200, 200, 200, 429]
+    wait_until_it_can_hand_over(front)
+    without_bob = tuple(key for key in KEYS if key.name != "bob")
+    front.write(without_bob, VALUES)
+    front.master.send_signal(signal.SIGUSR2)
+    wait_until_reloaded(front, 1)
+    assert call(front.url, old_bob, "alpha").status == 401
+    wait_until_it_can_hand_over(front)
+    new_bob = "bob-key-reissued-2c8f0e4a6d1b3f7e9a5c"
+    front.write(KEYS, {**VALUES, "bob": new_bob})
+    front.master.send_signal(signal.SIGUSR2)
+    wait_until_reloaded(front, 2)
+    assert [call(front.url, new_bob, "alpha").status for _ in range(3)] == [200, 200, 200]
+    assert key_metrics(front)[("spark_vllm_key_requests_total", "bob")] == 3
+    assert call(front.url, new_bob, "alpha").status == 429  # his own rate, counted afresh
+    assert call(front.url, old_bob, "alpha").status == 401
 
 
 def test_prometheus_reads_each_keys_counters_with_the_planned_job(

@@ -32,6 +32,7 @@ from stacks.plan.front import (
     router_config,
 )
 from stacks.plan.front_body import BODY_LUA, BODY_LUA_NAME
+from stacks.settings import keys_map
 from tests.program.ports import free_port
 from tests.program.scripting import make_handover_pair
 
@@ -195,10 +196,11 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         for name, server in zip(("alpha", "beta"), servers, strict=True)
     ]
     (workdir / "bearer").write_text(f"Bearer {OPERATOR}\n")
-    (workdir / "keys.map").write_text(f"{ALICE} alice\n{CAROL} carol\n")
+    (workdir / "keys.map").write_text(keys_map([("alice", ALICE), ("carol", CAROL)]))
     (workdir / "upstream.map").write_text(f"operator Bearer {OPERATOR}\n")
     make_handover_pair(workdir / "handover.pem")
-    (workdir / "keys.lua").write_text(keys_lua((Key("alice", ("beta",)), Key("carol"))))
+    keys = (Key("alice", ("beta",)), Key("carol"))
+    (workdir / "keys.lua").write_text(keys_lua(keys, str(workdir / "keys.map")))
     (workdir / BODY_LUA_NAME).write_text(BODY_LUA)
     (workdir / "models.json").write_text(models_document(routes))
     (workdir / "models-alice.json").write_text(models_document(routes, ["beta"]))

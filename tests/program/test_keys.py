@@ -11,6 +11,7 @@ import pytest
 
 from stacks.plan.containers import ContainerSpec
 from stacks.plan.front import front_config
+from stacks.settings import key_entry
 from tests.cli import PulumiCli
 from tests.mockvalues import is_secret
 from tests.program.conftest import SECRETS, ConfigFactory
@@ -109,13 +110,16 @@ def test_the_values_travel_only_on_the_key_steps_stdin(make_config: ConfigFactor
     step = run.named("front-keys")
     assert is_secret(step.inputs["stdin"])
     operator = SECRETS["apiKey"]  # first: what a named key's request carries on to vLLM
-    assert unwrap(step.inputs["stdin"]) == f"{operator}\n{ALICE} alice\n{BOB} bob\n"
+    alice, bob = key_entry("alice", ALICE), key_entry("bob", BOB)
+    assert unwrap(step.inputs["stdin"]) == f"{operator}\n{ALICE} {alice}\n{BOB} {bob}\n"
     assert "front-keys" in step.inputs["create"] and "keys.map" in step.inputs["create"]
     for registration in run.registrations:
         inputs = {k: v for k, v in registration.inputs.items() if k != "stdin"}
-        assert ALICE not in repr(unwrap(inputs)), registration.name
+        # Neither a value nor its tag (the table's entry: only beside the value, in the map).
+        for secret in (ALICE, alice.split(".")[1]):
+            assert secret not in repr(unwrap(inputs)), registration.name
     config_step = run.named("front-config").inputs["create"]
-    assert "acl key_0 var(txn.key) -m str alice" in config_step
+    assert "acl key_0 var(txn.key) -m beg alice." in config_step
     assert "models-alice.json" in config_step
     # The reload also follows the map, written apart from the configuration.
     assert (

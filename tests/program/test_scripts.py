@@ -163,6 +163,22 @@ def test_manifest_rejects_dangling_links(tmp_path: Path) -> None:
     assert "dangling links" in done.stderr and "likely cause: an interrupted" in done.stderr
 
 
+@pytest.mark.parametrize("planted", ["../../../elsewhere", f"{COMMIT}/../x", COMMIT.upper(), ""])
+def test_manifest_refuses_a_refs_file_that_is_no_commit(tmp_path: Path, planted: str) -> None:
+    """refs/<revision> would be joined to snapshots/ as is: a planted `../..` names another
+    directory, which would then be counted, recorded and copied as the model's snapshot."""
+    snapshot = make_snapshot(tmp_path, {"config.json": b"{}", "model.safetensors": b"x"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.safetensors").write_bytes(b"not the model")
+    ref = snapshot.parents[1] / "refs" / "main"
+    ref.write_text(planted)
+    done = manifest(tmp_path)
+    assert done.returncode == 1
+    assert f"hf-manifest: {ref} holds '{planted}', not a commit" in done.stderr
+    assert "likely cause: something other than the hub client wrote the refs file" in done.stderr
+
+
 def test_manifest_names_a_missing_snapshot(tmp_path: Path) -> None:
     done = manifest(tmp_path)
     assert done.returncode == 1
@@ -182,9 +198,11 @@ def test_authorizing_the_head_key_is_idempotent_and_reversible(tmp_path: Path) -
     auth.parent.mkdir()
     auth.write_text("ssh-ed25519 AAAAoperator operator@laptop\n")
     for _ in range(2):
-        run("authorize-key.sh", "add", "--host", "w", "--marker", MARKER,
+        run("authorize-key.sh", "add", "--host", "w", "--marker", MARKER, "--from", "10.0.0.1",
             stdin=HEAD_KEY + "\n", env=env, check=True)  # fmt: skip
-    assert auth.read_text() == f"ssh-ed25519 AAAAoperator operator@laptop\n{HEAD_KEY}\n"
+    assert auth.read_text() == (
+        f'ssh-ed25519 AAAAoperator operator@laptop\nfrom="10.0.0.1" {HEAD_KEY}\n'
+    )
     assert oct(auth.stat().st_mode & 0o777) == "0o600"
     run("authorize-key.sh", "remove", "--host", "w", "--marker", MARKER, env=env, check=True)
     assert auth.read_text() == "ssh-ed25519 AAAAoperator operator@laptop\n"
@@ -644,12 +662,13 @@ def facts(state_dir: Path, *guard: str, env: dict[str, str] | None = None) -> di
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "spark-vllm-facts 1"
-    # What this machine's own dockerd is given is for the test below, not these.
-    lines = [line for line in lines[1:] if not line.startswith(DOCKERD_LINES)]
+    # What this machine's own Docker holds and is given is for the tests of it, not these.
+    lines = [line for line in lines[1:] if not line.startswith((*DOCKERD_LINES, *LABEL_LINES))]
     return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in lines}
 
 
 DOCKERD_LINES = ("dockerd-arg ", "daemon-json ")
+LABEL_LINES = ("key-label ", "key-label-error ")  # tests/program/test_key_labels.py
 
 
 def receipt(state_dir: Path, step: str, token: str, *checks: str) -> None:
@@ -680,6 +699,27 @@ def test_receipts_hold_until_what_they_check_changes(host_tmp: Path) -> None:
     assert found["s-mounts"] == f"- {bound} was removed or recreated"
     assert found["s-key"] == "t3"
     assert found["s-fetch"] == f"- model org/tiny: {COMMIT} 1 2 (was {COMMIT} 2 66)"
+
+
+def test_the_fabric_key_receipt_holds_only_while_its_from_is_there(
+    host_tmp: Path, tmp_path: Path
+) -> None:
+    """The authorize step's check (stacks/plan/fabric.py): its line, with `from=` the plan's
+    addresses; the same key authorized from anywhere (an older release's line) is drift."""
+    auth = tmp_path / ".ssh" / "authorized_keys"
+    auth.parent.mkdir()
+    state = host_tmp / "state"
+    receipt(state, "s-authorize", "t1", f"authorized|{MARKER}|10.0.0.1,10.0.0.3")
+    receipt(state, "s-older", "t2", f"authorized|{MARKER}")
+    home = {"HOME": str(tmp_path)}
+    auth.write_text(f'from="10.0.0.1,10.0.0.3" {HEAD_KEY}\n')
+    assert facts(state, env=home) == {"s-authorize": "t1", "s-older": "t2"}
+    auth.write_text(f"{HEAD_KEY}\n")
+    assert facts(state, env=home) == {
+        "s-authorize": f"- the key marked {MARKER} is no longer authorized "
+        "from 10.0.0.1,10.0.0.3 alone",
+        "s-older": "t2",
+    }
 
 
 def test_a_removed_state_dir_has_no_receipts(host_tmp: Path) -> None:

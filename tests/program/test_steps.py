@@ -100,6 +100,28 @@ def test_a_configured_pin_is_passed_and_nothing_is_read_on_stdin(
     assert without.stdin == "worker-host-keys" and "--key" not in without.create
 
 
+@pytest.mark.parametrize(
+    ("hosts", "worker", "sources"),
+    [
+        # One worker: only the head signs in to it.
+        (2, "spark2", "10.241.0.11"),
+        # Copies relay from worker to worker (fabric.py relay_leader), in any model's order:
+        # each worker also admits the others, never itself.
+        (3, "spark2", "10.241.0.11,10.241.0.13"),
+        (3, "spark3", "10.241.0.11,10.241.0.12"),
+    ],
+)
+def test_the_head_key_is_authorized_from_the_fabric_addresses_that_use_it(
+    make_config: ConfigFactory, hosts: int, worker: str, sources: str
+) -> None:
+    plan = plan_of(make_config(hosts=hosts))
+    node = next(w for w in plan.workers if w.name == worker)
+    spec = fabric.authorize_head_key(plan, node)
+    assert f"--from {sources}" in spec.create
+    assert spec.receipts[0].checks == (f"authorized|{fabric.fabric_marker(plan)}|{sources}",)
+    assert spec.delete is not None and "--from" not in spec.delete  # a revocation needs none
+
+
 def test_secrets_are_read_on_stdin_only(make_config: ConfigFactory) -> None:
     """No spec takes a secret: the steps that need one declare it as their stdin."""
     plan = plan_of(make_config(hosts=2))

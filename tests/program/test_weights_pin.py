@@ -54,6 +54,26 @@ def test_revision_to_fetch(revision: str, pin: str, cached: str, fetched: str) -
     assert hf_fetch.revision_to_fetch("org/m", revision, pin, cached) == fetched
 
 
+@pytest.mark.parametrize(
+    ("text", "commit"),
+    [
+        (C1, C1),  # as the hub client writes it
+        (f"{C1}\n", C1),  # a line break added by hand
+        ("", ""),  # a write cut short: no commit, resolved at the hub
+        ("../../../etc", None),  # would name a path outside the snapshots
+        (f"{C1}/../x", None),
+        ("A" * 40, None),  # the hub writes lowercase hex
+        ("main", None),  # a branch, not what it resolved to
+    ],
+)
+def test_a_refs_file_names_a_commit_or_is_refused(text: str, commit: str | None) -> None:
+    if commit is None:
+        with pytest.raises(hf_fetch.NotACommit, match="not a commit"):
+            hf_fetch.ref_commit("refs/main", text)
+    else:
+        assert hf_fetch.ref_commit("refs/main", text) == commit
+
+
 def served(revision: str, key: str = "model") -> ServedModel:
     return ServedModel(
         model_key=key,
@@ -209,6 +229,20 @@ def test_a_changed_revision_is_resolved_anew(tmp_path: Path) -> None:
     assert head.fetch("v2", {"main": C2, "v2": C3}) == f"{C3} 1 40"
     assert head.fetch(C2, {"main": C2, "v2": C3}) == f"{C2} 1 40"
     assert head.downloads() == [C1, C3, C2]
+
+
+def test_a_planted_refs_file_stops_the_fetch(tmp_path: Path) -> None:
+    head = Head(tmp_path)
+    (head.repo / "refs").mkdir(parents=True)
+    (head.repo / "refs" / "main").write_text("../../../models--org--evil/snapshots/x")
+    done = head.run("main", {"main": C1})
+    assert done.returncode == 1
+    assert (
+        "refs/main of org/m in the HF cache holds "
+        "'../../../models--org--evil/snapshots/x', not a commit" in done.stderr
+    )
+    assert "likely cause: something other than the hub client wrote that refs file" in (done.stderr)
+    assert head.downloads() == []
 
 
 # --- the program ----------------------------------------------------------------------------
