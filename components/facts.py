@@ -43,9 +43,11 @@ GUARD_LINE = "guard"  # "guard LINE": the memory guard's stop of a container sto
 DOCKERD_ARG_LINE = "dockerd-arg"  # "dockerd-arg --default-ulimit=V": the running daemon's flag
 DAEMON_JSON_LINE = "daemon-json"  # "daemon-json JSON": its config file, on one line
 UNSAFE_LINE = "unsafe"  # "unsafe WHY": another user could change the state or the cache
-    stopped that is stopped still, then `key-label NAME VALUE` per container with a key label,
-    then the running dockerd's `--default-ulimit` flags and its daemon.json, then
-    `nccl PATH RESOLVED` when the host has its own NCCL; or, instead of all
+NCCL_LINE = "nccl"  # "nccl PATH RESOLVED": the host's own libnccl.so.2 (vllm.hostNccl)
+# "key-label NAME VALUE": a container's API_KEY_HASH_LABEL (stacks/plan/containers.py
+# secret_label keeps an earlier release's value while the key is the same)
+KEY_LABEL_LINE = "key-label"
+KEY_LABEL_ERROR_LINE = "key-label-error"  # "key-label-error WHY": Docker did not list them
 
 
 @dataclass
