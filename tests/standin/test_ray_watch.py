@@ -6,6 +6,7 @@ through the watch's own flags; the whole module runs in about half a minute."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -107,7 +108,9 @@ def head(standin_bin: Path, ray_hf_home: Path) -> Iterator[Head]:
         f"--port={port}", "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats",
         "--include-dashboard=false", "--object-store-memory=100000000", f"--temp-dir={temp_dir}",
     ]  # fmt: skip
-    flags = [f"--gcs=127.0.0.1:{port}", f"--node-ip={ip}", "--grace-seconds=2", *FAST]
+    # A raylet registers a few seconds after it starts on this loaded 2-core machine (over 2 s
+    # was seen): the grace covers it, as 60 s does on a Spark.
+    flags = [f"--gcs=127.0.0.1:{port}", f"--node-ip={ip}", "--grace-seconds=6", *FAST]
     watched = watch(standin_bin / "python", env, temp_dir / "watch.log", flags, ray_start)
     ray_pid: int | None = None
     try:
@@ -188,21 +191,49 @@ def test_a_gcs_that_does_not_answer_changes_nothing(
 ) -> None:
     port = silent_port if gcs == "silent" else free_port()
     env = clean_env(standin_bin, ray_hf_home)
-    flags = [f"--gcs=127.0.0.1:{port}", f"--node-ip={UNASSIGNED_IP}", "--grace-seconds=0.5"]
-    away = watch(standin_bin / "python", env, tmp_path / "watch.log", flags + FAST,
-                 fake_raylet(tmp_path))  # fmt: skip
+    # Each check bounded by 0.5 s: every one ends within a step of 1 s, the GCS hanging or not.
+    flags = [
+        f"--gcs=127.0.0.1:{port}", f"--node-ip={UNASSIGNED_IP}", "--grace-seconds=0.5",
+        f"--interval-seconds={INTERVAL_S}", "--check-seconds=0.5",
+        f"--absent-checks={ABSENT_CHECKS}",
+    ]  # fmt: skip
+    away = watch(standin_bin / "python", env, tmp_path / "watch.log", flags, fake_raylet(tmp_path))
     away.wait_for(f"the head's GCS at 127.0.0.1:{port} did not answer", 30)
     started = time.monotonic()
-    time.sleep(SEVERAL_CHECKS_S)
+    time.sleep((ABSENT_CHECKS + 1) * (INTERVAL_S + 0.5))  # more checks than would act
     assert away.process.poll() is None, away.log
     # docker stop: passed on to `ray start` (here the stand-in raylet), its code kept, at once
     # even with a question to the GCS still in flight.
     assert away.stop() == 128 + signal.SIGTERM
-    assert time.monotonic() - started < SEVERAL_CHECKS_S + 5
+    assert time.monotonic() - started < (ABSENT_CHECKS + 1) * (INTERVAL_S + 0.5) + 5
     log = away.log
     assert "stopping this node's Ray" not in log and "answers but" not in log
-    why = "no answer within 2s" if gcs == "silent" else "its port refuses or does not answer"
+    why = "no answer within 0.5s" if gcs == "silent" else "its port refuses or does not answer"
     assert why in log
+
+
+def test_ray_stop_takes_the_raylet_and_not_the_watch(head: Head, standin_bin: Path) -> None:
+    """`ray stop` (ray_probe.py's, on a host leaving the stack) picks its victims by name, with
+    Ray's own list and rules (scripts.py `stop`): it must find this node's raylet, never the
+    watch, whose end would end the container and let Docker bring the host back."""
+    listing = "import json; from ray.autoscaler._private.constants import RAY_PROCESSES as p; "
+    done = subprocess.run(
+        [str(standin_bin / "python"), "-c", listing + "print(json.dumps(p))"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    keywords = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def ray_stop_picks(pid: int) -> bool:
+        name = _name(pid)
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        return any(
+            keyword in (name if by_name else subprocess.list2cmdline(args))
+            for keyword, by_name in keywords
+        )
+
+    raylets = [p for p in session_members(head.watched.ray_pid()) if _name(p) == "raylet"]
+    assert raylets and all(ray_stop_picks(pid) for pid in raylets)
+    assert not ray_stop_picks(head.watched.process.pid)
 
 
 def test_a_raylet_stopped_on_purpose_is_not_restarted_and_docker_stop_ends_all(
