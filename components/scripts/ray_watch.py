@@ -28,7 +28,8 @@ into what to do:
   Ray watch");
 - this node's raylet is not running (`ray stop`, as ray_probe.py does on a host leaving the
   stack, ends it gracefully and `ray start --block` keeps waiting): nothing, so that a node
-  stopped on purpose does not join again.
+  stopped on purpose does not join again. (`ray stop` picks processes by name; this script's
+  holds none it looks for: tests/standin/test_ray_watch.py.)
 
 It prints one line when what it sees changes, and one when it acts. SIGTERM and SIGINT (docker
 stop) go to `ray start`, as Docker's init passed them before (Ray 2.60 drains the node on
