@@ -66,7 +66,7 @@ class Verdict:
 
 def decide(seen: Seen, absent_before: int, absent_limit: int) -> Verdict:
     """What one check's result means, given how many checks before it in a row saw this node
-    absent. Only absences the GCS itself reported count; any other result ends the run."""
+    absent. Only absences the GCS itself reported count; any other result ends the run of them."""
     if seen == "absent":
         absent = absent_before + 1
         return Verdict(absent=absent, restart=absent >= absent_limit)
