@@ -722,6 +722,16 @@ class RayConfig(ConfigModel):
     max_worker_port: Port = Field(
         default=10999, description="The last of the ports Ray's workers take on each node."
     )
+    watch_nodes: bool = Field(
+        default=True,
+        description=(
+            "true: every Ray container (head and workers) runs its `ray start` under a watch "
+            "that restarts it when the head's GCS answers but has not listed this node's "
+            "fabric IP as alive for about a minute (after a restart of the head, a raylet can "
+            "stay up without registering again). false: `ray start` alone, unwatched "
+            "(docs/upgrading.md says when to choose it)."
+        ),
+    )
 
     # The ports every node's Ray listens on besides the head's own (`port`), each with the
     # `ray start` flag that fixes it: the one table `ray start`'s arguments, the firewall's and

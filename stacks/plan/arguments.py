@@ -144,6 +144,35 @@ def ray_start_args(plan: ClusterPlan, node: NodePlan) -> list[str]:
     return ["start", f"--address={plan.ray_address}", *common]
 
 
+# The Ray watch (components/scripts/ray_watch.py; docs/design.md, "The Ray watch"): it acts when
+# this node's raylet has run GRACE seconds (a raylet registers within a few) and then
+# ABSENT_CHECKS checks in a row, INTERVAL apart, each bounded by CHECK, found the head's GCS
+# answering without it: about two minutes after a head's restart left it unregistered. A GCS
+# that does not answer is left to Ray's own limit (gcs_rpc_server_reconnect_timeout_s, 60 s).
+RAY_WATCH_SCRIPT = "ray_watch.py"
+RAY_WATCH_GRACE_S = 60
+RAY_WATCH_INTERVAL_S = 15
+RAY_WATCH_CHECK_S = 10
+RAY_WATCH_ABSENT_CHECKS = 4
+
+
+def ray_watch_entrypoint(plan: ClusterPlan, node: NodePlan) -> list[str]:
+    """The watch (from the mounted scripts, with the image's python3, the one Ray runs on),
+    then `ray`: `ray_start_args` stay the container's command."""
+    return [
+        "python3",
+        f"{CONTAINER_SCRIPTS_DIR}/{RAY_WATCH_SCRIPT}",
+        f"--gcs={plan.ray_address}",
+        f"--node-ip={node.fabric_ip}",
+        f"--grace-seconds={RAY_WATCH_GRACE_S}",
+        f"--interval-seconds={RAY_WATCH_INTERVAL_S}",
+        f"--check-seconds={RAY_WATCH_CHECK_S}",
+        f"--absent-checks={RAY_WATCH_ABSENT_CHECKS}",
+        "--",
+        "ray",
+    ]
+
+
 def vllm_launcher_args(
     plan: ServerPlan, sizing: ServerSizing, node: NodePlan | None = None
 ) -> list[str]:

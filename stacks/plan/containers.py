@@ -14,7 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from stacks.plan.arguments import node_env, ray_start_args, vllm_launcher_args
+from stacks.plan.arguments import (
+    node_env,
+    ray_start_args,
+    ray_watch_entrypoint,
+    vllm_launcher_args,
+)
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import (
     CONTAINER_API_KEY_DIR,
@@ -249,10 +254,13 @@ class EntryScripts:
 def ray_container(
     plan: ServerPlan, node: NodePlan, mounts_token: str, scripts: EntryScripts
 ) -> ContainerSpec:
-    """Ray as the container's main process (`ray start --block`), head or worker."""
+    """Ray (`ray start --block`), head or worker: under the Ray watch (ray.watchNodes), which
+    restarts it when the head's GCS no longer lists this node, or as the main process itself."""
     role: ServiceRole = "ray-head" if node.is_head else "ray-worker"
     command = tuple(ray_start_args(plan.cluster, node))
-    return _service(plan, node, role, ("ray",), command, mounts_token, scripts)
+    watched = plan.config.ray.watch_nodes
+    entrypoint = tuple(ray_watch_entrypoint(plan.cluster, node)) if watched else ("ray",)
+    return _service(plan, node, role, entrypoint, command, mounts_token, scripts)
 
 
 def vllm_container(

@@ -187,7 +187,9 @@ def test_containers_have_the_field_proven_settings(evaluation: Evaluation) -> No
 def test_ray_containers_run_ray_bound_to_the_fabric(evaluation: Evaluation) -> None:
     ev = evaluation
     head = ev.named("ray-head").inputs
-    assert ungated(head["entrypoints"]) == ["ray"]
+    # Under the Ray watch (ray.watchNodes, on by default; tests/program/test_ray_watch.py).
+    assert ungated(head["entrypoints"])[:2] == ["python3", "/spark-vllm/bin/ray_watch.py"]
+    assert ungated(head["entrypoints"])[-2:] == ["--", "ray"]
     assert head["command"][:2] == ["start", "--head"]
     assert "--block" in head["command"] and "--include-dashboard=false" in head["command"]
     assert "--node-ip-address=10.241.0.11" in head["command"]
@@ -434,7 +436,7 @@ def test_the_default_firewall_guards_every_cluster_port_before_anything_listens(
     # Turned off: no guard, no gate, and a loud warning.
     off = evaluate(make_config(hosts=2, fabric={"firewall": False}), SECRETS)
     assert not [r for r in off.registrations if r.name.startswith("firewall-")]
-    assert off.named("ray-head").inputs["entrypoints"] == ["ray"]
+    assert off.named("ray-head").inputs["entrypoints"][0] == "python3"
     assert any("fabric.firewall is false" in w for w in off.warnings), off.warnings
 
 
