@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import socketserver
 import subprocess
 import sys
@@ -132,12 +133,23 @@ class _Unix(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def _wait_for(path: str, process: subprocess.Popen[str]) -> None:
+    """Until the filter accepts a connection: its socket file exists from bind(), a moment
+    before listen() (a loaded machine refused the first call in between)."""
     deadline = time.monotonic() + 15
-    while not os.path.exists(path):
+    while not _accepts(path):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise AssertionError(f"the filter did not listen: {process.communicate()}")
         time.sleep(0.02)
+
+
+def _accepts(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
