@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from lab import HF_MODEL, HF_MORE_MODELS, Lab
+from lab.hosts import nodes_of
 from lab.image import REQUIREMENTS
 from lab.stack import IMAGE_NAME, SERVED_NAME
 from stacks.plan.image import pinned_image
@@ -54,6 +55,9 @@ STANDIN_VERSION = "0.0.0+spark-vllm-lab-standin"  # what its /version says
 STANDIN_PACKAGE_VERSION = "0.0.0+spark.vllm.lab.standin"  # its metadata's (PEP 440 normalised)
 LOAD_ENV = "VLLM_STANDIN_LOAD_SECONDS"
 SECOND_MODEL = "tiny-chat-b"  # a second lab model (HF_MORE_MODELS), beside the first
+# `pulumi up`'s default parallelism is 4 per CPU: 8 on this machine, 64 on a user's 16-core
+# laptop. The e2e's first `up` runs with the laptop's, against the lab's stock sshd limits.
+USER_PARALLEL = 64
 assert "ray==2.60.0" in REQUIREMENTS  # the lab image's Ray, which rayVersion must report
 
 
@@ -93,7 +97,7 @@ def deployed(
     init_stack(cli, "lab", e2e_config(lab))
     started = time.monotonic()
     try:
-        cli.run("up", "--yes", "--skip-preview")
+        cli.run("up", "--yes", "--skip-preview", f"--parallel={USER_PARALLEL}")
     except BaseException:
         cli.run("destroy", "--yes", "--skip-preview", check=False)
         raise
@@ -142,6 +146,21 @@ def test_outputs_name_the_endpoint_and_model(deployed: Deployment) -> None:
     assert model["servedName"] == SERVED_NAME
     assert model["timeToFirstTokenSeconds"] > 0 and model["tokensPerSecond"] > 0
     assert model["nodes"] == spec.host_names == [n["name"] for n in outputs["nodes"]]
+
+
+def test_stock_sshd_limits_dropped_no_connection_of_the_run(deployed: Deployment) -> None:
+    """Every step dials the bastion and its host (one SSH connection each, pulumi-command's and
+    the stand-in's alike), and the engine starts up to --parallel of them at once. Stock sshd
+    (the lab's, Debian's `MaxStartups 10:30:100`) drops connections at random once more than 10
+    are being authenticated: a drop would be a step failing its dials. None was, at a laptop's
+    parallelism (64), on the bastion or either host."""
+    throttled = {
+        node.name: [line for line in log.splitlines() if "MaxStartups" in line]
+        for node in nodes_of(deployed.lab.spec)
+        if (log := (node.hostdir / "log" / "sshd.log").read_text(errors="replace"))
+    }
+    assert not any(throttled.values()), throttled
+    assert {"bastion", "spark1", "spark2"} <= set(throttled)  # every log was read
 
 
 def test_outputs_carry_the_measured_link_and_the_memory_the_server_was_sized_for(
