@@ -41,6 +41,7 @@ from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import FAKE_CERTIFICATE, evaluate, step_command
 from tests.program.planning import graph_of
 from tests.program.ports import free_port
+from tests.program.previews import plan
 from tests.program.scripting import load, run
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
@@ -445,3 +446,14 @@ def test_the_readiness_probe_reaches_the_tls_front(front: Front) -> None:
     assert probe.origin("10.0.0.1", 8000) == "http://10.0.0.1:8000"
     base = probe.origin("https://127.0.0.1", front.port)
     assert probe.request(f"{base}/health", OPERATOR) == (200, '{"path": "/health"}')
+
+
+def test_turning_it_on_replaces_no_container(make_config: ConfigFactory) -> None:
+    """What the next `pulumi preview` shows (docs/upgrading.md): the certificate's step, the
+    front's configuration and its reload, the readiness wait (now over HTTPS); no container."""
+    assert plan(make_config(), with_tls(make_config, selfSigned=True)) == {
+        "front-tls": "create",
+        "front-config": "update",
+        "front-reload": "update",
+        "vllm-ready": "update",
+    }
