@@ -38,11 +38,12 @@ from stacks.plan.front import (
 from stacks.schema import FrontTlsConfig
 from stacks.settings import front_tls_pair
 from tests.program.conftest import SECRETS, ConfigFactory
-from tests.program.harness import FAKE_CERTIFICATE, evaluate, step_command
+from tests.program.harness import FAKE_CERTIFICATE, evaluate, is_secret, step_command
 from tests.program.planning import graph_of
 from tests.program.ports import free_port
 from tests.program.previews import plan
 from tests.program.scripting import load, run
+from tests.program.test_secrets import plain_parts
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
 HAPROXY = shutil.which("haproxy")
@@ -275,8 +276,22 @@ def test_outputs_publish_the_https_endpoint_and_the_users_certificate(
     assert ev.outputs["frontCertificate"] == cert.read_text()
     assert ev.outputs["frontCertificateSha256"] == certificate_sha256(cert.read_text())
     step = ev.named(names.FRONT_TLS)
+    assert is_secret(step.inputs["stdin"]) and step.inputs["logging"] == "none"
+    assert step.inputs["stdin"]["value"] == cert.read_text() + key.read_text()
+    key_body = key.read_text().splitlines()[1]
+    for resource in ev.registrations:  # the key on stdin alone, a secret
+        assert key_body not in json.dumps(plain_parts(resource.inputs)), resource.name
     assert "PRIVATE KEY" not in str(step_command(step.inputs["create"]))
-    assert "BEGIN" in str(step.inputs["stdin"])  # the pair, on stdin only
+
+
+def test_a_renewed_certificate_rewrites_it_and_reloads_the_front(
+    make_config: ConfigFactory, tmp_path: Path, openssl: None
+) -> None:
+    old_cert, old_key = make_pair(tmp_path, "old")
+    new_cert, new_key = make_pair(tmp_path, "new")
+    before = with_tls(make_config, certificateFile=str(old_cert), keyFile=str(old_key))
+    after = with_tls(make_config, certificateFile=str(new_cert), keyFile=str(new_key))
+    assert plan(before, after) == {"front-tls": "update", "front-reload": "replace"}
 
 
 def test_outputs_publish_the_certificate_the_head_made(make_config: ConfigFactory) -> None:
