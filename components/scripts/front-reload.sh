@@ -50,8 +50,11 @@ if ! out="$(timeout 60 docker exec "$ARG_CONTAINER" haproxy -c -q -f "$ARG_CONFI
     # <state>/front/haproxy.cfg: the step that wrote it is front-config (stacks/plan/hosts.py).
     rm -f "$(dirname "$(dirname "$ARG_FILE")")/receipts/front-config"
   fi
-  fail "HAProxy refuses the front's new configuration ($restored): $(printf '%s' "$out" | tail -n 5)" \
-    "a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"
+  cause="a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"
+  if [ -n "${ARG_TLS_FILE:-}" ]; then  # the one file of the user's it reads (front.tls)
+    cause="front.tls's certificate and key do not belong together or HAProxy cannot read them (see its lines above; the head has no openssl to check them first); else $cause"
+  fi
+  fail "HAProxy refuses the front's new configuration ($restored): $(printf '%s' "$out" | tail -n 5)" "$cause"
 fi
 out="$(timeout 30 docker kill -s USR2 "$ARG_CONTAINER" 2>&1)" \
   || fail "the front did not take the signal to reload: ${out##*$'\n'}" \

@@ -42,7 +42,8 @@ from tests.program.harness import FAKE_CERTIFICATE, evaluate, is_secret, step_co
 from tests.program.planning import graph_of
 from tests.program.ports import free_port
 from tests.program.previews import plan
-from tests.program.scripting import load, run
+from tests.program.scripting import fake_docker_path, load, run
+from tests.program.test_front_reload import FAKE_DOCKER
 from tests.program.test_secrets import plain_parts
 
 OPERATOR = "operator-key-0c9e2b7d5a1f3e86"
@@ -472,3 +473,89 @@ def test_turning_it_on_replaces_no_container(make_config: ConfigFactory) -> None
         "front-reload": "update",
         "vllm-ready": "update",
     }
+
+
+# --- turning it on: a running front reloaded onto HTTPS (front-reload.sh) ------------------------
+
+
+@pytest.fixture
+def clear_text_front(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A front as a deployment without front.tls runs it (HAProxy's master-worker, `-W`), and
+    what front-reload.sh needs to reload it (Docker a stand-in that runs its commands here)."""
+    if HAPROXY is None or OPENSSL is None:
+        pytest.skip("HAProxy or openssl (lab/install-deps.sh) is not installed")
+    server = echo_server()
+    route = Route("alpha", "org/alpha", None, (("s", f"127.0.0.1:{server.server_address[1]}"),))
+    (tmp_path / "bearer").write_text(f"Bearer {OPERATOR}\n")
+    port = free_port()
+    config = tmp_path / "front" / "haproxy.cfg"
+    config.parent.mkdir()
+
+    def configure(tls_cert: str | None) -> None:
+        bind, bearer = f"127.0.0.1:{port}", str(tmp_path / "bearer")
+        config.write_text(router_config(bind, bearer, [route], "/unused", tls_cert=tls_cert))
+
+    configure(None)
+    master = subprocess.Popen([str(HAPROXY), "-W", "-db", "-f", str(config)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    env = {"PATH": fake_docker_path(tmp_path, FAKE_DOCKER), "FAKE_MASTER_PID": str(master.pid)}
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            http.client.HTTPConnection("127.0.0.1", port, timeout=5).request("GET", "/")
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.1)
+    try:
+        yield {"port": port, "config": config, "configure": configure, "env": env}
+    finally:
+        master.terminate()
+        master.wait(timeout=10)
+        server.shutdown()
+
+
+def reload_front(front: dict[str, Any], tls_file: Path) -> subprocess.CompletedProcess[str]:
+    config = str(front["config"])
+    return run("front-reload.sh", "--host", "spark1", "--container", "front", "--file", config,
+               "--config", config, "--digest", "d2", "--tls-file", str(tls_file),
+               env=front["env"])  # fmt: skip
+
+
+def test_turning_it_on_reloads_a_running_front_onto_https(
+    clear_text_front: dict[str, Any], tmp_path: Path
+) -> None:
+    pem = tmp_path / "front-secrets" / "tls.pem"
+    made = run("front-tls-file.sh", "write", "--host", "h", "--file", str(pem),
+               "--san", "IP:127.0.0.1", check=True)  # fmt: skip
+    clear_text_front["configure"](str(pem))
+    done = reload_front(clear_text_front, pem)
+    assert done.returncode == 0 and "front reloaded" in done.stdout, done.stderr
+    tls = Front(clear_text_front["port"], first_certificate(made.stdout))
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert tls.ask("/v1/models", OPERATOR) == (200, b'{"path": "/v1/models"}')
+            break
+        except (OSError, http.client.HTTPException):
+            assert time.monotonic() < deadline, "the front does not serve HTTPS after its reload"
+            time.sleep(0.1)
+
+
+def test_a_pair_haproxy_cannot_load_is_not_loaded_and_named(
+    clear_text_front: dict[str, Any], tmp_path: Path
+) -> None:
+    """On a head without openssl the step cannot check the pair: HAProxy's check refuses it, the
+    front keeps serving, and the failure names front.tls."""
+    cert, _ = make_pair(tmp_path, "front")
+    _, other_key = make_pair(tmp_path, "other")
+    pem = tmp_path / "tls.pem"
+    pem.write_text(cert.read_text() + other_key.read_text())
+    clear_text_front["configure"](str(pem))
+    done = reload_front(clear_text_front, pem)
+    assert done.returncode == 1 and "HAProxy refuses" in done.stderr
+    assert "front.tls's certificate and key do not belong together" in done.stderr
+    connection = http.client.HTTPConnection("127.0.0.1", clear_text_front["port"], timeout=10)
+    connection.request("GET", "/v1/models", headers={"Authorization": f"Bearer {OPERATOR}"})
+    assert connection.getresponse().status == 200  # the clear-text front still serves
+    connection.close()
