@@ -625,8 +625,8 @@ def _front(
             after=(config.name, container, *read[1:]),
             # A key added, changed or revoked: the map's hash changes, so the front reloads
             # (the configuration alone names the keys, not their values).
-            # So is a new certificate of the user's (front.tls): the front loads it when it loads
-            # its configuration.
+            # So does a new certificate of the user's (front.tls): the front reads it only when
+            # it loads its configuration.
             secret_triggers=(
                 *(("user-keys",) if keys is not None else ()),
                 *(("front-tls",) if plan.config.front.tls.user_certificate else ()),

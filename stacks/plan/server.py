@@ -109,7 +109,7 @@ def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
 def front_tls_file(plan: ClusterPlan) -> StepSpec | None:
     """front.tls: the front's certificate and key in its secrets on the head, the user's (stdin,
     nothing logged) or a self-signed pair the head makes for the endpoint's address; the
-    certificate printed (front_certificate_of). None with TLS off."""
+    certificate printed for the outputs (front.first_certificate). None with TLS off."""
     tls = plan.config.front.tls
     if not tls.enabled:
         return None
