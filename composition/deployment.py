@@ -36,6 +36,7 @@ from stacks.plan.cluster import (
     unpinned_endpoints,
 )
 from stacks.plan.cold_start import cold_start, cold_start_steps, cold_start_table
+from stacks.plan.front import certificate_sha256, first_certificate
 from stacks.plan.graph import DeploymentGraph, GraphFacts, plan_graph
 from stacks.plan.nccl import host_nccl_problems, nccl_output, with_host_nccl
 from stacks.plan.server_plan import ServerPlan, per_server
@@ -55,6 +56,7 @@ class Deployment:
     api_key: pulumi.Output[str]
     cold_starts: tuple[pulumi.Output[dict[str, Any]], ...] = ()  # per server, in fleet order
     monitoring: Monitoring | None = None  # monitoring.enabled
+    front_certificate: str | None = None  # front.tls's, from the user's file (not secret)
 
     def outputs(self) -> dict[str, object]:
         plan, first, memory = self.plan, self.servers[0], self.memories[0]
@@ -112,8 +114,20 @@ class Deployment:
             outputs["monitoring"] = self.monitoring.summary
             if self.monitoring.grafana_password is not None:  # `admin`'s, its own secret
                 outputs["grafanaAdminPassword"] = self.monitoring.grafana_password
+        if plan.config.front.tls.enabled:  # for clients to trust (or pin) the front's
+            certificate = self._front_certificate()
+            outputs["frontCertificate"] = certificate
+            outputs["frontCertificateSha256"] = certificate.apply(certificate_sha256)
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
+
+    def _front_certificate(self) -> pulumi.Output[str]:
+        """The front's certificate: the user's file, known at once; or the one the head made
+        (front.tls.selfSigned), as its step printed it."""
+        if self.front_certificate is not None:
+            return pulumi.Output.from_input(first_certificate(self.front_certificate))
+        assert self.front.tls_stdout is not None, "front.tls plans the certificate's step"
+        return self.front.tls_stdout.apply(first_certificate)
 
 
 def build_deployment(settings: Settings) -> Deployment:
@@ -181,6 +195,7 @@ def build_deployment(settings: Settings) -> Deployment:
         "hf-token": settings.hf_token if settings.hf_token is not None else "",
         "api-key": settings.api_key,
         "user-keys": settings.user_keys,
+        "front-tls": settings.front_tls if settings.front_tls is not None else "",
     }
     walk = Walk(plan, graph, stdin)
     host_args = functools.partial(
@@ -197,7 +212,11 @@ def build_deployment(settings: Settings) -> Deployment:
     assert not unbuilt, f"planned but never registered: {unbuilt}"
     cold_starts = tuple(_cold_start(each, graph, walk) for each in per_server(plan))
     return Deployment(
-        plan=plan, api_key=settings.api_key, cold_starts=cold_starts, **deployment.parts()
+        plan=plan,
+        api_key=settings.api_key,
+        cold_starts=cold_starts,
+        front_certificate=settings.front_certificate,
+        **deployment.parts(),
     )
 
 

@@ -259,9 +259,73 @@ class FrontImageConfig(ConfigModel):
     )
 
 
+class FrontTlsConfig(ConfigModel):
+    """The front's TLS (off by default): the API key and the prompts cross the network
+    encrypted, with a certificate the user gives or one the head makes for itself."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "true: the front serves HTTPS only on `vllm.port` (TLS 1.2 or newer, HTTP/1.1), and "
+            "`endpointUrl` is `https://...`; on a LAN others share, set it, or anyone on the "
+            "path reads the API key and the prompts."
+        ),
+    )
+    certificate_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "A PEM certificate (its chain after it) on this machine, read at each run; its "
+            "names must cover the address clients use (`endpointUrl`'s). With `keyFile`."
+        ),
+    )
+    key_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The certificate's PEM private key on this machine (unencrypted), read at each run "
+            "and sent to the head on a step's stdin only, kept in the front's secrets there "
+            "and as a secret in the state. With `certificateFile`."
+        ),
+    )
+    self_signed: bool = Field(
+        default=False,
+        description=(
+            "true (instead of `certificateFile`/`keyFile`): the head makes a key pair and a "
+            "self-signed certificate for `endpointUrl`'s address once, with openssl; clients "
+            "trust the `frontCertificate` output (or pin `frontCertificateSha256`)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_certificate_source(self) -> FrontTlsConfig:
+        given = (self.certificate_file is not None, self.key_file is not None)
+        if given[0] != given[1]:
+            raise ValueError("set certificateFile and keyFile together (a certificate and its key)")
+        if self.self_signed and given[0]:
+            raise ValueError("set either selfSigned: true or certificateFile and keyFile, not both")
+        if self.enabled and not (self.self_signed or given[0]):
+            raise ValueError("enabled: true needs certificateFile and keyFile, or selfSigned: true")
+        return self
+
+    @property
+    def user_certificate(self) -> bool:
+        """TLS on, with the user's certificate and key (sent to the head on stdin)."""
+        return self.enabled and self.certificate_file is not None
+
+    @property
+    def made_on_head(self) -> bool:
+        """TLS on, with a self-signed pair the head makes once."""
+        return self.enabled and self.self_signed
+
+
 class FrontConfig(ConfigModel):
     image: FrontImageConfig = Field(
         default_factory=FrontImageConfig, description="The front's image."
+    )
+    tls: FrontTlsConfig = Field(
+        default_factory=FrontTlsConfig,
+        description="HTTPS on `vllm.port` (off by default; docs/security.md, Shared LANs).",
     )
     metrics_port: Port = Field(
         default=8404,

@@ -15,7 +15,7 @@ import pulumi
 
 from stacks.config import ConfigError, SshConfig, StackConfig, parse_stack_config
 from stacks.credentials import SshAuth
-from stacks.schema import SECRETS, StackSchema
+from stacks.schema import SECRETS, FrontTlsConfig, StackSchema
 
 # The stack's keys, as the schema declares them (the secrets apart: they never enter the model).
 SECRET_KEYS = tuple(SECRETS)
@@ -35,6 +35,10 @@ class Settings:
     ssh_auth: SshAuth
     known_hosts: Path | None  # ssh.knownHostsFile, expanded; it exists
     local_dir: Path  # this machine's derived files: known_hosts for Docker, SSH control sockets
+    # front.tls with the user's files: the certificate (not secret: an output for clients)...
+    front_certificate: str | None = None
+    # ... and what the front's TLS step reads on stdin: the certificate, then its key. A secret.
+    front_tls: pulumi.Output[str] | None = None
 
 
 def load_settings() -> Settings:
@@ -54,6 +58,7 @@ def load_settings() -> Settings:
         stack_config = parse_stack_config(raw)
         known_hosts = _known_hosts_file(stack_config.ssh)
         ssh_auth = _ssh_auth(stack_config.ssh)
+        tls_pair = front_tls_pair(stack_config.front.tls)
     except ConfigError as error:
         raise pulumi.RunError(f"invalid spark-vllm configuration:\n{error}") from None
     project, stack = pulumi.get_project(), pulumi.get_stack()
@@ -68,7 +73,50 @@ def load_settings() -> Settings:
         ssh_auth=ssh_auth,
         known_hosts=known_hosts,
         local_dir=base / f"{project}-{stack}",
+        front_certificate=tls_pair[0] if tls_pair else None,
+        front_tls=pulumi.Output.secret("".join(tls_pair)) if tls_pair else None,
     )
+
+
+def front_tls_pair(tls: FrontTlsConfig) -> tuple[str, str] | None:
+    """front.tls's certificate and key, read from this machine (PEM), each ending in a newline;
+    None unless TLS is on with the user's files. Only the certificate's problems quote it: the
+    key's never show its content."""
+    if not tls.user_certificate:
+        return None
+    assert tls.certificate_file is not None and tls.key_file is not None  # FrontTlsConfig
+    certificate = _read_pem("front.tls.certificateFile", tls.certificate_file)
+    key = _read_pem("front.tls.keyFile", tls.key_file)
+    problems = []
+    if "-----BEGIN CERTIFICATE-----" not in certificate:
+        problems.append(
+            f"front.tls.certificateFile: {tls.certificate_file} holds no PEM certificate "
+            "(-----BEGIN CERTIFICATE-----)"
+        )
+    if "PRIVATE KEY-----" in certificate:
+        problems.append(
+            f"front.tls.certificateFile: {tls.certificate_file} holds a private key: give the "
+            "key in keyFile alone (it is kept secret; the certificate is not)"
+        )
+    if "ENCRYPTED" in key:
+        problems.append(
+            f"front.tls.keyFile: {tls.key_file} is encrypted: HAProxy reads it unattended; "
+            "give it unencrypted (openssl pkey -in KEY -out PLAIN)"
+        )
+    elif not re.search(r"-----BEGIN (RSA |EC )?PRIVATE KEY-----", key):
+        problems.append(f"front.tls.keyFile: {tls.key_file} holds no PEM private key")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return (certificate.rstrip("\n") + "\n", key.rstrip("\n") + "\n")
+
+
+def _read_pem(where: str, path: str) -> str:
+    file = Path(path).expanduser()
+    try:
+        return file.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or "not text"
+        raise ConfigError(f"{where}: cannot read {file} ({why})") from None
 
 
 def _user_keys(

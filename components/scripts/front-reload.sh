@@ -9,9 +9,10 @@
 # Docker's restart policy) never reads a configuration HAProxy refused; and the configuration
 # step's receipt goes, so the next `pulumi up` writes and checks the new one again (rather than
 # taking the one put back for it). --keys-map: the named keys' map the configuration reads, written
-# by a step of its own: a front that started before it was last written reloads too.
+# by a step of its own: a front that started before it was last written reloads too; so does
+# --tls-file, the front's certificate and key (front.tls, front-tls-file.sh).
 #   front-reload.sh --host H --container C --file HOST_PATH --config CONTAINER_PATH --digest D
-#                   [--keys-map HOST_PATH]
+#                   [--keys-map HOST_PATH] [--tls-file HOST_PATH]
 . "$(dirname "$0")/lib.sh"
 parse_flags "$@"
 require host container file config digest
@@ -32,10 +33,11 @@ if [ "$status" != running ]; then  # restarting, exited, created: it reads the f
 fi
 started="$(date -d "${state#* }" +%s.%N 2>/dev/null || echo 0)"
 written="$(stat -c %.9Y "$ARG_FILE" 2>/dev/null || echo 0)"
-if [ -n "${ARG_KEYS_MAP:-}" ]; then
-  map_written="$(stat -c %.9Y "$ARG_KEYS_MAP" 2>/dev/null || echo 0)"
-  written="$(awk -v a="$written" -v b="$map_written" 'BEGIN { print (b > a) ? b : a }')"
-fi
+for beside in "${ARG_KEYS_MAP:-}" "${ARG_TLS_FILE:-}"; do
+  [ -n "$beside" ] || continue
+  beside_written="$(stat -c %.9Y "$beside" 2>/dev/null || echo 0)"
+  written="$(awk -v a="$written" -v b="$beside_written" 'BEGIN { print (b > a) ? b : a }')"
+done
 if awk -v started="$started" -v written="$written" 'BEGIN { exit !(started >= written) }'; then
   keep_good
   echo "the front started with configuration $ARG_DIGEST"
@@ -48,8 +50,11 @@ if ! out="$(timeout 60 docker exec "$ARG_CONTAINER" haproxy -c -q -f "$ARG_CONFI
     # <state>/front/haproxy.cfg: the step that wrote it is front-config (stacks/plan/hosts.py).
     rm -f "$(dirname "$(dirname "$ARG_FILE")")/receipts/front-config"
   fi
-  fail "HAProxy refuses the front's new configuration ($restored): $(printf '%s' "$out" | tail -n 5)" \
-    "a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"
+  cause="a bug in spark-vllm (the configuration is its own): the previous one keeps serving; please report it"
+  if [ -n "${ARG_TLS_FILE:-}" ]; then  # the one file of the user's it reads (front.tls)
+    cause="front.tls's certificate and key do not belong together or HAProxy cannot read them (see its lines above; the head has no openssl to check them first); else $cause"
+  fi
+  fail "HAProxy refuses the front's new configuration ($restored): $(printf '%s' "$out" | tail -n 5)" "$cause"
 fi
 out="$(timeout 30 docker kill -s USR2 "$ARG_CONTAINER" 2>&1)" \
   || fail "the front did not take the signal to reload: ${out##*$'\n'}" \

@@ -5,11 +5,16 @@
 
     vllm_probe.py PORT SERVED_NAME [HOST] [measure N]
 
+HOST may be `https://ADDRESS`: the front with front.tls. Its certificate is not checked: ADDRESS
+is the head's own (the probe runs there), so no one on a network can stand in for it, and the
+certificate may name another address (endpointUrl's) or be self-signed.
+
 With `measure N` (once ready), N streamed completions of a fixed prompt, one at a time, give
 `speed <time to first token> <decode tokens/s> ...`: medians, bounded by MEASURE_SECONDS.
 """
 
 import json
+import ssl
 import statistics
 import sys
 import time
@@ -18,7 +23,12 @@ import urllib.request
 
 # No proxy, whatever the environment says (the image's, vllm.env's or the SSH session's
 # http_proxy): these requests go to this cluster's own addresses, some with the API key.
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+UNCHECKED_TLS = ssl.create_default_context()
+UNCHECKED_TLS.check_hostname = False
+UNCHECKED_TLS.verify_mode = ssl.CERT_NONE
+DIRECT = urllib.request.build_opener(
+    urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=UNCHECKED_TLS)
+)
 
 MEASURE_SECONDS = 120  # the whole measurement; a slower server reports what it measured
 MEASURE_TOKENS = 64
@@ -38,8 +48,14 @@ def request(url: str, key: str, body: dict | None = None, timeout: float = 10) -
         return error.code, error.read().decode(errors="replace")[:200]
 
 
+def origin(host: str, port: int) -> str:
+    """`http://HOST:PORT`, or `https://ADDRESS:PORT` for HOST `https://ADDRESS`."""
+    scheme, _, address = host.rpartition("://")
+    return f"{scheme or 'http'}://{address}:{port}"
+
+
 def probe(port: int, served_name: str, key: str, host: str = "127.0.0.1") -> str:
-    base = f"http://{host}:{port}"
+    base = origin(host, port)
     try:
         status, _ = request(f"{base}/health", key)
     except OSError as error:
@@ -102,7 +118,7 @@ def stream_once(base: str, served_name: str, key: str, timeout: float) -> tuple[
 
 def measure(port: int, served_name: str, key: str, host: str, runs: int) -> str:
     """`speed TTFT_S DECODE_TOK_S RUNS TOKENS VERSION`, medians of the runs that finished."""
-    base = f"http://{host}:{port}"
+    base = origin(host, port)
     deadline = time.monotonic() + MEASURE_SECONDS
     ttfts, rates, tokens = [], [], 0
     for _ in range(runs):

@@ -142,11 +142,17 @@ class ClusterPlan:
         return "127.0.0.1" if self.listen_address == "0.0.0.0" else self.listen_address
 
     @property
+    def endpoint_host(self) -> str:
+        """The address clients reach the front at: the head's SSH address, its fabric IP, or its
+        loopback (`vllm.listen: loopback`: through `ssh -L <port>:127.0.0.1:<port>` to the
+        head). A self-signed front certificate names it (front.tls.selfSigned)."""
+        return {"0.0.0.0": self.head.ssh.address}.get(self.listen_address, self.listen_address)
+
+    @property
     def endpoint_url(self) -> str:
-        """The API as clients reach it: the head's SSH address, its fabric IP, or its loopback
-        (`vllm.listen: loopback`: through `ssh -L <port>:127.0.0.1:<port>` to the head)."""
-        host = {"0.0.0.0": self.head.ssh.address}.get(self.listen_address, self.listen_address)
-        return f"http://{host}:{self.config.vllm.port}/v1"
+        """The API as clients reach it (endpoint_host), over HTTPS with front.tls."""
+        scheme = "https" if self.config.front.tls.enabled else "http"
+        return f"{scheme}://{self.endpoint_host}:{self.config.vllm.port}/v1"
 
     @property
     def api_key_dir(self) -> str:

@@ -20,7 +20,9 @@ new workers (HANDOVER_PEERS), over TLS with a key pair of the deployment's own
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,6 +95,13 @@ MAX_CONNECTIONS = 4096  # one model: HAProxy's default 16 kB buffers
 # connections. vLLM itself serves HTTP/1.1 only, and its clients (OpenAI's and Anthropic's
 # SDKs, curl, vllm bench) use HTTP/1.1 unless told otherwise: nothing is lost.
 H1_ONLY = "proto h1"
+# front.tls: the certificate the front serves, then its private key (PEM, the `crt` HAProxy
+# reads), in the front's secrets beside `bearer` (front-tls-file.sh). ALPN offers HTTP/1.1 alone,
+# so a TLS client asking for h2 gets HTTP/1.1 as over clear text (H1_ONLY stays on the bind);
+# TLS 1.2 is the oldest it accepts (HAProxy 2.6's default too, kept whatever a build says), and
+# the ciphers are HAProxy's and OpenSSL's defaults: nothing here to keep up to date.
+TLS_CERT_NAME = "tls.pem"
+TLS_BIND = "ssl crt {crt} alpn http/1.1 ssl-min-ver TLSv1.2"
 
 # A generation can stream for many minutes: the client and server timeouts bound idle time
 # between bytes, not the whole request. A request's headers must arrive within
@@ -119,6 +128,22 @@ def front_bind(plan: ClusterPlan) -> str:
         "fabric": f"{plan.head.fabric_ip}:{port}",
         "loopback": f"127.0.0.1:{port}",
     }[plan.config.vllm.listen]
+
+
+def subject_alt_name(host: str) -> str:
+    """openssl's subjectAltName for the address clients use: an IP address or a DNS name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return f"DNS:{host}"
+    return f"IP:{host}"
+
+
+def tls_cert_of(plan: ClusterPlan) -> str | None:
+    """The front's certificate and key as its container reads them, with front.tls on."""
+    if not plan.config.front.tls.enabled:
+        return None
+    return f"{CONTAINER_FRONT_SECRETS_DIR}/{TLS_CERT_NAME}"
 
 
 @dataclass(frozen=True)
@@ -194,6 +219,7 @@ def front_config(plan: ClusterPlan) -> str:
         handover=handover_address(metrics_port),
         handover_cert=f"{CONTAINER_FRONT_SECRETS_DIR}/{HANDOVER_CERT_NAME}",
         body_lua=f"{CONTAINER_FRONT_DIR}/{BODY_LUA_NAME}",
+        tls_cert=tls_cert_of(plan),
     )
 
 
@@ -228,6 +254,7 @@ def router_config(
     body_lua: str | None = None,
     handover_cert: str | None = None,
     drain_seconds: int = RELOAD_DRAIN_SECONDS,
+    tls_cert: str | None = None,
 ) -> str:
     """haproxy.cfg: the key on every path (vLLM's own 401 without it), then each request to
     its model's servers by the JSON body's `model` (json_query, HAProxy 2.4 on); no model:
@@ -244,7 +271,8 @@ def router_config(
     table, over TLS (HANDOVER_PEERS). Several routes need `body_lua`
     (front_body.BODY_LUA's path): a body whose `model` the front and vLLM could
     read differently is refused before it is routed. HTTP/1.1 only (H1_ONLY). A reload ends
-    the previous workers' connections within `drain_seconds` (RELOAD_DRAIN_SECONDS)."""
+    the previous workers' connections within `drain_seconds` (RELOAD_DRAIN_SECONDS). With
+    `tls_cert` (a certificate then its key), HTTPS only on `bind` (TLS_BIND)."""
     unauthorized = haproxy_string(UNAUTHORIZED_BODY)
     unknown = error_body(404, "NotFoundError", "The model `MODEL` does not exist.").replace(
         "MODEL", "%[var(txn.model),json(utf8s)]"
@@ -292,7 +320,7 @@ def router_config(
         "    retries 2",
         "    option redispatch",
         "frontend api",
-        f"    bind {bind} {H1_ONLY}",
+        f"    bind {bind} {TLS_BIND.format(crt=tls_cert) + ' ' if tls_cert else ''}{H1_ONLY}",
         "    stick-table type ipv6 size 100k expire 60s store conn_cur",
         "    tcp-request connection track-sc0 src",
         f"    tcp-request connection reject if {{ sc0_conn_cur gt {per_client} }}",
@@ -693,8 +721,33 @@ def front_files(plan: ClusterPlan) -> list[tuple[str, str]]:
 
 def front_config_digest(plan: ClusterPlan) -> str:
     """The configuration's hash (with several models, the models list's too): in the reload
-    step's command, so a changed file reloads the front (front-reload.sh)."""
+    step's command, so a changed file reloads the front (front-reload.sh). A self-signed
+    certificate's name too: a new name makes a new certificate, which the front reloads to
+    serve (the user's certificate reloads it through the reload's secret trigger)."""
     served = front_config(plan)
     for _, text in front_files(plan):  # read when the configuration is loaded
         served += text
+    if plan.config.front.tls.made_on_head:
+        served += subject_alt_name(plan.endpoint_host)
     return hashlib.sha256(served.encode()).hexdigest()[:16]
+
+
+def first_certificate(text: str) -> str:
+    """The first PEM certificate in `text` (a chain's leaf, or what front-tls-file.sh printed);
+    empty when there is none."""
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    start = text.find(begin)
+    stop = text.find(end, start)
+    if start < 0 or stop < 0:
+        return ""
+    return text[start : stop + len(end)] + "\n"
+
+
+def certificate_sha256(pem: str) -> str:
+    """A PEM certificate's SHA-256 fingerprint as `openssl x509 -fingerprint -sha256` prints it
+    (`AB:CD:...`), for clients that pin it; empty without a certificate."""
+    body = first_certificate(pem).splitlines()[1:-1]
+    if not body:
+        return ""
+    digest = hashlib.sha256(base64.b64decode("".join(body))).hexdigest().upper()
+    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))

@@ -586,7 +586,12 @@ def _front(
         entries.append(
             Planned(keys.name, names.FRONT, keys, head.name, after=(names.scripts_of(head.name),))
         )
-    read = (key_file.name, *((keys.name,) if keys is not None else ()))
+    tls = server.front_tls_file(plan)
+    if tls is not None:
+        entries.append(
+            Planned(tls.name, names.FRONT, tls, head.name, after=(names.scripts_of(head.name),))
+        )
+    read = (key_file.name, *(step.name for step in (keys, tls) if step is not None))
     pull = names.FRONT_PULL
     entries.append(
         Planned(
@@ -620,7 +625,12 @@ def _front(
             after=(config.name, container, *read[1:]),
             # A key added, changed or revoked: the map's hash changes, so the front reloads
             # (the configuration alone names the keys, not their values).
-            secret_triggers=("user-keys",) if keys is not None else (),
+            # So does a new certificate of the user's (front.tls): the front reads it only when
+            # it loads its configuration.
+            secret_triggers=(
+                *(("user-keys",) if keys is not None else ()),
+                *(("front-tls",) if plan.config.front.tls.user_certificate else ()),
+            ),
         )
     )
     return key_file.name, container, reload.name

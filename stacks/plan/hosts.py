@@ -19,6 +19,7 @@ from stacks.plan.front import (
     CONTAINER_FRONT_DIR,
     FRONT_CONFIG_NAME,
     KEYS_MAP_NAME,
+    TLS_CERT_NAME,
     front_config,
     front_config_digest,
     front_files,
@@ -245,9 +246,16 @@ def reload_front(plan: ClusterPlan) -> StepSpec:
             digest=front_config_digest(plan),
             # The named keys' map, written apart (a new value changes no configuration).
             **({"keys_map": keys_map_file(plan)} if plan.config.keys else {}),
+            # front.tls: the certificate, written apart too (a new one changes no configuration).
+            **({"tls_file": tls_file(plan)} if plan.config.front.tls.enabled else {}),
         ),
         timeouts=Timeouts(create=3),
     )
+
+
+def tls_file(plan: ClusterPlan) -> str:
+    """The front's certificate and key on the head, in the front's secrets (front-tls-file.sh)."""
+    return f"{plan.front_secrets_dir}/{TLS_CERT_NAME}"
 
 
 def keys_map_file(plan: ClusterPlan) -> str:

@@ -147,6 +147,7 @@ def compile_cache_of(node: str) -> str:
 # The front's.
 FRONT_KEY_FILE = f"{FRONT}-api-key"
 FRONT_KEYS = f"{FRONT}-keys"  # the named keys' map (`keys`)
+FRONT_TLS = f"{FRONT}-tls"  # the front's certificate and key (front.tls)
 FRONT_CONFIG = f"{FRONT}-config"
 FRONT_PULL = f"{FRONT}-pull"
 FRONT_CONTAINER = f"{FRONT}-container"

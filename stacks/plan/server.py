@@ -12,9 +12,13 @@ from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_API_KEY_FILE, CONTAINER_SCRIPTS_DIR
 from stacks.plan.fabric import fabric_flags
-from stacks.plan.front import BEARER_FILE_NAME, HANDOVER_CERT_NAME
+from stacks.plan.front import (
+    BEARER_FILE_NAME,
+    HANDOVER_CERT_NAME,
+    subject_alt_name,
+)
 from stacks.plan.hardware import extra_arg_value
-from stacks.plan.hosts import keys_map_file
+from stacks.plan.hosts import keys_map_file, tls_file
 from stacks.plan.server_plan import ServerPlan, log_specs, node_check_specs
 from stacks.plan.steps import Stdin, StepSpec, Timeouts, check, script_call, undoable
 
@@ -99,6 +103,28 @@ def front_keys_file(plan: ClusterPlan) -> StepSpec | None:
         (check("files", file, f"{plan.front_secrets_dir}/{HANDOVER_CERT_NAME}"),),
         stdin="user-keys",
         quiet="none",
+    )
+
+
+def front_tls_file(plan: ClusterPlan) -> StepSpec | None:
+    """front.tls: the front's certificate and key in its secrets on the head, the user's (stdin,
+    nothing logged) or a self-signed pair the head makes for the endpoint's address; the
+    certificate printed for the outputs (front.first_certificate). None with TLS off."""
+    tls = plan.config.front.tls
+    if not tls.enabled:
+        return None
+    file = tls_file(plan)
+    return undoable(
+        plan,
+        names.FRONT_TLS,
+        plan.head,
+        "front-tls-file.sh",
+        ("write", "remove"),
+        {"file": file},
+        (check("files", file),),
+        create_flags={"san": subject_alt_name(plan.endpoint_host)} if tls.self_signed else None,
+        stdin="front-tls" if tls.user_certificate else None,
+        quiet="none" if tls.user_certificate else None,
     )
 
 
@@ -188,6 +214,15 @@ def parse_benchmark(stdout: str) -> list[dict[str, Any]]:
     ]
 
 
+def front_probe_host(plan: ClusterPlan) -> dict[str, str]:
+    """Where the readiness probe reaches the front (none: 127.0.0.1), as `https://ADDRESS` with
+    front.tls: an address of the head itself, so the probe does not check the certificate
+    (vllm_probe.py; docs/design.md, The front's TLS)."""
+    if plan.config.front.tls.enabled:
+        return {"probe_host": f"https://{plan.probe_address}"}
+    return {} if plan.config.vllm.listen == "all" else {"probe_host": plan.probe_address}
+
+
 def vllm_ready(plan: ServerPlan) -> StepSpec:
     """The served model answers a real completion (the API key on stdin), within the timeout."""
     cfg = plan.config
@@ -196,10 +231,7 @@ def vllm_ready(plan: ServerPlan) -> StepSpec:
     # worker is probed there, directly (with the key: vLLM checks it on /v1).
     through_front = plan.server_node.is_head
     probe: dict[str, str | float] = (
-        {
-            "port": cfg.vllm.port,
-            **({} if cfg.vllm.listen == "all" else {"probe_host": plan.cluster.probe_address}),
-        }
+        {"port": cfg.vllm.port, **front_probe_host(plan.cluster)}
         if through_front
         else {"port": plan.server_port, "probe_host": plan.server_address}
     )

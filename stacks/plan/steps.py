@@ -28,7 +28,13 @@ BUNDLE_MARKER = ".bundle-digest"
 
 # What a step reads on stdin; the component wires the resource (or secret) that provides it.
 Stdin = Literal[
-    "scripts-bundle", "hf-token", "api-key", "user-keys", "head-public-key", "worker-host-keys"
+    "scripts-bundle",
+    "hf-token",
+    "api-key",
+    "user-keys",
+    "head-public-key",
+    "worker-host-keys",
+    "front-tls",
 ]
 
 

@@ -12,6 +12,7 @@ import yaml
 from stacks.config import (
     DockerConfig,
     FabricConfig,
+    FrontConfig,
     MemoryGuardConfig,
     MonitoringConfig,
     PreflightConfig,
@@ -105,7 +106,8 @@ def test_a_stack_can_leave_every_optional_key_out() -> None:
     ("key", "model"),
     [("ray", RayConfig), ("docker", DockerConfig), ("fabric", FabricConfig),
      ("preflight", PreflightConfig), ("timeouts", TimeoutsConfig),
-     ("monitoring", MonitoringConfig), ("memoryGuard", MemoryGuardConfig)],
+     ("monitoring", MonitoringConfig), ("memoryGuard", MemoryGuardConfig),
+     ("front", FrontConfig)],
 )  # fmt: skip
 def test_project_defaults_are_the_programs_defaults(key: str, model: type) -> None:
     declared = load_project(REPO / "Pulumi.yaml").config[key]

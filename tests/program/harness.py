@@ -199,6 +199,13 @@ def recorded_receipts(create: Any) -> dict[str, str]:
     return found
 
 
+# A certificate as front-tls-file.sh prints it (its body need not parse: only hashed).
+FAKE_CERTIFICATE = (
+    "front certificate made for IP:10.240.1.11\n-----BEGIN CERTIFICATE-----\n"
+    "ZmFrZSBjZXJ0aWZpY2F0ZSBvZiB0aGUgZnJvbnQ=\n-----END CERTIFICATE-----\n"
+)
+
+
 def _command_stdout(name: str, raw: dict[str, Any]) -> str:
     inputs = without_deadlines(raw)
     if name == "monitoring-grafana-password":  # as grafana-password.sh prints it
@@ -250,6 +257,8 @@ def _command_stdout(name: str, raw: dict[str, Any]) -> str:
             kv_bytes = 30 * 1024**3 if kv_cache == "auto" else int(kv_cache)
             sizing["kvCache"] = {"kvCacheBytes": kv_bytes, "mode": kv_cache}
         return "spark-vllm-seconds 3.0\nspark-vllm-memory-sizing " + json.dumps(sizing) + "\n"
+    if name == "front-tls":  # as front-tls-file.sh prints the certificate it made
+        return FAKE_CERTIFICATE
     if name.endswith("-facts"):  # as image-facts.sh answers for a vLLM image with Ray
         facts = {"machine": "aarch64", "python": "3.12.3", "ray": "2.53.0", "vllm": "0.16.0"}
         return "spark-vllm-image-facts " + json.dumps(facts, sort_keys=True) + "\n"
