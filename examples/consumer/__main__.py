@@ -20,11 +20,14 @@ own_model = config.get("model")
 model = own_model if own_model else vllm.require_output("modelId")
 api_key = own_key if own_key is not None else vllm.require_output("apiKey")  # a secret
 
+# With `front.tls` the deployment publishes the certificate its front serves: trusted for it.
+certificate = vllm.get_output("frontCertificate")
+
 # Absolute (the program runs in this project's directory), so the delete finds it from anywhere.
 config_path = Path(config.get("clientConfigPath") or "openai.env").resolve()
-written = client_config("openai-config", config_path, endpoint, model, api_key)
+written = client_config("openai-config", config_path, endpoint, model, api_key, certificate)
 if config.get_bool("checkEndpoint") is not False:
-    endpoint_check("endpoint-check", endpoint, model, api_key, after=written)
+    endpoint_check("endpoint-check", endpoint, model, api_key, written, config_path, certificate)
 
 pulumi.export("openaiBaseUrl", endpoint)
 pulumi.export("model", model)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,6 +60,27 @@ def endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
+def tls_endpoint(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The stand-in endpoint behind TLS, as a `front.tls` deployment serves it: its URL and the
+    certificate the deployment publishes (`frontCertificate`), self-signed for 127.0.0.1."""
+    key, cert = tmp_path / "front.key", tmp_path / "front.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=front",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Endpoint.seen.clear()
+    yield f"https://127.0.0.1:{server.server_address[1]}/v1", cert.read_text()
+    server.shutdown()
+
+
+@pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A copy of the example: its stack files and the written config stay out of the repo."""
     copy = tmp_path / "consumer"
@@ -66,10 +89,15 @@ def project(tmp_path: Path) -> Path:
 
 
 def up(
-    project: Path, endpoint: str, key: str = KEY, own_key: str | None = None, **config: Any
+    project: Path,
+    endpoint: str,
+    key: str = KEY,
+    own_key: str | None = None,
+    certificate: str | None = None,
+    **config: Any,
 ) -> tuple[RealMocks, dict]:
     """`key`: the deployment's `apiKey` output (the operator's); `own_key`: this project's own,
-    set with --secret."""
+    set with --secret; `certificate`: the deployment's `frontCertificate` (front.tls)."""
     cli = PulumiCli(project)
     cli.stack_from("dev", {"vllmStack": REFERENCE, **config})
     if own_key is not None:
@@ -81,6 +109,7 @@ def up(
         "modelId": "qwen3.5-122b",
         "models": [{"servedName": "qwen3.5-122b", "id": "Qwen/Qwen3.5-122B-A10B-FP8"}],
         "apiKey": secret,
+        **({"frontCertificate": certificate} if certificate is not None else {}),
     }
     outputs = run_program(cli, "dev", mocks)
     return mocks, outputs
@@ -143,3 +172,34 @@ def test_the_cli_refuses_the_consumer_without_the_stack_to_use(project: Path) ->
     cli.stack_from("dev", {})
     with pytest.raises(CliError, match="Stack 'dev' is missing configuration value 'vllmStack'"):
         cli.program_config("dev")
+
+
+def test_a_tls_front_is_trusted_by_the_certificate_the_deployment_publishes(
+    project: Path, tls_endpoint: tuple[str, str]
+) -> None:
+    """With `front.tls` the deployment exports the certificate its front serves: the client
+    configuration trusts it (SSL_CERT_FILE, which httpx and Python's ssl read) and the check
+    verifies the endpoint against it; nothing else is trusted for it."""
+    endpoint, certificate = tls_endpoint
+    mocks, _ = up(project, endpoint, certificate=certificate)
+    written, ca = project / "openai.env", project / "openai.env.ca.pem"
+    assert ca.read_text() == certificate
+    assert written.read_text().endswith(f"OPENAI_API_KEY={KEY}\nSSL_CERT_FILE={ca}\n")
+    check = next(e for e in mocks.journal if e.name == "endpoint-check")
+    assert "answered: ' world'" in check.outputs["stdout"]
+    assert [seen["auth"] for seen in Endpoint.seen] == [f"Bearer {KEY}"]
+    mocks.teardown()
+    assert not written.exists() and not ca.exists(), "destroy removes both files"
+
+
+def test_a_tls_front_without_its_certificate_is_not_trusted(
+    project: Path, tls_endpoint: tuple[str, str]
+) -> None:
+    """A deployment that published no certificate (self-signed here): the system's store does
+    not know it, and the check fails naming the endpoint, before any key is sent."""
+    endpoint, _ = tls_endpoint
+    with pytest.raises(
+        Exception, match=r"endpoint-check.*no completion.*CERTIFICATE_VERIFY_FAILED"
+    ):
+        up(project, endpoint)
+    assert Endpoint.seen == []

@@ -974,8 +974,8 @@ class RealMocks(pulumi.runtime.Mocks):
         self, args: pulumi.runtime.MockResourceArgs, what: str
     ) -> tuple[str, dict]:
         """pulumi-command's local Command (provider/pkg/provider/local): `create` under
-        `/bin/sh -c` in the program's directory, with stdin; a non-zero exit fails the create;
-        stdout and stderr lose one trailing newline."""
+        `/bin/sh -c` in the program's directory, with stdin and `environment`; a non-zero exit
+        fails the create; stdout and stderr lose one trailing newline."""
         inputs = args.inputs
         if unwrap_secrets(inputs.get("interpreter")) or unwrap_secrets(inputs.get("dir")):
             raise NotImplementedError(f"{what}: local Command with interpreter/dir")
@@ -983,7 +983,10 @@ class RealMocks(pulumi.runtime.Mocks):
         create = unwrap_secrets(inputs.get("create"))
         if create:
             result = run_local(
-                str(create), unwrap_secrets(inputs.get("stdin")), self.command_timeout_s
+                str(create),
+                unwrap_secrets(inputs.get("stdin")),
+                self.command_timeout_s,
+                unwrap_secrets(inputs.get("environment")),
             )
             if result.exit_code != 0:
                 output = tail(result.stderr or result.stdout, 10)
@@ -1264,8 +1267,15 @@ def remove_image(docker_host: DockerHost, entry: JournalEntry) -> None:
         raise RuntimeError(f"{docker_host.label}: docker rmi: {tail(result.stderr, 10)}")
 
 
-def run_local(command: str, stdin: str | None, timeout_s: float) -> RemoteResult:
-    return run_process(["/bin/sh", "-c", command], stdin or None, timeout_s, dict(os.environ))
+def run_local(
+    command: str,
+    stdin: str | None,
+    timeout_s: float,
+    environment: Mapping[str, Any] | None = None,
+) -> RemoteResult:
+    """As pulumi-command runs a local command: this process's environment plus `environment`."""
+    env = {**os.environ, **{str(k): str(v) for k, v in (environment or {}).items()}}
+    return run_process(["/bin/sh", "-c", command], stdin or None, timeout_s, env)
 
 
 def stack_reference_outputs(
@@ -1287,7 +1297,10 @@ def teardown_entry(entry: JournalEntry, command_timeout_s: float) -> None:
         delete = unwrap_secrets(entry.inputs.get("delete"))
         if delete:
             result = run_local(
-                str(delete), unwrap_secrets(entry.inputs.get("stdin")), command_timeout_s
+                str(delete),
+                unwrap_secrets(entry.inputs.get("stdin")),
+                command_timeout_s,
+                unwrap_secrets(entry.inputs.get("environment")),
             )
             if result.exit_code != 0:
                 raise RuntimeError(f"{entry.name}: delete: {tail(result.stderr, 10)}")
