@@ -140,7 +140,14 @@ UTF8_FILTER = (
     " w.write(d.decode(b).encode());w.flush()\n"
     'w.write(d.decode(b"",True).encode())'
 )
-UTF8_OUTPUT = f"u(){{ python3 -c '{UTF8_FILTER}' 2>/dev/null || cat; }}; exec > >(u) 2> >(u >&2); "
+# The step's command then runs in a bash of its own (`exec bash -c "$1"`): a bare `wait` in it
+# would otherwise wait for the filters, which end only when the shell that waits closes its
+# output, and the step would hang until its deadline.
+UTF8_OUTPUT = (
+    f"u(){{ python3 -c '{UTF8_FILTER}' 2>/dev/null || cat; }}; exec > >(u) 2> >(u >&2); "
+    'exec bash -c "$1"'
+)
+STEP_ARGV0 = "spark-vllm-step"  # $0 of the wrapper's bash: the name its own errors carry
 
 
 def with_deadline(
@@ -172,7 +179,7 @@ def deadline_wrapper(command: str, seconds: int, said: str, *, drain_stdin: bool
     # POSIX sh around it (the SSH user's login shell runs it, dash or bash): no $SECONDS.
     return (
         f"{DEADLINE_START}timeout -k {DEADLINE_GRACE_SECONDS} {seconds} "
-        f"bash -c {shlex.quote(UTF8_OUTPUT + command)}; rc=$?; {drain}"
+        f"bash -c {shlex.quote(UTF8_OUTPUT)} {STEP_ARGV0} {shlex.quote(command)}; rc=$?; {drain}"
         f'if [ "$rc" = 124 ] || {{ [ "$rc" = 137 ] && [ "$(($(date +%s) - t0))" -ge {seconds} ]; '
         f'}}; then echo {shlex.quote(said)} >&2; fi; exit "$rc"'
     )

@@ -32,7 +32,7 @@ from pulumi.runtime.sync_await import _sync_await
 
 from components.facts import FACTS_HEADER
 from stacks.plan.hosts import SLOTS_FILE_NAME
-from stacks.plan.steps import DEADLINE_START, UTF8_OUTPUT
+from stacks.plan.steps import DEADLINE_START, STEP_ARGV0, UTF8_OUTPUT
 from tests.cli import PulumiCli, gotext, handed_to_program
 from tests.engine.preview import PreviewMonitor, PriorResource
 from tests.engine.urns import EngineUrns
@@ -160,9 +160,8 @@ def step_command(command: Any) -> Any:
     if not isinstance(command, str) or not command.startswith(DEADLINE_START + "timeout -k "):
         return command
     words = shlex.split(command.removeprefix(DEADLINE_START).split("; rc=$?;", 1)[0])
-    assert words[4:6] == ["bash", "-c"] and len(words) == 7, command
-    assert words[6].startswith(UTF8_OUTPUT), command
-    return words[6].removeprefix(UTF8_OUTPUT)
+    assert words[4:8] == ["bash", "-c", UTF8_OUTPUT, STEP_ARGV0] and len(words) == 9, command
+    return words[8]
 
 
 def without_deadlines(inputs: dict[str, Any]) -> dict[str, Any]:

@@ -145,3 +145,13 @@ def test_the_output_streams_while_the_step_runs() -> None:
     assert shell.stdout.readline() == b"first\n"
     assert time.monotonic() - started < 2
     assert shell.wait(timeout=30) == 0
+
+
+def test_a_bare_wait_in_a_step_waits_for_its_own_jobs_only() -> None:
+    """The filters are the wrapper's process substitutions: a `wait` with no argument in the
+    same shell would wait for them too, and they end only when that shell's output closes. The
+    step runs in a bash of its own, whose `wait` knows only its jobs."""
+    started = time.monotonic()
+    done = run(deadline_wrapper("sleep 0.2 & wait; echo waited", 30, "stopped"))
+    assert (done.returncode, done.stdout) == (0, "waited\n"), done
+    assert time.monotonic() - started < 10
