@@ -159,7 +159,9 @@ class NextUp(RealMocks):
                     self._count_command()
             return super().perform(args)
         with self._lock:
-            registered = {o.urn for o in self.registrations.values()} - {key}
+            # A snapshot: the monitor's threads add registrations meanwhile (list() of a
+            # dict's values is one step under the GIL; iterating the view is not).
+            registered = {o.urn for o in list(self.registrations.values())} - {key}
             planned = self.steps.step(
                 key,
                 args.typ,
