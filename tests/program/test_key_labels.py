@@ -103,16 +103,7 @@ echo "unlabelled "
 def test_facts_read_each_containers_key_label(host_tmp: Path) -> None:
     """facts.sh as the program runs it, with a Docker that lists two labelled containers (and
     one whose label is empty: no line), read into the host's facts."""
-    env = fake_bin(host_tmp, docker=FAKE_DOCKER_PS)
-    cache = host_tmp / "hf"
-    done = subprocess.run(
-        ["bash", "-s", "--", str(host_tmp / "state"), str(cache)],
-        input=facts_script(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **env},
-    )
+    done = run_facts(host_tmp, FAKE_DOCKER_PS)
     assert done.returncode == 0, done.stderr
     assert parse_facts("spark1", done.stdout).key_labels == {
         "spark-vllm-front": "0123456789abcdef",
@@ -130,15 +121,10 @@ def test_labels_docker_could_not_list_stop_the_run(make_config: ConfigFactory) -
     assert "likely cause: Docker on spark1 did not answer" in str(caught.value)
 
 
-FAILING_DOCKER_PS = """#!/usr/bin/env bash
-echo "permission denied while trying to connect to the Docker daemon socket" >&2
-exit 1
-"""
-
-
-def test_facts_say_why_docker_did_not_list_them(host_tmp: Path) -> None:
-    env = fake_bin(host_tmp, docker=FAILING_DOCKER_PS)
-    done = subprocess.run(
+def run_facts(host_tmp: Path, docker: str) -> subprocess.CompletedProcess[str]:
+    """facts.sh as the facts step runs it, with `docker` as the host's docker CLI."""
+    env = fake_bin(host_tmp, docker=docker)
+    return subprocess.run(
         ["bash", "-s", "--", str(host_tmp / "state"), str(host_tmp / "hf")],
         input=facts_script(),
         capture_output=True,
@@ -146,6 +132,16 @@ def test_facts_say_why_docker_did_not_list_them(host_tmp: Path) -> None:
         timeout=60,
         env={**os.environ, **env},
     )
+
+
+FAILING_DOCKER_PS = """#!/usr/bin/env bash
+echo "permission denied while trying to connect to the Docker daemon socket" >&2
+exit 1
+"""
+
+
+def test_facts_say_why_docker_did_not_list_them(host_tmp: Path) -> None:
+    done = run_facts(host_tmp, FAILING_DOCKER_PS)
     assert done.returncode == 0, done.stderr
     found = parse_facts("spark1", done.stdout)
     assert found.key_labels == {}
