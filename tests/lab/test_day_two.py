@@ -219,7 +219,7 @@ def compile_report(stack: Stack) -> tuple[list[str], float, float]:
 
 def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:
     config = {**stack.config}
-    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "gpuMemoryUtilization": 0.7}
+    config["spark-vllm:vllm"] = {**config["spark-vllm:vllm"], "gpuMemoryUtilization": 0.45}
     run = next_up(stack, "serving flag (gpuMemoryUtilization)", config)
     assert run.changed() == {
         "memory-check": "update",  # the new fraction checked against what each node has free
@@ -229,7 +229,7 @@ def test_a_serving_flag_replaces_the_server_only(stack: Stack) -> None:
     inspect = host_sh(
         stack.lab, "spark1", f"docker inspect --format '{{{{json .Args}}}}' {PREFIX}-vllm"
     )
-    assert '"--gpu-memory-utilization","0.7"' in inspect.replace(", ", ",")
+    assert '"--gpu-memory-utilization","0.45"' in inspect.replace(", ", ",")
     # Not in vLLM's compile key: every rank loads its graph from the node's compile cache.
     how, compiled, engine = compile_report(stack)
     assert how == ["cache", "cache"], how
