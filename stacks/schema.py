@@ -908,6 +908,15 @@ class FabricConfig(ConfigModel):
             "is copied; below this many Gbit/s nothing is deployed. 0: not measured."
         ),
     )
+    compress: Literal["auto", "zstd", "none"] = Field(
+        default="auto",
+        description=(
+            "How the image and weights copies cross the fabric. `auto`: before each copy the "
+            "head measures the link through the copy's SSH path and zstd -1 on a sample of "
+            "what it sends, and compresses only when that is faster (the link, not the CPU, is "
+            "the limit); `zstd`: always, where every receiving host has zstd; `none`: never."
+        ),
+    )
     mtu: int | None = Field(
         default=None,
         ge=576,

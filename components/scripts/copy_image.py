@@ -20,6 +20,7 @@ from typing import Any
 
 import copy_plan
 import image_layers
+from copy_compress import ZSTD_STAGE
 from copy_pump import Outcome, transfer
 from copy_relay import Member, Stream, member_names, parse_chain, relay
 from copy_step import Copy
@@ -105,8 +106,6 @@ class ImageCopy(Copy):
         super().__init__(flags)
         self.image_id, self.ref, self.pinned = flags["image_id"], flags["ref"], flags["pinned"]
         self.stage_name = self.image_id.removeprefix("sha256:")
-        compress = flags.get("compress", "none")
-        self.zstd_wanted = compress == "zstd" and shutil.which("zstd") is not None
         self.identity = ""
         self.layers: list[str] = []
         self.source_ref = self.image_id
@@ -233,13 +232,14 @@ class ImageCopy(Copy):
         members = [chain[position - 1] for position in plan.members]
         if len(members) < 2:
             return None
-        zstd = self.zstd_wanted and plan.zstd
         self.use_index(plan.least > 0)
         least = plan.least if self.index is not None else 0
         size = self.stream_size(least, set())
+        source = self.source(least, set())
+        zstd = self.compression(source, members[0].destination, size, plan.zstd).zstd
         return Stream(
             members=members,
-            source=self.source(least, set()),
+            source=source,
             # Each member stages what arrives beside its own scripts (relay.sh exports SPARK_BIN).
             sink=self.load_command('"$SPARK_BIN"', zstd),
             zstd=zstd,
@@ -289,7 +289,6 @@ class ImageCopy(Copy):
             self.report(0, 0, 0)
             return
         self.read_head()  # still there after the chain
-        zstd = self.zstd_wanted and facts.zstd
         started = time.monotonic()
         # What an earlier run left loading on the worker would race this copy's writes to the
         # stage: stopped first (only a stream of ours), and the facts read again after it.
@@ -307,11 +306,11 @@ class ImageCopy(Copy):
         held = planned.kept_layers if self.index is not None else 0
         size = self.stream_size(held, staged)
         note(f"{self.worker}: sending {size // 1000000} MB of the image")
+        source = self.source(held, staged)
+        zstd = self.compression(source, self.target, size, facts.zstd).zstd
         sink = ssh_sink(self.fabric, self.target, self.load_command(shlex.quote(bin_dir), zstd))
-        compress = "zstd -1 -T0 -q | " if zstd else ""
-        outcome = transfer(
-            self.source(held, staged), compress + sink, self.watch(self.worker), size
-        )
+        compress = ZSTD_STAGE if zstd else ""
+        outcome = transfer(source, compress + sink, self.watch(self.worker), size)
         self.sent += outcome.sent
         if (
             self.index is not None
@@ -371,5 +370,6 @@ class ImageCopy(Copy):
 
     def report(self, kept: int, layers: int, staged: int) -> None:
         sent = {"bytes": self.sent, "layersKept": kept, "layers": layers, "staged": staged,
-                "relayed": self.relayed, "seconds": self.seconds()}  # fmt: skip
+                "relayed": self.relayed, "seconds": self.seconds(),
+                "compress": self.compression_report()}  # fmt: skip
         print(f"spark-vllm-image-sent {json.dumps(sent)}", flush=True)

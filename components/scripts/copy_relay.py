@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from copy_compress import ZSTD_STAGE
 from copy_pump import Outcome, Watch, transfer
 from copy_transport import Fabric, ssh_sink
 from hostlib import note
@@ -168,7 +169,7 @@ def run_chain(fabric: Fabric, stream: Stream, watch: Watch) -> Outcome:
                       Path(fabric.key + ".pub").read_text().rstrip("\n"))  # fmt: skip
     try:
         with relay_agent(fabric, members) as env:
-            compress = "zstd -1 -T0 -q | " if stream.zstd else ""
+            compress = ZSTD_STAGE if stream.zstd else ""
             target = ssh_sink(fabric, members[0].destination, call, forward=True)
             outcome = transfer(stream.source, compress + target, watch, stream.size, env=env)
     except ChainUnavailable as why:

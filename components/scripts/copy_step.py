@@ -5,11 +5,14 @@ Standard library only.
 
 from __future__ import annotations
 
+import shutil
 import time
 
+import copy_compress
+from copy_compress import Choice, Rates
 from copy_pump import Watch
-from copy_transport import Fabric
-from hostlib import require
+from copy_transport import Fabric, ssh_sink
+from hostlib import note, require
 
 
 class Copy:
@@ -30,6 +33,25 @@ class Copy:
         self.fabric = Fabric(flags.get("fabric_key", ""), flags.get("fabric_known_hosts", ""))
         self.sent = 0
         self.relayed = 0
+        self.choice: Choice | None = None  # the compression of the last stream sent
+
+    def compression(self, source: str, destination: str, size: int, can_unpack: bool) -> Choice:
+        """The compression of a stream of `size` bytes from the bash pipeline `source` to
+        `destination` (fabric.compress; `auto` measures first: copy_compress.py), said on its
+        own line. `can_unpack`: every receiving end has zstd."""
+        setting = self.flags.get("compress", "none")
+        can = can_unpack and shutil.which("zstd") is not None
+        rates = Rates()
+        if setting == "auto" and can:
+            probe = ssh_sink(self.fabric, destination, "cat > /dev/null")
+            rates = copy_compress.measure(source, probe, size)
+        self.choice = copy_compress.choose(setting, size, can, rates)
+        note(f"{self.worker}: compression: {self.choice.why}")
+        return self.choice
+
+    def compression_report(self) -> dict[str, object] | None:
+        """The report's `compress` entry: None when nothing was sent."""
+        return self.choice.report() if self.choice is not None else None
 
     def watch(self, label: str) -> Watch:
         return Watch(

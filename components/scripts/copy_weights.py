@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import copy_plan
+from copy_compress import ZSTD_STAGE
 from copy_pump import Outcome, transfer
 from copy_relay import Member, Stream, member_names, parse_chain, relay, relayed_status
 from copy_step import Copy
@@ -86,9 +87,18 @@ class WeightsCopy(Copy):
                 sizes[parts[0]] = int(parts[1])
         return sizes
 
-    def untar(self) -> str:
-        """What a worker runs to store a tar stream of the cache's files."""
-        return f"{words('mkdir', '-p', self.hub)} && {words('tar', '-C', self.hub, '-xf', '-')}"
+    def untar(self, zstd: bool = False) -> str:
+        """What a worker runs to store a tar stream of the cache's files (`zstd`: compressed)."""
+        unpack = "zstd -d -q | " if zstd else ""
+        untar = words("tar", "-C", self.hub, "-xf", "-")
+        return f"{words('mkdir', '-p', self.hub)} && {unpack}{untar}"
+
+    def can_unpack(self, destinations: list[str]) -> bool:
+        """Whether every one of `destinations` has zstd (a compressed stream needs it there)."""
+        return all(
+            self.fabric.ask(destination, "command -v zstd >/dev/null")[0] == 0
+            for destination in destinations
+        )
 
     # the relay chain
     missed, left = "did not take the chain's blobs", "its own step sends what it lacks"
@@ -114,13 +124,16 @@ class WeightsCopy(Copy):
         if not blobs:
             return None
         size = sum(self.head[name] for name in blobs)
+        source = words(
+            "tar", "-C", self.hub, "-cf", "-", *(f"{self.repo}/blobs/{n}" for n in blobs)
+        )
+        unpack = self.can_unpack([member.destination for member in members])
+        zstd = self.compression(source, members[0].destination, size, unpack).zstd
         return Stream(
             members=members,
-            source=words(
-                "tar", "-C", self.hub, "-cf", "-", *(f"{self.repo}/blobs/{n}" for n in blobs)
-            ),
-            sink=self.untar(),
-            zstd=False,
+            source=source,
+            sink=self.untar(zstd),
+            zstd=zstd,
             size=size,
             announcement=(
                 f"relaying {len(blobs)} blob(s) of {self.model}@{self.commit} ({size} bytes) to "
@@ -206,8 +219,12 @@ class WeightsCopy(Copy):
         snapshot = f"{self.repo}/snapshots/{self.commit}"
         links = [f"{snapshot}/{path}" for path in self.files_kept]
         source = words("tar", "-C", self.hub, "-cf", "-", *members, f"{self.repo}/refs", *links)
-        sink = ssh_sink(self.fabric, self.target, self.untar())
-        outcome = transfer(source, sink, self.watch(self.worker), plan.to_send)
+        zstd = self.compression(
+            source, self.target, plan.to_send, self.can_unpack([self.target])
+        ).zstd
+        sink = ssh_sink(self.fabric, self.target, self.untar(zstd))
+        compress = ZSTD_STAGE if zstd else ""
+        outcome = transfer(source, compress + sink, self.watch(self.worker), plan.to_send)
         self.sent += outcome.sent
         if outcome.status != 0 or outcome.stalled:
             self.failed(outcome, plan.to_send, started)
@@ -225,5 +242,6 @@ class WeightsCopy(Copy):
 
     def report(self, kept: int, resumed: int, whole: int) -> None:
         sent = {"bytes": self.sent, "total": int(self.bytes or 0), "kept": kept, "resumed": resumed,
-                "sent": whole, "relayed": self.relayed, "seconds": self.seconds()}  # fmt: skip
+                "sent": whole, "relayed": self.relayed, "seconds": self.seconds(),
+                "compress": self.compression_report()}  # fmt: skip
         print(f"spark-vllm-weights-sent {json.dumps(sent, separators=(',', ':'))}", flush=True)

@@ -238,7 +238,7 @@ def sync_image(plan: ClusterPlan, worker: NodePlan, stream: ImageStream) -> Step
         "pinned": pinned,
         "worker_bin": worker.bin_dir,  # what a cut copy left is staged beside it
         "timeout_minutes": minutes,
-        "compress": "zstd",
+        "compress": plan.config.fabric.compress,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
         **relay_flags(plan, stream.workers, worker),

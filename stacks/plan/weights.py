@@ -104,6 +104,7 @@ def copy_weights(plan: ServerPlan, worker: NodePlan) -> StepSpec:
         "model": served.id,
         "manifest": " ".join(plan.later(later).text for later in MANIFEST_FIELDS),
         **filter_flags(served),
+        "compress": plan.config.fabric.compress,
         "timeout_minutes": minutes,
         "progress_seconds": plan.config.timeouts.copy_progress_seconds,
         "stall_seconds": plan.config.timeouts.copy_stall_seconds,
