@@ -3,12 +3,13 @@ the fabric, only what it lacks, watched while the bytes move. image-sync.sh and 
 run it; standard library only: it runs with the head's own python3, beside its sibling modules.
 
     copy_engine.py image --host H --worker W --target ssh://user@ip:port --image-id ID --ref REF
-        --pinned NAME --worker-bin DIR --timeout-minutes M [--compress zstd|none]
+        --pinned NAME --worker-bin DIR --timeout-minutes M [--compress auto|zstd|none]
         [--progress-seconds S] [--stall-seconds S] [--fabric-key K --fabric-known-hosts F]
         [--relay CHAIN] [--remove yes [--owner ID]]
     copy_engine.py weights --host H --worker W --target ssh://user@ip:port --worker-bin DIR
         --cache-dir C --model M --manifest "commit files bytes" --timeout-minutes M
-        [--include JSON] [--exclude JSON] [--progress-seconds S] [--stall-seconds S]
+        [--include JSON] [--exclude JSON] [--compress auto|zstd|none] [--progress-seconds S]
+        [--stall-seconds S]
         [--fabric-key ...] [--relay CHAIN]
 
 Organised as pyinfra organises an operation: the facts are read first (every worker of a relay
