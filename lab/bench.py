@@ -204,14 +204,15 @@ class Bench:
         """The program's --relay for the first worker's steps: every worker, in order."""
         return "\n".join(f"{w}|{self.target(w)}|{BIN}" for w in workers)
 
-    def image_script(self, worker: str, image: str, relay: str = "") -> str:
-        """What the program runs on the head to copy the image to one worker."""
+    def image_script(self, worker: str, image: str, relay: str = "", compress: str = "zstd") -> str:
+        """What the program runs on the head to copy the image to one worker (with the
+        program's --compress unless told another: stacks/plan/image.py sync_image)."""
         image_id = self.head(f"docker image inspect --format '{{{{.Id}}}}' {image}").strip()
         return (
             f"bash {BIN}/image-sync.sh --host {HEAD} --worker {worker} --target "
             f"{self.target(worker)} --worker-bin {BIN} --image-id {image_id} --ref {image} "
             f"--pinned {pinned_image(image_id)} --timeout-minutes 60 "
-            f"--compress zstd --progress-seconds 600 {self.fabric}"
+            f"--compress {compress} --progress-seconds 600 {self.fabric}"
             + (f" --relay {shlex.quote(relay)}" if relay else "")
         )
 
@@ -396,7 +397,7 @@ class Bench:
             regime,
         )
         self.reset_workers()
-        image = self.image_script(worker, IMAGE).replace("--compress zstd", "--compress none")
+        image = self.image_script(worker, IMAGE, compress="none")
         self.image_missing_after_cut = self.cut_and_resume(
             "image resume after a cut",
             image,
@@ -494,7 +495,7 @@ class Bench:
         self.record("image update (one layer)", regime, 1, CONTAINERD,
                     [self.image_copy(worker, IMAGE_UPDATE)])  # fmt: skip
         self.reset_workers()
-        image = self.image_script(worker, IMAGE).replace("--compress zstd", "--compress none")
+        image = self.image_script(worker, IMAGE, compress="none")
         self.containerd_missing_after_cut = self.cut_and_resume(
             "image resume after a cut",
             image,
