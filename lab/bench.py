@@ -80,7 +80,8 @@ MB = 1_000_000
 # OpenSSH's default preference is chacha20 first; AES-GCM is faster where the CPU has AES
 # instructions (x86 AES-NI, the Grace CPU's ARMv8 crypto extensions).
 CIPHERS = ("aes128-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes256-ctr")
-PROGRAM_COMPRESS = "zstd"  # the image copy's --compress as the program passes it (sync_image)
+# The copies' --compress as the program passes it: fabric.compress, whose default is auto.
+PROGRAM_COMPRESS = "auto"
 SENT = r'spark-vllm-(?:image|weights)-sent \{"bytes": ?(\d+)'  # the copy scripts' last lines
 SENT_LINE = re.compile(r"^spark-vllm-(?:image|weights)-sent (\{.*\})\s*$", re.MULTILINE)
 REGIMES = ("rate-limited", "unlimited")
@@ -264,7 +265,7 @@ class Bench:
             f"bash {BIN}/weights-sync.sh --host {HEAD} --worker {worker} --target "
             f"{self.target(worker)} --worker-bin {BIN} --cache-dir {CACHE} --model {MODEL} "
             f"--manifest {shlex.quote(self.manifest(revision))} --timeout-minutes 60 "
-            f"--progress-seconds 600 {self.fabric}"
+            f"--compress {PROGRAM_COMPRESS} --progress-seconds 600 {self.fabric}"
             + (f" --relay {shlex.quote(relay)}" if relay else "")
         )
 
