@@ -1205,7 +1205,8 @@ class StackSchema(ConfigModel):
         default_factory=FabricConfig,
         description=(
             "The fabric between the hosts: how the head reaches the workers over it, the "
-            "firewall that keeps the cluster's ports on it, and the check of its links."
+            "firewall that keeps the cluster's ports on it, the check of its links, and whether "
+            "copies over it are compressed."
         ),
     )
     preflight: PreflightConfig = Field(

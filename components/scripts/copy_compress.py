@@ -3,17 +3,19 @@ measures before it copies and picks the faster. Standard library only.
 
 zstd pays only when the link, not the CPU, is the limit: a stream compressed to `ratio` of its
 bytes moves at min(compress rate, link / ratio, decompress rate), a plain one at the link's
-rate. `auto` measures the three on what it is about to send (a stream of 1 GB or more), in
-about two seconds: the link
+rate. `auto` measures the three before a stream of 1 GB or more, in about two seconds: the link
 through the very SSH path the stream takes (its cipher included: on a 200G fabric SSH is the
-limit, not the wire), and `zstd -1`'s rates and ratio on a sample of the payload itself (an
-image's layers often halve; weights barely shrink). The decompress rate is the head's: the
-hosts of a cluster are alike. Both choices end in the same import on the worker (`docker load`,
-`tar -x`), which the measurement leaves out: it bounds both alike.
+limit, not the wire), and `zstd -1`'s rates and ratio on a sample of the payload (the weights'
+own first bytes; for an image, the head's own libraries and programs, which are what its layers
+mostly hold: system_sample says why not the image itself). The decompress rate is the head's:
+the hosts of a cluster are alike. Both choices end in the same import on the worker (`docker
+load`, `tar -x`), which the measurement leaves out: it bounds both alike.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import subprocess
 import threading
 import time
@@ -195,14 +197,46 @@ def link_rate(sink: str, data: bytes, seconds: float = LINK_PROBE_SECONDS) -> fl
     return sent[0] / MB / elapsed
 
 
-def measure(source: str, probe_sink: str, size: int) -> Rates:
-    """What `auto` decides on, for a stream of `size` bytes from `source`; nothing for a small
-    one (choose sends it with zstd, unmeasured)."""
+def system_sample(size: int = SAMPLE_BYTES, piece: int = 4 * 1024 * 1024) -> bytes:
+    """Up to `size` bytes of the head's own largest shared libraries and programs, `piece` of
+    each: what an image's layers mostly hold. Not the image itself: on Docker's classic store
+    `docker save` writes the whole export to a temporary directory before it sends a byte (moby
+    image/tarexport), so its first 32 MB cost a full save (minutes for a real image)."""
+    found: list[tuple[int, str]] = []
+    for directory in [*sorted(glob.glob("/usr/lib/*-linux-gnu")), "/usr/lib", "/usr/bin"]:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    found.append((entry.stat(follow_symlinks=False).st_size, entry.path))
+            except OSError:
+                continue
+    chunks: list[bytes] = []
+    taken = 0
+    for _, path in sorted(found, reverse=True):
+        if taken >= size:
+            break
+        try:
+            with open(path, "rb") as file:
+                chunk = file.read(min(piece, size - taken))
+        except OSError:
+            continue
+        chunks.append(chunk)
+        taken += len(chunk)
+    return b"".join(chunks)
+
+
+def measure(data: bytes, probe_sink: str, size: int) -> Rates:
+    """What `auto` decides on, for a stream of `size` bytes whose content `data` samples (the
+    link is measured with random bytes: ssh does not compress); nothing for a small one
+    (choose sends it with zstd, unmeasured)."""
     if size < SMALLEST_MEASURED:
         return Rates()
-    data = sample(source)
     codec = codec_rates(data)
     if codec is None:
         return Rates()
     compress, decompress, ratio = codec
-    return Rates(link_rate(probe_sink, data), compress, decompress, ratio)
+    return Rates(link_rate(probe_sink, os.urandom(SAMPLE_BYTES)), compress, decompress, ratio)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import copy_compress
 import copy_plan
 import image_layers
 from copy_compress import ZSTD_STAGE
@@ -184,6 +185,11 @@ class ImageCopy(Copy):
         filter_call = words("python3", str(HERE / "image_layers.py"), "filter",
                             str(self.index_path), str(held), str(names))  # fmt: skip
         return f"{save} | {filter_call}"
+
+    def sample(self, source: str) -> bytes:
+        """Not the saved stream's first bytes (a whole `docker save` first, on the classic
+        store): the head's own libraries and programs stand for the image's layers."""
+        return copy_compress.system_sample()
 
     def load_command(self, bin_word: str, zstd: bool) -> str:
         """What a worker runs to take the stream (its image-load.sh: stages, loads, names it);

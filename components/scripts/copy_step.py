@@ -35,6 +35,10 @@ class Copy:
         self.relayed = 0
         self.choice: Choice | None = None  # the compression of the last stream sent
 
+    def sample(self, source: str) -> bytes:
+        """What the stream from the bash pipeline `source` holds, for auto's measuring."""
+        return copy_compress.sample(source)
+
     def compression(self, source: str, destination: str, size: int, can_unpack: bool) -> Choice:
         """The compression of a stream of `size` bytes from the bash pipeline `source` to
         `destination` (fabric.compress; `auto` measures first: copy_compress.py), said on its
@@ -42,9 +46,9 @@ class Copy:
         setting = self.flags.get("compress", "none")
         can = can_unpack and shutil.which("zstd") is not None
         rates = Rates()
-        if setting == "auto" and can:
+        if setting == "auto" and can and size >= copy_compress.SMALLEST_MEASURED:
             probe = ssh_sink(self.fabric, destination, "cat > /dev/null")
-            rates = copy_compress.measure(source, probe, size)
+            rates = copy_compress.measure(self.sample(source), probe, size)
         self.choice = copy_compress.choose(setting, size, can, rates)
         note(f"{self.worker}: compression: {self.choice.why}")
         return self.choice

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -101,3 +102,13 @@ def test_the_link_is_measured_through_the_sink_until_the_far_end_took_it_all() -
     fast = compress.link_rate("cat >/dev/null", bytes(1_048_576) * 4, seconds=0.3)
     assert fast is not None and fast > 3 * rate
     assert compress.link_rate("exit 3", bytes(1000), seconds=0.2) is None
+
+
+def test_an_image_is_sampled_from_the_heads_own_libraries_at_once() -> None:
+    """Not from `docker save` (a whole export first on the classic store): 32 MB of this
+    machine's largest libraries and programs, read in well under a second."""
+    started = time.monotonic()
+    data = compress.system_sample()
+    assert time.monotonic() - started < 5
+    assert len(data) == compress.SAMPLE_BYTES
+    assert compress.system_sample(size=1000, piece=300)[:4] == data[:4]
