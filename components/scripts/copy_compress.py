@@ -229,12 +229,10 @@ def system_sample(size: int = SAMPLE_BYTES, piece: int = 4 * 1024 * 1024) -> byt
     return b"".join(chunks)
 
 
-def measure(data: bytes, probe_sink: str, size: int) -> Rates:
-    """What `auto` decides on, for a stream of `size` bytes whose content `data` samples (the
-    link is measured with random bytes: ssh does not compress); nothing for a small one
-    (choose sends it with zstd, unmeasured)."""
-    if size < SMALLEST_MEASURED:
-        return Rates()
+def measure(data: bytes, probe_sink: str) -> Rates:
+    """What `auto` decides on, for a stream whose content `data` samples (the link is measured
+    with random bytes: ssh does not compress). The caller measures only a stream of
+    SMALLEST_MEASURED or more: choose sends a smaller one with zstd, unmeasured."""
     codec = codec_rates(data)
     if codec is None:
         return Rates()

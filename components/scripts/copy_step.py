@@ -48,7 +48,7 @@ class Copy:
         rates = Rates()
         if setting == "auto" and can and size >= copy_compress.SMALLEST_MEASURED:
             probe = ssh_sink(self.fabric, destination, "cat > /dev/null")
-            rates = copy_compress.measure(self.sample(source), probe, size)
+            rates = copy_compress.measure(self.sample(source), probe)
         self.choice = copy_compress.choose(setting, size, can, rates)
         note(f"{self.worker}: compression: {self.choice.why}")
         return self.choice
