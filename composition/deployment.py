@@ -19,6 +19,7 @@ from components.front import Front
 from components.graph import Walk
 from components.host import Host, HostArgs
 from components.image import ImageDistribution
+from components.instance import StackInstance
 from components.memory import ServerMemory
 from components.memory_guard import MemoryGuard
 from components.monitoring import Monitoring
@@ -57,6 +58,7 @@ class Deployment:
     cold_starts: tuple[pulumi.Output[dict[str, Any]], ...] = ()  # per server, in fleet order
     monitoring: Monitoring | None = None  # monitoring.enabled
     front_certificate: str | None = None  # front.tls's, from the user's file (not secret)
+    instance: pulumi.Output[str] | None = None  # the stack instance's token (its claims)
 
     def outputs(self) -> dict[str, object]:
         plan, first, memory = self.plan, self.servers[0], self.memories[0]
@@ -118,6 +120,8 @@ class Deployment:
             certificate = self._front_certificate()
             outputs["frontCertificate"] = certificate
             outputs["frontCertificateSha256"] = certificate.apply(certificate_sha256)
+        if self.instance is not None:  # which stack holds a host: its refusals name this
+            outputs["instance"] = self.instance
         outputs["apiKey"] = self.api_key  # already a secret: stays encrypted in state
         return outputs
 
@@ -198,6 +202,9 @@ def build_deployment(settings: Settings) -> Deployment:
         "front-tls": settings.front_tls if settings.front_tls is not None else "",
     }
     walk = Walk(plan, graph, stdin)
+    # Before every host step: each one's claim names the instance (stacks/plan/instance.py).
+    instance = StackInstance()
+    walk.built[names.INSTANCE_TOKEN] = instance.token_command
     host_args = functools.partial(
         HostArgs,
         auth=settings.ssh_auth,
@@ -216,6 +223,7 @@ def build_deployment(settings: Settings) -> Deployment:
         api_key=settings.api_key,
         cold_starts=cold_starts,
         front_certificate=settings.front_certificate,
+        instance=instance.token,
         **deployment.parts(),
     )
 

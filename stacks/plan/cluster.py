@@ -19,6 +19,9 @@ from stacks.known_hosts import find_host_key, is_rsa
 
 # In each node's state leaf: the deployment that made it. Every delete checks it first.
 OWNER_FILE = ".spark-vllm-owner"
+# The stack instance that claimed the leaf (stacks/plan/instance.py): two stacks of one name never
+# share it.
+INSTANCE_FILE = ".spark-vllm-instance"
 
 # The containers of the cluster itself (a server's are its ServerPlan's: `vllm`, slot-named).
 ClusterContainer = Literal[
@@ -63,6 +66,10 @@ class NodePlan:
     @property
     def owner_file(self) -> str:
         return f"{self.state_dir}/{OWNER_FILE}"
+
+    @property
+    def instance_file(self) -> str:
+        return f"{self.state_dir}/{INSTANCE_FILE}"
 
     @property
     def bin_dir(self) -> str:

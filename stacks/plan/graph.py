@@ -48,6 +48,7 @@ from stacks.plan.containers import (
     vllm_container,
 )
 from stacks.plan.image import ImagePull, ImageStream
+from stacks.plan.instance import INSTANCE_ID, instance_token
 from stacks.plan.later import (
     FRONT_IMAGE_ID,
     GPU_MEMORY_UTILIZATION,
@@ -69,6 +70,11 @@ class Source:
     resource: str
     output: Literal["image_id", "stdout"]
     derive: Callable[[str], str]
+
+
+# What the composition registers before it walks the graph, and the graph's values may come
+# from: the stack instance's token (stacks/plan/instance.py), which every host's claim names.
+REGISTERED_BEFORE = (names.INSTANCE_TOKEN,)
 
 
 def later_sources(plan: ClusterPlan) -> dict[str, Source]:
@@ -97,6 +103,7 @@ def later_sources(plan: ClusterPlan) -> dict[str, Source]:
         for container, _, _, later in monitoring_pulls(plan)
     }
     return {
+        INSTANCE_ID.name: Source(names.INSTANCE_TOKEN, "stdout", instance_token),
         **images,
         FRONT_IMAGE_ID.name: Source(names.FRONT_PULL, "image_id", str),
         **watched,

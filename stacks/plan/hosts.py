@@ -32,6 +32,7 @@ from stacks.plan.hardware import (
     shm_use_bytes,
 )
 from stacks.plan.image import image_history_file
+from stacks.plan.instance import claim_host, claim_leaf, release_host
 from stacks.plan.known_bad import known_bad_flag
 from stacks.plan.server_plan import (
     cluster_listen_ports,
@@ -64,8 +65,10 @@ def front_dir(plan: ClusterPlan) -> str:
 
 
 def claim_state_leaf(plan: ClusterPlan, node: NodePlan) -> str:
-    """Make `node`'s state leaf and mark it this deployment's; refuse a leaf that holds files
-    without the mark (not made by spark-vllm) or another deployment's mark."""
+    """Make `node`'s state leaf and mark it this deployment's and this stack instance's, and
+    claim the host's Docker for the instance; refuse a leaf that holds files without the mark
+    (not made by spark-vllm), another deployment's mark, or another instance's claim
+    (stacks/plan/instance.py)."""
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
     deployment = shlex.quote(plan.deployment_id)
     prefix = f"spark-vllm: {node.name}: scripts: {node.state_dir}"
@@ -81,7 +84,7 @@ def claim_state_leaf(plan: ClusterPlan, node: NodePlan) -> str:
         f"echo {foreign} >&2; echo {fix} >&2; exit 1; fi && "
         f'if [ -n "$owner" ] && [ "$owner" != {deployment} ]; then '
         f'echo {other}"$owner" >&2; echo {fix} >&2; exit 1; fi && '
-        f"echo {deployment} > {owner}"
+        f"{claim_leaf(plan, node)} && echo {deployment} > {owner} && {claim_host(plan, node)}"
     )
 
 
@@ -107,6 +110,7 @@ def install_scripts(plan: ClusterPlan, node: NodePlan, scripts_digest: str) -> S
         + [f"{node.state_dir}/image-index"]  # the head's index of a saved image (copy_image.py)
         + [image_history_file(node)]  # the images it was given (image_retain.py)
         + [f"{node.state_dir}/weights-pins"]  # the commits branches resolved to (weights-fetch)
+        + [node.instance_file]  # the instance's claim of the leaf (stacks/plan/instance.py)
         + ([front_dir(plan)] if node.is_head else [])
     )
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
@@ -129,7 +133,7 @@ def install_scripts(plan: ClusterPlan, node: NodePlan, scripts_digest: str) -> S
             plan,
             node,
             f'if [ "$(cat {marker} 2>/dev/null)" = {digest} ]; then '
-            f"rm -rf {made} && rm -f {marks} && "
+            f"rm -rf {made} && rm -f {marks} && {release_host(plan)} && "
             f'if [ "$(ls -A {leaf})" = {shlex.quote(OWNER_FILE)} ]; then '
             f"rm -f {owner} && rmdir {leaf}; fi; fi",
         ),

@@ -17,6 +17,9 @@ FABRIC, IMAGE, WEIGHTS, MEMORY = "fabric", "image", "weights", "memory"
 FIREWALL, FRONT, COMPILE_CACHE, RAY, VLLM = "firewall", "front", "compile-cache", "ray", "vllm"
 MONITORING = "monitoring"
 MEMORY_GUARD = "memory-guard"
+# The stack instance (stacks/plan/instance.py), and the local Command that drew its token.
+INSTANCE = "instance"
+INSTANCE_TOKEN = f"{INSTANCE}-token"
 
 
 # A server's components (slot 0's keep the names of a stack of one model).

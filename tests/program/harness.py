@@ -132,6 +132,8 @@ class FakeHosts(pulumi.runtime.Mocks):
             outputs["stdout"] = _command_stdout(args.name, args.inputs)
             outputs["stderr"] = ""
             self._keep_receipts(args.inputs.get("create"))
+        elif args.typ == "command:local:Command":  # the stack instance's token
+            outputs["stdout"] = fake_id("instance", args.name)[:32]
         elif args.typ == "docker:index/remoteImage:RemoteImage":
             outputs["imageId"] = "sha256:" + fake_id("image", args.inputs["name"])
             # Docker's RepoDigests name the repository without the tag: `repo@sha256:...`.

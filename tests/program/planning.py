@@ -18,6 +18,7 @@ from stacks.plan import graph as g
 from stacks.plan.cluster import ClusterPlan, plan_cluster
 from stacks.plan.containers import EntryScripts
 from stacks.plan.image import image_streams
+from stacks.plan.instance import INSTANCE_ID
 from stacks.plan.server_plan import per_server
 from stacks.plan.steps import StepSpec
 from tests.program.conftest import SECRETS, ConfigFactory
@@ -32,6 +33,7 @@ VALUES = {
     later.IMAGE_ID.name: IMAGE_ID,
     later.PINNED_IMAGE.name: image.pinned_image(IMAGE_ID),
     later.KV_BLOCK_SIZE.name: "16",
+    INSTANCE_ID.name: "0123456789abcdef" * 2,
     **weights.manifest_values(MANIFEST),
 }
 
@@ -49,7 +51,7 @@ def every_step(plan: ClusterPlan) -> list[StepSpec]:
     """Every host step of `plan`, as the components register them."""
     specs: list[StepSpec] = []
     for node in plan.nodes:
-        specs += [hosts.install_scripts(plan, node, "d" * 64)]
+        specs += [known(hosts.install_scripts(plan, node, "d" * 64))]
         specs += [hosts.preflight(plan, node)]
         firewall = hosts.firewall(plan, node)
         specs += [firewall] if firewall is not None else []

@@ -15,6 +15,7 @@ from tests.program.harness import Evaluation, evaluate, unwrap
 
 COMPONENTS = {
     "spark-vllm:index:Host",
+    "spark-vllm:index:StackInstance",
     "spark-vllm:index:FabricTrust",
     "spark-vllm:index:ImageDistribution",
     "spark-vllm:index:ModelWeights",

@@ -67,6 +67,7 @@ def test_every_edge_and_value_comes_from_a_resource_registered_before(
     carries, whose stdout it reads, and every later value's source comes earlier."""
     plan, graph = graph_of(configured(make_config, hosts, executor, extra))
     index = {entry.name: i for i, entry in enumerate(graph)}
+    index |= dict.fromkeys(g.REGISTERED_BEFORE, -1)
     sources = g.later_sources(plan)
     for i, entry in enumerate(graph):
         named = [*entry.after, *entry.triggers]

@@ -10,6 +10,7 @@ from tests.program.harness import Evaluation, evaluate
 
 # Outputs that exist only once the image is pulled and the server answered.
 CREATED_OUTPUTS = {
+    "instance",  # drawn by the first up's local Command
     "fabricLinks",
     "memory",
     "endpointUrl",
@@ -61,7 +62,12 @@ def test_a_changed_deployed_stack_keeps_its_graph(make_config: ConfigFactory) ->
     after = make_config(hosts=2, image={"ref": "example/vllm-gb10:2.0", "platform": "linux/arm64"})
     preview = evaluate(after, SECRETS, preview=True, prior=up)
     assert graph(preview) == graph(up)
-    # The links were checked already, the front's image is the same; the memory is measured
-    # again with the new image.
-    assert preview.unknown_outputs == CREATED_OUTPUTS - {"fabricLinks", "frontImageDigest"}
+    # The links were checked already, the front's image is the same, the instance keeps its
+    # token; the memory is measured again with the new image.
+    assert preview.unknown_outputs == CREATED_OUTPUTS - {
+        "fabricLinks",
+        "frontImageDigest",
+        "instance",
+    }
+    assert preview.outputs["instance"] == up.outputs["instance"]
     assert preview.outputs["modelId"] == up.outputs["modelId"]

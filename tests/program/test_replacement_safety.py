@@ -6,6 +6,7 @@ that undoes what the replacement just created leaves the host broken, as the fir
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +19,13 @@ from tests.engine.diff import TYPE_COMMAND, TYPE_CONTAINER, TYPE_REMOTE_IMAGE
 from tests.mockvalues import unwrap_secrets
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import REPO, Registration, evaluate, load_stack_config
+
+# The steps run here with a Docker that does not answer: their host claim (a Docker volume,
+# stacks/plan/instance.py) is skipped, never made on this machine's daemon.
+_NO_DOCKER_BIN = Path(tempfile.mkdtemp(prefix="spark-vllm-no-docker-"))
+(_NO_DOCKER_BIN / "docker").write_text("#!/bin/sh\nexit 1\n")
+(_NO_DOCKER_BIN / "docker").chmod(0o755)
+NO_DOCKER = {**os.environ, "PATH": f"{_NO_DOCKER_BIN}:{os.environ['PATH']}"}
 
 
 def replaceable(reg: Registration) -> bool:
@@ -105,7 +113,8 @@ def test_the_scripts_delete_spares_a_newer_bundle(
     bin_dir = leaf / "bin"
 
     def bash(command: str, stdin: str = "") -> None:
-        subprocess.run(["bash", "-c", command], input=stdin, text=True, check=True, timeout=30)
+        subprocess.run(["bash", "-c", command], input=stdin, text=True, check=True, timeout=30,
+                       env=NO_DOCKER)  # fmt: skip
 
     bash(inputs["create"], inputs["stdin"])
     assert (bin_dir / "preflight.sh").is_file()
@@ -148,7 +157,7 @@ def test_a_kept_compile_cache_keeps_the_leaf_for_the_next_deployment(
     def bash(command: str, stdin: str = "") -> str:
         done = subprocess.run(
             ["bash", "-c", command], input=stdin, text=True, check=True, timeout=30,
-            capture_output=True,
+            capture_output=True, env=NO_DOCKER,
         )  # fmt: skip
         return done.stdout
 
