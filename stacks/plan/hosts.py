@@ -7,6 +7,7 @@ import shlex
 
 from stacks.plan import names
 from stacks.plan.cluster import OWNER_FILE, ClusterPlan, NodePlan, keeps_slot_record
+from stacks.plan.containers import filter_volume
 from stacks.plan.firewall import (
     FIREWALLED_LABEL,
     READY_WAIT_SECONDS,
@@ -114,6 +115,9 @@ def install_scripts(plan: ClusterPlan, node: NodePlan, scripts_digest: str) -> S
         + ([front_dir(plan)] if node.is_head else [])
     )
     leaf, owner = shlex.quote(node.state_dir), shlex.quote(node.owner_file)
+    # The Docker volume the filter's socket lived in (its containers are gone by now).
+    socket = shlex.quote(filter_volume(plan))
+    volumes = f"{{ timeout 20 docker volume rm {socket} >/dev/null 2>&1 || true; }}"
     return StepSpec(
         name=names.scripts_of(node.name),
         node=node,
@@ -133,7 +137,7 @@ def install_scripts(plan: ClusterPlan, node: NodePlan, scripts_digest: str) -> S
             plan,
             node,
             f'if [ "$(cat {marker} 2>/dev/null)" = {digest} ]; then '
-            f"rm -rf {made} && rm -f {marks} && {release_host(plan)} && "
+            f"rm -rf {made} && rm -f {marks} && {release_host(plan)} && {volumes} && "
             f'if [ "$(ls -A {leaf})" = {shlex.quote(OWNER_FILE)} ]; then '
             f"rm -f {owner} && rmdir {leaf}; fi; fi",
         ),

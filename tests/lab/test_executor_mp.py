@@ -25,6 +25,8 @@ from tests.lab.cli_stack import (
     cli_next_up,
     counts,
     documented_counts,
+    init_stack,
+    outputs_by_name,
     plain_settings,
 )
 from tests.lab.deploying import (
@@ -37,7 +39,7 @@ from tests.lab.deploying import (
     lab_config,
 )
 from tests.lab.faulting import JOIN_FAULT_SECONDS, wait_for
-from tests.lab.realcli import PLUGINS, REPO, PulumiFailed, pulumi_binary
+from tests.lab.realcli import PLUGINS, REPO, PulumiFailed, RealPulumi, pulumi_binary
 from tests.lab.timings import record_figure, record_timing
 from tests.program.previews import up_then_preview
 
@@ -158,6 +160,33 @@ def test_the_untouched_deployment_previews_and_refreshes_with_no_changes(stack: 
             for name, run in (("preview", preview), ("no-op up", noop))
         ),
     )
+
+
+def test_a_second_stack_of_the_same_name_is_refused_and_touches_nothing(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Safe by default (docs/security.md): a colleague's `pulumi stack init lab` in another
+    backend, same hosts, same SSH user. Its `up` is refused on every host before it writes
+    anything, naming both instances; its `destroy` leaves the serving stack as it was."""
+    lab, ours = stack.lab, str(stack.outputs["instance"])
+    hosts = lab.spec.host_names
+    claims = (f"cat {STATE}/.spark-vllm-instance; docker ps -q --no-trunc | sort; "
+              f"docker volume ls -q --filter label=spark-vllm.instance={ours}")  # fmt: skip
+    before = {host: host_sh(lab, host, claims) for host in hosts}
+    assert all(text.startswith(ours) and "spark-vllm-claim-" in text
+               for text in before.values()), before  # fmt: skip
+    other = RealPulumi.for_project(tmp_path_factory.mktemp("other-instance"))
+    init_stack(other, stack.name, stack.config)
+    refused = other.run("up", "--yes", "--skip-preview", check=False)
+    assert refused.returncode != 0
+    theirs = outputs_by_name(other)["instance-token"]["stdout"]
+    for host in hosts:
+        assert (f"spark-vllm: {host}: scripts: {STATE} is held by another stack instance of "
+                f"deployment {PROJECT}/{stack.name}: instance {ours}, this stack's is "
+                f"{theirs}") in refused.output, refused.output[-3000:]  # fmt: skip
+    other.run("destroy", "--yes", "--skip-preview")
+    assert {host: host_sh(lab, host, claims) for host in hosts} == before
+    assert server_answers(lab)
 
 
 def test_an_upgrade_that_edits_a_host_script_updates_only_the_scripts(stack: Stack) -> None:
@@ -301,6 +330,8 @@ def test_destroy_leaves_only_what_the_docs_keep(stack: Stack) -> None:
     for host in lab.spec.host_names:
         assert host_sh(lab, host, "docker ps -aq") == "", f"{host}: containers left"
         assert host_sh(lab, host, f"ls -A {STATE} 2>/dev/null || true") == "", host
+        # The host's claim for the stack instance is released (stacks/plan/instance.py).
+        assert host_sh(lab, host, "docker volume ls -q") == "", f"{host}: volumes left"
         assert "spark-vllm-lab" in host_sh(lab, host, "docker images --format '{{.Repository}}'")
         # The fabric key's authorization (stacks/plan/fabric.py fabric_marker) is gone.
         assert "spark-vllm-fabric:" not in host_sh(lab, host, "cat ~/.ssh/authorized_keys")
