@@ -37,6 +37,10 @@ def node_env(plan: ServerPlan, node: NodePlan) -> dict[str, str]:
             "UCX_NET_DEVICES": node.fabric_interface,
             "HF_HOME": CONTAINER_HF_HOME,
             "HF_HUB_OFFLINE": "1",
+            # The HF cache is mounted read-only (containers.py): the one thing a server writes
+            # under HF_HOME, a model's own code (trust_remote_code: transformers'
+            # dynamic_module_utils), goes to the node's writable cache instead.
+            "HF_MODULES_CACHE": f"{CONTAINER_COMPILE_CACHE}/hf-modules",
         }
     )
     env.update(compile_cache_env())

@@ -562,7 +562,9 @@ def _service(
         restart=RESTART_POLICY[role],
         host_pid=role in HOST_PID_ROLES and plan.uses_ray,
         mounts=(
-            Mount(cfg.model.cache_dir, CONTAINER_HF_HOME),
+            # Read-only: only the weights steps write the cache (as the SSH user), so a server,
+            # or whatever runs in its image, can neither change a model's files nor plant one.
+            Mount(cfg.model.cache_dir, CONTAINER_HF_HOME, read_only=True),
             Mount(node.ray_dir, CONTAINER_RAY_DIR),
             Mount(node.bin_dir, CONTAINER_SCRIPTS_DIR, read_only=True),
             Mount(node.compile_cache_dir, CONTAINER_COMPILE_CACHE),

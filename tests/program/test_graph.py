@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from stacks.plan.container_paths import CONTAINER_COMPILE_CACHE, CONTAINER_HF_HOME
 from stacks.plan.server import parse_readiness
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.harness import Evaluation, evaluate, unwrap
@@ -544,3 +545,18 @@ def test_no_container_but_the_firewall_guard_keeps_net_raw(
             assert caps == {"drops": ["CAP_NET_RAW"]}, (container.name, caps)
     assert {"front", "vllm", "firewall", "memory-guard", "grafana", "prometheus"} <= roles
     assert "node-exporter" in roles
+
+
+def test_no_serving_container_can_write_the_model_cache(evaluation: Evaluation) -> None:
+    """The HF cache is the weights steps' (as the SSH user): a server, or anything its image
+    runs, reads it only; a model's own code goes to the node's writable compile cache."""
+    ev = evaluation
+    serving = [r for r in ev.by_type("docker:index/container:Container")
+               if "HF_HOME" in envs_of(ev, r.name)]  # fmt: skip
+    assert {r.name for r in serving} >= {"vllm-container", "ray-head"}
+    for resource in serving:
+        mounts = {m["target"]: m for m in resource.inputs["mounts"]}
+        assert mounts[CONTAINER_HF_HOME].get("readOnly") is True, resource.name
+        modules = envs_of(ev, resource.name)["HF_MODULES_CACHE"]
+        assert modules.startswith(CONTAINER_COMPILE_CACHE + "/"), resource.name
+        assert not mounts[CONTAINER_COMPILE_CACHE].get("readOnly"), resource.name

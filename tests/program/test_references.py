@@ -63,6 +63,7 @@ READ_BY = {
     "UCX_NET_DEVICES": "UCX",
     "HF_HOME": "huggingface_hub",
     "HF_HUB_OFFLINE": "huggingface_hub",
+    "HF_MODULES_CACHE": "transformers",  # dynamic_module_utils: a model's own code
     # The compile caches (stacks/plan/arguments.py compile_cache_env): in every container that
     # runs ranks (with Ray, its workers run under the raylet's environment).
     "VLLM_CACHE_ROOT": "vllm/envs.py",
