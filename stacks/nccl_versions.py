@@ -10,6 +10,7 @@ scripts bundle (components/bundle.py), so a stack's steps do not change when the
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -36,8 +37,9 @@ KNOWN_BAD_NCCL = (
 )
 
 
-def known_bad_rows() -> list[dict[str, str]]:
-    """The list as image_facts.py reads it (components/bundle.py ships it as JSON)."""
+def known_bad_rows(rows: Iterable[KnownBadNccl] = KNOWN_BAD_NCCL) -> list[dict[str, str]]:
+    """The list as image_facts.py reads it (components/bundle.py ships it as JSON; a stack's
+    own rows go in the image check's command)."""
     return [
         {
             "version": row.version,
@@ -45,7 +47,7 @@ def known_bad_rows() -> list[dict[str, str]]:
             "source": row.source,
             "neutraliser": f"{row.neutraliser[0]}={row.neutraliser[1]}" if row.neutraliser else "",
         }
-        for row in KNOWN_BAD_NCCL
+        for row in rows
     ]
 
 
@@ -64,10 +66,13 @@ def neutralised(envs: Iterable[Mapping[str, str]]) -> dict[str, str]:
     return found
 
 
-def known_bad(version: str, env: Mapping[str, str]) -> KnownBadNccl | None:
-    """The row that lists `version`, unless `env` sets its neutraliser."""
-    for row in KNOWN_BAD_NCCL:
-        if row.version != version:
+def known_bad(
+    version: str, env: Mapping[str, str], own: Iterable[KnownBadNccl] = ()
+) -> KnownBadNccl | None:
+    """The row that lists `version` (shipped, then the stack's `own`, whose version may be a
+    shell pattern), unless `env` sets its neutraliser."""
+    for row in (*KNOWN_BAD_NCCL, *own):
+        if not version or not fnmatch.fnmatchcase(version, row.version):
             continue
         if row.neutraliser is not None and env.get(row.neutraliser[0]) == row.neutraliser[1]:
             return None

@@ -938,10 +938,14 @@ class FabricConfig(ConfigModel):
 
 
 class KnownBadVersion(ConfigModel):
-    """A kernel or NVIDIA driver release users reported broken for this workload."""
+    """A kernel, NVIDIA driver or NCCL release users reported broken for this workload."""
 
-    kind: Literal["kernel", "driver"] = Field(
-        description="What the version is of: the kernel or the NVIDIA driver."
+    kind: Literal["kernel", "driver", "nccl"] = Field(
+        description=(
+            "What the version is of: the kernel or the NVIDIA driver (preflight refuses the "
+            "host), or NCCL (the image check refuses the NCCL the servers would load, the "
+            "image's or with vllm.hostNccl the host's, as MAJOR.MINOR.PATCH)."
+        )
     )
     version: str = Field(
         pattern=r"^[\w.+~:*-]+$",
@@ -985,8 +989,8 @@ class PreflightConfig(ConfigModel):
     known_bad: list[KnownBadVersion] = Field(
         default_factory=list,
         description=(
-            "Kernel or NVIDIA driver releases to refuse, besides the ones spark-vllm ships "
-            "(stacks/plan/known_bad.py)."
+            "Kernel, NVIDIA driver or NCCL releases to refuse, besides the ones spark-vllm "
+            "ships (stacks/plan/known_bad.py, stacks/nccl_versions.py)."
         ),
     )
     allow_known_bad: bool = Field(

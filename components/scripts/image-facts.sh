@@ -4,11 +4,13 @@
 # versions, and with --check-flags yes, vllm.extraArgs against the image's own `vllm serve`.
 #   image-facts.sh --host H --image NAME --ref REF --extra-args JSON --check-flags yes|no
 #                  --executor ray|mp --timeout-seconds S --enable-linger yes|no [--kv-cache yes]
-#                  [--removed JSON] [--nccl-env JSON] [--host-nccl PATH --nccl-target PATH]
+#                  [--removed JSON] [--nccl-env JSON] [--known-bad-nccl JSON]
+#                  [--host-nccl PATH --nccl-target PATH]
 # (--kv-cache yes: vllm.kvCache is set, so `vllm serve` must take --kv-cache-memory-bytes;
 # --removed: the settings that name what a vLLM release removed, refused if this one did;
 # --nccl-env: the neutralisers of known-bad NCCL releases every model sets (stacks/
-# nccl_versions.py; the list itself is the bundle's nccl-known-bad.json); --host-nccl:
+# nccl_versions.py; the list itself is the bundle's nccl-known-bad.json); --known-bad-nccl: the
+# stack's own rows (preflight.knownBad, kind nccl), in the same form; --host-nccl:
 # vllm.hostNccl, the host's library, mounted at --nccl-target and loaded as the servers will.)
 # Prints `spark-vllm-image-facts {json}` as its last line.
 . "$(dirname "$0")/lib.sh"
@@ -46,7 +48,7 @@ output="$(timeout "$ARG_TIMEOUT_SECONDS" docker run --rm --network none \
   --entrypoint python3 "$ARG_IMAGE" /spark-vllm/image_facts.py \
   "$ARG_EXTRA_ARGS" "$ARG_CHECK_FLAGS" "$ARG_EXECUTOR" "${ARG_KV_CACHE:-no}" \
   "${ARG_REMOVED:-[]}" "$known_bad_nccl" "${ARG_NCCL_ENV:-"{}"}" "$host_nccl" \
-  "${ARG_HOST_NCCL:-}" 2>&1)"
+  "${ARG_HOST_NCCL:-}" "${ARG_KNOWN_BAD_NCCL:-[]}" 2>&1)"
 status=$?
 set -e
 facts="$(grep '^spark-vllm-image-facts ' <<<"$output" | tail -n 1 || true)"

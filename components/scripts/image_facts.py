@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import difflib
+import fnmatch
 import json
 import os
 import platform
@@ -237,16 +238,18 @@ def nccl_problems(
     came from (the host's with vllm.hostNccl, else the image's), with the fixes."""
     problems = []
     for row in known_bad:
-        if nccl.get("version") != row["version"]:
+        # A release, or a shell pattern for several (the stack's own rows: `2.30.*`).
+        version = nccl.get("version") or ""
+        if not version or not fnmatch.fnmatchcase(version, row["version"]):
             continue
         key, _, value = row.get("neutraliser", "").partition("=")
         if key and env.get(key) == value:
             continue
         if mounted:
-            where = f"vllm.hostNccl: the host's NCCL {row['version']} ({mounted})"
+            where = f"vllm.hostNccl: the host's NCCL {nccl['version']} ({mounted})"
             other = "install another libnccl2 release on the host, or set vllm.hostNccl: false"
         else:
-            where = f"image.ref: the image's NCCL {row['version']} ({nccl['path']})"
+            where = f"image.ref: the image's NCCL {nccl['version']} ({nccl['path']})"
             other = "use an image with another NCCL, or set vllm.hostNccl: true"
         fixes = f'set {key}: "{value}" in vllm.env (or each models[].env), or ' if key else ""
         problems.append(
@@ -266,6 +269,7 @@ def main() -> int:
     nccl_env = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
     host_nccl = sys.argv[8] if len(sys.argv) > 8 else ""
     mounted = sys.argv[9] if len(sys.argv) > 9 else ""
+    nccl_known_bad += json.loads(sys.argv[10]) if len(sys.argv) > 10 else []  # the stack's own
     nccl, nccl_load_problems = nccl_facts(mounted)
     dist = provider_of("vllm")
     vllm = dist.version if dist is not None else None

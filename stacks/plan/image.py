@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 from stacks.config import ImageConfig
 from stacks.fleet import ServedModel, ServerSlot
-from stacks.nccl_versions import neutralised
+from stacks.nccl_versions import known_bad_rows, neutralised
 from stacks.plan import names
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_HOST_NCCL
 from stacks.plan.fabric import head_to_worker, relay_flags
 from stacks.plan.later import IMAGE_ID, PINNED_IMAGE, Later
+from stacks.plan.nccl import own_known_bad
 from stacks.plan.steps import Receipt, StepSpec, Timeouts, check, owned, script_call
 from stacks.vllm_versions import default_block_size, removed_env
 
@@ -270,6 +271,7 @@ def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepS
     # The known-bad NCCL rows travel in the scripts bundle; the neutralisers every model of
     # this image sets, and (vllm.hostNccl) the host library to load, only when there are any.
     neutralisers = neutralised(model.settings.env for model in fleet)
+    own_nccl = known_bad_rows(own_known_bad(plan))  # preflight.knownBad's kind nccl, if any
     host_nccl = (
         {"host_nccl": node.host_nccl, "nccl_target": CONTAINER_HOST_NCCL} if node.host_nccl else {}
     )
@@ -292,6 +294,7 @@ def image_facts(plan: ClusterPlan, node: NodePlan, stream: ImageStream) -> StepS
             **({"kv_cache": "yes"} if node.is_head and kv_cache else {}),
             **({"removed": json.dumps(removed)} if removed else {}),
             **({"nccl_env": json.dumps(neutralisers, sort_keys=True)} if neutralisers else {}),
+            **({"known_bad_nccl": json.dumps(own_nccl)} if own_nccl else {}),
             **host_nccl,
         ),
         timeouts=Timeouts(create=IMAGE_FACTS_SECONDS // 60 + 5),

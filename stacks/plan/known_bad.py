@@ -15,7 +15,8 @@ SHIPPED: tuple[KnownBadVersion, ...] = ()
 
 
 def known_bad(config: StackConfig) -> tuple[KnownBadVersion, ...]:
-    return (*SHIPPED, *config.preflight.known_bad)
+    """The kernels and drivers preflight refuses: the shipped ones and the stack's own."""
+    return tuple(e for e in (*SHIPPED, *config.preflight.known_bad) if e.kind != "nccl")
 
 
 def known_bad_flag(config: StackConfig) -> str:

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from stacks.nccl_versions import known_bad, neutralised, refusal
+from stacks.nccl_versions import KnownBadNccl, known_bad, neutralised, refusal
 from stacks.plan.cluster import ClusterPlan, NodePlan
 from stacks.plan.container_paths import CONTAINER_HOST_NCCL
 
@@ -75,12 +75,21 @@ def host_nccl_problems(plan: ClusterPlan, found: Mapping[str, HostNccl | None]) 
                 "CUDA repository on DGX OS), or set vllm.hostNccl: false to use the image's"
             )
             continue
-        row = known_bad(library.version, env)
+        row = known_bad(library.version, env, own_known_bad(plan))
         if row is not None:
-            where = f"vllm.hostNccl: {node.name}'s NCCL {row.version} ({library.path})"
+            where = f"vllm.hostNccl: {node.name}'s NCCL {library.version} ({library.path})"
             other = "install another libnccl2 release there, or set vllm.hostNccl: false"
             problems.append(refusal(row, where, other))
     return problems
+
+
+def own_known_bad(plan: ClusterPlan) -> tuple[KnownBadNccl, ...]:
+    """The stack's own known-bad NCCL releases (preflight.knownBad, kind nccl)."""
+    return tuple(
+        KnownBadNccl(e.version, e.reason, e.source or "preflight.knownBad")
+        for e in plan.config.preflight.known_bad
+        if e.kind == "nccl"
+    )
 
 
 def with_host_nccl(plan: ClusterPlan, found: Mapping[str, HostNccl | None]) -> ClusterPlan:

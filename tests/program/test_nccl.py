@@ -23,12 +23,15 @@ import pytest
 from components.bundle import NCCL_KNOWN_BAD_FILE, scripts_bundle
 from components.facts import HostFacts, parse_facts
 from stacks.nccl_versions import KNOWN_BAD_NCCL, known_bad_rows, neutralised
+from stacks.plan import image
 from stacks.plan.container_paths import CONTAINER_HOST_NCCL
-from stacks.plan.image import parse_image_facts
-from stacks.plan.nccl import HostNccl, nccl_file_version, parse_host_nccl
+from stacks.plan.image import image_streams, parse_image_facts
+from stacks.plan.known_bad import known_bad_flag
+from stacks.plan.nccl import HostNccl, host_nccl_problems, nccl_file_version, parse_host_nccl
 from tests.program.conftest import SECRETS, ConfigFactory
 from tests.program.goldens import steady_token
 from tests.program.harness import FakeHosts, evaluate
+from tests.program.planning import plan_of
 from tests.program.scripting import SCRIPTS, load
 from tests.program.test_image_facts import FAKE_DOCKER, HOST_ARCH, fake_site
 from tests.program.test_scripts import facts
@@ -445,3 +448,66 @@ def test_host_nccl_refuses_an_env_that_points_elsewhere(
     assert f"vllm.env.{key}: vllm.hostNccl sets it (to the host's NCCL, mounted in every " in str(
         caught.value
     )
+
+
+# --- the stack's own known-bad NCCL releases (preflight.knownBad, kind nccl) -----------------
+
+
+def test_a_stacks_own_known_bad_nccl_reaches_the_image_check_not_preflight(
+    make_config: ConfigFactory,
+) -> None:
+    """An entry of kind nccl joins the shipped list in the image check (a pattern allowed);
+    preflight's kernel and driver list never sees it, and a stack without one keeps the
+    image check's command as it was."""
+    plain = make_config(hosts=2)
+    config = make_config(hosts=2)
+    config["preflight"] = {"knownBad": [
+        {"kind": "nccl", "version": "2.31.*", "reason": "wedges under load after 20 minutes",
+         "source": "https://example.org/report"},
+        {"kind": "kernel", "version": "6.99.0", "reason": "a test kernel"},
+    ]}  # fmt: skip
+    plan, before = plan_of(config), plan_of(plain)
+    stream = image_streams(plan)[0]
+    facts = image.image_facts(plan, plan.head, stream).create
+    assert "--known-bad-nccl" not in image.image_facts(before, before.head, stream).create
+    words = shlex.split(facts)
+    rows = json.loads(words[words.index("--known-bad-nccl") + 1])
+    assert rows == [{"version": "2.31.*", "what": "wedges under load after 20 minutes",
+                     "source": "https://example.org/report", "neutraliser": ""}]  # fmt: skip
+    assert known_bad_flag(plan.config) == "kernel|6.99.0|a test kernel|"
+    refused = load("image_facts").nccl_problems({**IMAGE, "version": "2.31.2"}, rows, {}, "")
+    assert refused == [
+        f"image.ref: the image's NCCL 2.31.2 ({IMAGE['path']}) is known to break this "
+        "workload: wedges under load after 20 minutes (https://example.org/report): use an "
+        "image with another NCCL, or set vllm.hostNccl: true"
+    ]
+    assert load("image_facts").nccl_problems({**IMAGE, "version": "2.30.9"}, rows, {}, "") == []
+
+
+def test_the_image_check_refuses_a_release_on_the_stacks_own_list(tmp_path: Path) -> None:
+    """image_facts.py as the step runs it: the shipped rows, then the stack's own."""
+    env = wheel_site(tmp_path, "NCCL version 2.31.2+cuda13.2")
+    own = [{"version": "2.31.*", "what": "wedges", "source": "s", "neutraliser": ""}]
+    refused = probe(env, json.dumps(ROWS), "{}", "", "", json.dumps(own))
+    assert refused.returncode == 3
+    assert "problem: image.ref: the image's NCCL 2.31.2 (" in refused.stderr
+    assert probe(env, json.dumps(ROWS), "{}", "", "", "[]").returncode == 0
+
+
+def test_host_nccl_refuses_a_release_on_the_stacks_own_list(make_config: ConfigFactory) -> None:
+    """The stack's own rows hold the host's library too, before anything is declared."""
+    config = host_nccl_config(make_config)
+    config["preflight"] = {"knownBad": [
+        {"kind": "nccl", "version": "2.28.*", "reason": "wedges a TP=2 server under load",
+         "source": "vllm#42354"},
+    ]}  # fmt: skip
+    plan = plan_of(config)
+    found = {node.name: HostNccl(HOST, "2.28.9") for node in plan.nodes}
+    assert host_nccl_problems(plan, found) == [
+        f"vllm.hostNccl: {node.name}'s NCCL 2.28.9 ({HOST}) is known to break this workload: "
+        "wedges a TP=2 server under load (vllm#42354): install another libnccl2 release there, "
+        "or set vllm.hostNccl: false"
+        for node in plan.nodes
+    ]
+    found = {node.name: HostNccl(HOST, "2.29.1") for node in plan.nodes}
+    assert host_nccl_problems(plan, found) == []
