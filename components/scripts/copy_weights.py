@@ -39,6 +39,7 @@ class WeightsCopy(Copy):
         self.include, self.exclude = flags.get("include", "[]"), flags.get("exclude", "[]")
         self.head: dict[str, int] = {}
         self.files_kept: list[str] = []
+        self.chain_blobs: dict[str, list[str]] = {}  # what the chain sent each member
 
     def read_head(self) -> None:
         """The snapshot's files the patterns keep (paths relative to it), and the blobs they
@@ -87,6 +88,35 @@ class WeightsCopy(Copy):
                 sizes[parts[0]] = int(parts[1])
         return sizes
 
+    def check_content(self, worker: str, destination: str, bin_dir: str, names: list[str]) -> None:
+        """The blobs this copy wrote on `destination`, hashed there against their names (a size
+        is all the next run compares): a wrong one is removed there, so the next run sends it
+        again, and the step fails naming it."""
+        if not names:
+            return
+        blobs = f"{self.hub}/{self.repo}/blobs"
+        call = words("python3", f"{bin_dir}/blob_check.py", blobs, "--remove")
+        # Hashing reads every byte once: within what is left of the step's time, at least 60 s.
+        seconds = max(60, int(self.deadline - time.monotonic()))
+        status, said = self.fabric.ask(destination, call, "".join(f"{n}\n" for n in names),
+                                       seconds)  # fmt: skip
+        if status != 0:
+            raise StepFailed(
+                f"cannot check the content of the blobs copied to {worker}: "
+                f"{' '.join(said.split()) or f'exit {status}'}",
+                "a blob was removed or became unreadable there while the step ran, or the "
+                "worker's disk failed",
+            )
+        bad = said.split()
+        if bad:
+            raise StepFailed(
+                f"{len(bad)} blob(s) of {self.model}@{self.commit} arrived on {worker} with other "
+                f"bytes than their hash names ({', '.join(bad[:3])}); removed there, the next "
+                "run sends them again",
+                f"the worker's disk or memory, or the fabric, corrupted them: check {worker}'s "
+                "kernel log (dmesg) for I/O or memory errors",
+            )
+
     def untar(self, zstd: bool = False) -> str:
         """What a worker runs to store a tar stream of the cache's files (`zstd`: compressed)."""
         unpack = "zstd -d -q | " if zstd else ""
@@ -124,6 +154,8 @@ class WeightsCopy(Copy):
         if not blobs:
             return None
         size = sum(self.head[name] for name in blobs)
+        # tar writes every blob of the stream on every member, whatever it held.
+        self.chain_blobs = {member.name: list(blobs) for member in members}
         source = words(
             "tar", "-C", self.hub, "-cf", "-", *(f"{self.repo}/blobs/{n}" for n in blobs)
         )
@@ -143,7 +175,12 @@ class WeightsCopy(Copy):
         )
 
     def arrived(self, member: Member, outcome: Outcome) -> bool:
-        return relayed_status(outcome.output, member.name) == "0"
+        if relayed_status(outcome.output, member.name) != "0":
+            return False
+        self.check_content(
+            member.name, member.destination, member.bin, self.chain_blobs.get(member.name, [])
+        )
+        return True
 
     # the worker's own copy
     def failed(self, outcome: Outcome, to_send: int, started: float) -> NoReturn:
@@ -229,6 +266,7 @@ class WeightsCopy(Copy):
         if outcome.status != 0 or outcome.stalled:
             self.failed(outcome, plan.to_send, started)
         after = self.worker_manifest(self.target, bin_dir)
+        self.check_content(self.worker, self.target, bin_dir, list(plan.whole))
         if after != self.manifest:
             raise StepFailed(
                 f"after the copy {self.worker} reports '{after}', the head has '{self.manifest}'",
