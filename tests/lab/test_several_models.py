@@ -210,6 +210,33 @@ def the_keys_serve(stack: Stack) -> None:
         assert value not in host_sh(
             stack.lab, "spark1", f"docker exec {PREFIX}-front cat /spark-vllm/front/haproxy.cfg"
         )
+    the_front_refuses_admin_routes_and_two_model_bodies(stack.endpoint)  # after the counts
+
+
+def raw_status(base: str, method: str, path: str, key: str, body: bytes) -> int:
+    """The status of `method base+path` with `key` and a raw JSON `body`."""
+    request = urllib.request.Request(
+        base.removesuffix("/v1") + path, data=body, method=method,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def the_front_refuses_admin_routes_and_two_model_bodies(base: str) -> None:
+    """Safe by default (docs/security.md): a named key reaches only the client routes (vLLM's
+    admin routes that flags turn on are 403 at the front), and a body whose `model` the front
+    and vLLM could read differently is a 400 for every key (tests/program/test_front_refusals.py
+    has the whole table, on loopback)."""
+    for path in ("/scale_elastic_ep", "/v1/load_lora_adapter", "/start_profile", "/metrics"):
+        method = "GET" if path == "/metrics" else "POST"
+        assert raw_status(base, method, path, NOTEBOOK_KEY, b"{}") == 403, path
+    two = f'{{"model": "{SECOND}", "model": "{SERVED_NAME}", "prompt": "Hi"}}'.encode()
+    for key in (NOTEBOOK_KEY, API_KEY):
+        assert raw_status(base, "POST", "/v1/completions", key, two) == 400, key
 
 
 def test_changing_one_models_flags_replaces_only_its_server(stack: Stack) -> None:
