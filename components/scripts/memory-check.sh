@@ -13,8 +13,6 @@
 #                    --max-model-len N --kv-cache-dtype D --reserve-bytes N [--block-size N]
 #                    [--load-format F]
 #                    [--include JSON] [--exclude JSON]]   (vllm.kvCache; the model's patterns)
-#                   [--shm-use name=bytes,...]   (unified memory: what the containers may put in
-#                    each node's /dev/shm, held to what the chosen fraction leaves)
 # Beside other servers, the fleet's shares on the head (../front/shares from these scripts, a
 # header then `servedName|container|dest|share|host,...` per server in the fleet's order): each
 # server after this one that is not running yet keeps its share free on the nodes it shares with
@@ -96,7 +94,5 @@ if [ -n "${ARG_KV_CACHE:-}" ]; then
   [ -z "${ARG_EXCLUDE:-}" ] || kv_flags+=(--exclude "$ARG_EXCLUDE")
 fi
 step_seconds
-shm_flags=()
-[ -z "${ARG_SHM_USE:-}" ] || shm_flags=(--shm-use "$ARG_SHM_USE")
 plan decide --utilization "$ARG_UTILIZATION" --margin-fraction "$ARG_MARGIN_FRACTION" \
-  --min-margin-bytes "$ARG_MIN_MARGIN_BYTES" "${kv_flags[@]}" "${shm_flags[@]}" <<<"$facts"
+  --min-margin-bytes "$ARG_MIN_MARGIN_BYTES" "${kv_flags[@]}" <<<"$facts"

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import host_rules
 import kv_sizing
 import weights_filter
 from hostlib import BUG, StepFailed, note, parse_flags, require
@@ -325,31 +324,6 @@ def choose(rows: list[Row], utilization: str, running: str) -> Choice:
     return Choice(utilization, "fixed", False)
 
 
-def parse_shm_use(text: str) -> dict[str, int]:
-    """`--shm-use`: `name=bytes` per node, comma-separated (empty: not checked here)."""
-    found: dict[str, int] = {}
-    for item in filter(None, text.split(",")):
-        name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise StepFailed(f"--shm-use: {item!r} is not name=bytes", BUG)
-        found[name] = int(value)
-    return found
-
-
-def shm_problems(rows: list[Row], utilization: str, shm_use: dict[str, int]) -> list[str]:
-    """On unified memory, what the containers may put in each node's /dev/shm against what the
-    chosen fraction and the later servers' shares leave of it (host_rules.py's rule, which
-    preflight applies when the fraction is known before: a fixed one, one server)."""
-    problems = []
-    for row in rows:
-        use = shm_use.get(row.name, 0)
-        taken = float(utilization) + row.reserved / row.total if row.total else 0.0
-        found = host_rules.shm_beside_servers_problem(use, int(row.total), min(taken, 1.0))
-        if use and found is not None:
-            problems.append(f"{row.name}: {found[0]}")
-    return problems
-
-
 def kv_budget(rows: list[Row], utilization: str) -> int:
     """The server's bytes on the node with the least: what the KV cache is sized from."""
     return round(min(float(utilization) * row.total for row in rows))
@@ -447,13 +421,6 @@ def decide(flags: dict[str, str], facts: Facts) -> str:
             f"{gib(memory.mem_available)} GiB)"
         )
     choice = choose(rows, flags["utilization"], running)
-    shm = shm_problems(rows, choice.utilization, parse_shm_use(flags.get("shm_use", "")))
-    if shm:
-        raise StepFailed(
-            f"vllm.gpuMemoryUtilization {choice.utilization}: " + "; ".join(shm),
-            "lower docker.shmSizeMb (vLLM's queues need well under 1 GiB; unset is 1024) or "
-            "ray.objectStoreMemoryBytes, or lower vllm.gpuMemoryUtilization",
-        )
     if choice.kept:
         auto = min(row.auto for row in rows)
         note(

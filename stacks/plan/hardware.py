@@ -128,7 +128,6 @@ def memory_check(plan: ServerPlan) -> StepSpec:
         ),
         **fabric_flags(plan.cluster),
         **kv_cache_flags(plan),
-        **shm_check_flags(plan),
     }
     return StepSpec(
         name=names.check_of(names.memory_of(plan.slot)),
@@ -137,19 +136,6 @@ def memory_check(plan: ServerPlan) -> StepSpec:
         # One CUDA query per node (the image run once with the GPUs), bounded to 3 min each.
         timeouts=Timeouts(create=4 * len(plan.nodes) + 2),
     )
-
-
-def shm_check_flags(plan: ServerPlan) -> dict[str, str]:
-    """On unified memory, the /dev/shm each node's containers may fill, for the memory check to
-    hold to the fraction it chooses, where preflight cannot (`auto`, or several servers: the
-    fraction is known only here). Nothing otherwise: such a stack's check keeps its command."""
-    cfg, cluster = plan.config, plan.cluster
-    fixed_single = (
-        plan.served.settings.gpu_memory_utilization != "auto" and len(cluster.servers) == 1
-    )
-    if not cfg.preflight.unified_memory or fixed_single:
-        return {}
-    return {"shm_use": ",".join(f"{n.name}={shm_use_bytes(cluster, n)}" for n in plan.nodes)}
 
 
 # The fleet's memory shares on the head, beside the scripts (<state>/front/shares): each memory

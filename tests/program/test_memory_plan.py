@@ -8,10 +8,6 @@ from typing import Any
 
 import pytest
 
-from stacks.plan import hardware
-from stacks.plan.server_plan import per_server
-from tests.program.conftest import ConfigFactory
-from tests.program.planning import plan_of
 from tests.program.scripting import load
 
 plan = load("memory_plan")
@@ -255,48 +251,3 @@ def test_a_refusal_goes_to_memory_check_sh_as_problem_and_cause(
         f"problem: the fleet's memory shares ({tmp_path / 'shares'}) are not ours",
         "cause: the file was changed by hand; run pulumi up again",
     ]
-
-
-def test_shared_memory_beyond_what_the_chosen_fraction_leaves_is_refused(tmp_path: Any) -> None:
-    """With `auto` (or several servers) only the memory check knows the fraction: what the
-    containers may put in each node's /dev/shm is held to what it leaves (preflight holds a
-    fixed one), the later servers' shares counted as taken."""
-    (tmp_path / "shares").write_text(SHARES + share("a", "ours", "auto", "spark1,spark2"))
-    flags = {
-        "nodes": "spark1|-|/b|ours|10.0.0.1\nspark2|ssh://w|/b|ours|10.0.0.2",
-        "server_container": "ours", "shares": str(tmp_path / "shares"), "utilization": "auto",
-        "margin_fraction": "0.05", "min_margin_bytes": str(GIB),
-    }  # fmt: skip
-    facts = plan.parse_facts(
-        f"probe spark1 {100 * GIB} {80 * GIB} 0 cuda 1 2\n"
-        f"probe spark2 {100 * GIB} {80 * GIB} 0 cuda 1 2\n"
-    )
-    # auto takes 0.75 of 100 GiB: 25 GiB left for /dev/shm.
-    assert '"gpuMemoryUtilization":"0.75"' in plan.decide(
-        {**flags, "shm_use": f"spark1={20 * GIB},spark2={GIB}"}, facts
-    )
-    with pytest.raises(plan.StepFailed) as caught:
-        plan.decide({**flags, "shm_use": f"spark1={GIB},spark2={30 * GIB}"}, facts)
-    assert caught.value.what == (
-        "vllm.gpuMemoryUtilization 0.75: spark2: the containers may put 30.0 GiB in /dev/shm "
-        "(docker.shmSizeMb for each Ray and vLLM container, and Ray's object store), but on "
-        "this unified-memory node the servers take 0.75 of 100.0 GiB, which leaves 25.0 GiB: "
-        "shared memory beyond that is taken from the GPU's, and the host freezes"
-    )
-    assert "lower docker.shmSizeMb" in caught.value.cause
-    assert plan.decide(flags, facts)  # not asked (a fixed fraction, preflight's): not checked
-
-
-def test_the_memory_check_holds_shared_memory_only_where_preflight_cannot(
-    make_config: ConfigFactory,
-) -> None:
-    auto = make_config(hosts=2)
-    auto["vllm"] = {**auto["vllm"], "gpuMemoryUtilization": "auto"}
-    fixed = make_config(hosts=2)
-    fixed["vllm"] = {**fixed["vllm"], "gpuMemoryUtilization": 0.5}
-    apart = {**auto, "preflight": {"unifiedMemory": False}}
-    checked = [
-        "--shm-use" in hardware.memory_check(per_server(plan_of(config))[0]).create
-        for config in (auto, fixed, apart)
-    ]
-    assert checked == [True, False, False]
