@@ -66,6 +66,14 @@ def test_a_token_that_is_not_32_hex_digits_is_refused(printed: str) -> None:
         instance_token(printed)
 
 
+@pytest.fixture
+def volumes(tmp_path: Path) -> Path:
+    """The Docker stand-in's volumes (a label file each)."""
+    path = tmp_path / "volumes"
+    path.mkdir()
+    return path
+
+
 def plan_in(make_config: ConfigFactory, state_dir: Path) -> ClusterPlan:
     config = make_config(hosts=2)
     config["hosts"][0]["stateDir"] = str(state_dir)
@@ -88,12 +96,10 @@ def claim(
 
 
 def test_a_second_instance_of_the_deployment_is_refused_naming_both(
-    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path, volumes: Path
 ) -> None:
     """Two stacks of one name, one SSH user: the leaf is the first's; the second is refused
     before it writes anything, with both tokens and the fix."""
-    volumes = tmp_path / "volumes"
-    volumes.mkdir()
     plan = plan_in(make_config, host_tmp)
     leaf = Path(plan.head.state_dir)
     assert claim(plan, FIRST, volumes, tmp_path).returncode == 0
@@ -114,10 +120,8 @@ def test_a_second_instance_of_the_deployment_is_refused_naming_both(
 
 
 def test_a_deployment_from_before_the_token_is_claimed_by_its_next_up(
-    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path, volumes: Path
 ) -> None:
-    volumes = tmp_path / "volumes"
-    volumes.mkdir()
     plan = plan_in(make_config, host_tmp)
     leaf = Path(plan.head.state_dir)
     leaf.mkdir(mode=0o700)
@@ -133,12 +137,10 @@ def test_a_deployment_from_before_the_token_is_claimed_by_its_next_up(
 
 
 def test_another_users_instance_is_refused_by_the_hosts_docker(
-    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path, volumes: Path
 ) -> None:
     """Two SSH users keep apart leaves, but share the host's Docker (containers, chains): the
     volume claims it for the first instance, and names its leaf to the second."""
-    volumes = tmp_path / "volumes"
-    volumes.mkdir()
     first = plan_in(make_config, host_tmp / "alice")
     second = plan_in(make_config, host_tmp / "bob")
     assert claim(first, FIRST, volumes, tmp_path).returncode == 0
@@ -157,10 +159,8 @@ def test_another_users_instance_is_refused_by_the_hosts_docker(
 
 
 def test_the_last_delete_releases_only_its_own_claim(
-    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path
+    make_config: ConfigFactory, host_tmp: Path, tmp_path: Path, volumes: Path
 ) -> None:
-    volumes = tmp_path / "volumes"
-    volumes.mkdir()
     plan = plan_in(make_config, host_tmp)
     assert claim(plan, FIRST, volumes, tmp_path).returncode == 0
     env = {**os.environ, "PATH": fake_docker_path(tmp_path, FAKE_DOCKER),
